@@ -1,0 +1,128 @@
+"""Roofline op times and alpha-beta transfer times, as dense arrays for the solvers.
+
+The time of an op on a device kind is ``max(flops / (peak * efficiency[class]),
+bytes_accessed / memory_bandwidth) + op_overhead``; ops that only touch metadata
+(shapes, handles, constants) cost nothing. Transfers cost ``latency + bytes /
+bandwidth`` on the link between the two devices and nothing on one device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+              "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
+              "Conv3DBackpropInputV2", "_FusedConv2D", "_FusedMatMul", "Conv"}
+REDUCTION_OPS = {"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin",
+                 "Softmax", "LogSoftmax", "MaxPool", "AvgPool", "MaxPoolV2", "MaxPool3D",
+                 "AvgPool3D", "FusedBatchNorm", "FusedBatchNormV3", "L2Loss", "TopKV2"}
+DATA_MOVEMENT_OPS = {"Transpose", "ConcatV2", "Concat", "Pack", "Unpack", "Split", "SplitV",
+                     "Slice", "StridedSlice", "Gather", "GatherV2", "GatherNd",
+                     "ResourceGather", "Pad", "PadV2", "MirrorPad", "Tile", "Cast",
+                     "BroadcastTo", "OneHot", "Fill", "ZerosLike", "OnesLike", "Select",
+                     "SelectV2", "ScatterNd", "TensorScatterUpdate", "ReverseV2"}
+# Ops that move no data: TensorFlow aliases their buffers or only reads metadata.
+FREE_OPS = {"NoOp", "Const", "Placeholder", "PlaceholderWithDefault", "VarHandleOp",
+            "Identity", "IdentityN", "Shape", "ShapeN", "Size", "Rank", "ReadVariableOp",
+            "StopGradient", "Reshape", "Squeeze", "ExpandDims", "_Arg", "_Retval",
+            "VarIsInitializedOp", "EnsureShape", "CheckNumerics", "PreventGradient",
+            "Snapshot"}
+
+
+def op_class(op_type):
+    """The efficiency class of an op type.
+
+    >>> op_class("Conv2D"), op_class("Relu"), op_class("Mean"), op_class("ConcatV2")
+    ('matmul', 'elementwise', 'reduction', 'data_movement')
+    """
+    if op_type in MATMUL_OPS:
+        return "matmul"
+    if op_type in REDUCTION_OPS:
+        return "reduction"
+    if op_type in DATA_MOVEMENT_OPS:
+        return "data_movement"
+    return "elementwise"
+
+
+def roofline_time(op_type, flops, bytes_accessed, kind):
+    """Seconds for one op on a device kind.
+
+    >>> from tfpart.cluster import load_device_kinds
+    >>> v100 = load_device_kinds()["V100"]
+    >>> t = roofline_time("MatMul", 2 * 4096**3, 3 * 4 * 4096**2, v100)
+    >>> round(t * 1e3, 2)  # ms: compute bound at 70% of 15.7 TFLOP/s
+    12.51
+    >>> roofline_time("Identity", 0, 1e9, v100)
+    0.0
+    """
+    if op_type in FREE_OPS:
+        return 0.0
+    efficiency = kind.efficiency.get(op_class(op_type), 1.0)
+    compute = flops / (kind.peak_flops * efficiency)
+    memory = bytes_accessed / kind.memory_bandwidth
+    return max(compute, memory) + kind.op_overhead_s
+
+
+class CostModel:
+    """Op times and transfer times of one graph on one cluster, as numpy arrays.
+
+    ``compute[i, d]`` is the time of op ``ops[i]`` on device ``d`` (``inf`` where the
+    device's kind has no kernel for it). A node attribute ``cost`` (device name ->
+    seconds) overrides the roofline, for graphs imported with measured cost tables.
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> g = OpGraph()
+    >>> g.add_op("a", op_type="MatMul", flops=1e9, bytes_accessed=1e6)
+    >>> g.add_op("b", op_type="AsString", allowed_kinds=frozenset({"cpu"}))
+    >>> g.add_edge("a", "b", bytes=4e6)
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "T4"]))
+    >>> bool(np.isinf(cost.compute[cost.index["b"], 1]))
+    True
+    >>> cost.transfer_time(4e6, 0, 1) > 0 == cost.transfer_time(4e6, 1, 1)
+    True
+    """
+
+    def __init__(self, graph, cluster):
+        self.graph = graph
+        self.cluster = cluster
+        self.ops = list(graph.ops)
+        self.index = {name: i for i, name in enumerate(self.ops)}
+        n_dev = len(cluster)
+        self.compute = np.empty((len(self.ops), n_dev))
+        for i, name in enumerate(self.ops):
+            attrs = graph.ops[name]
+            table = attrs.get("cost")
+            allowed = attrs["allowed_kinds"]
+            for d, device in enumerate(cluster.devices):
+                if allowed is not None and device.kind.name not in allowed:
+                    self.compute[i, d] = np.inf
+                elif table is not None:
+                    self.compute[i, d] = table.get(device.name, np.inf)
+                else:
+                    self.compute[i, d] = roofline_time(attrs["op_type"], attrs["flops"],
+                                                       attrs["bytes_accessed"], device.kind)
+        self.latency = np.zeros((n_dev, n_dev))
+        self.inverse_bandwidth = np.zeros((n_dev, n_dev))
+        for (i, j), link in cluster.links.items():
+            self.latency[i, j] = self.latency[j, i] = link.latency
+            self.inverse_bandwidth[i, j] = self.inverse_bandwidth[j, i] = 1.0 / link.bandwidth
+
+    def transfer_time(self, nbytes, src, dst):
+        """Alpha-beta time to move ``nbytes`` from device ``src`` to ``dst``."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return self.latency[src, dst] + nbytes * self.inverse_bandwidth[src, dst]
+
+    def mean_transfer_time(self, nbytes):
+        """Transfer time averaged over ordered pairs of distinct devices (0 on one)."""
+        n = len(self.cluster)
+        if n < 2 or nbytes <= 0:
+            return 0.0
+        mask = ~np.eye(n, dtype=bool)
+        return float(np.mean(self.latency[mask] + nbytes * self.inverse_bandwidth[mask]))
+
+    def runnable(self, i):
+        """Devices with a kernel for op ``i``."""
+        return np.flatnonzero(np.isfinite(self.compute[i]))

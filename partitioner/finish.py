@@ -1,0 +1,36 @@
+"""Turn a device-per-op array into a checked Plan with the cost model's figures."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+
+from costmodel.memory import device_memory
+from costmodel.simulate import simulate
+from partitioner.lower_bound import lower_bound
+from tfpart.plan import Plan
+
+
+def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None):
+    """Simulate the placement, record per-device figures, and check the plan."""
+    names = cluster.device_names
+    assignment = {op: names[d] for op, d in zip(cost.ops, device_of)}
+    schedule = simulate(cost, device_of, priority)
+    memory = device_memory(graph, assignment, names)
+    per_device = {}
+    for d, name in enumerate(names):
+        mine = np.flatnonzero(device_of == d)
+        per_device[name] = {
+            "kind": cluster.devices[d].kind.name,
+            "ops": int(len(mine)),
+            "param_bytes": int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
+            "busy_s": float(schedule.busy[d]),
+            "peak_memory_bytes": float(memory[name]),
+            "memory_bytes": float(cluster.devices[d].memory),
+        }
+    plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),
+                predicted={"step_time": schedule.makespan, "devices": per_device,
+                           "bytes_moved": schedule.bytes_moved},
+                lower_bound=lower_bound(cost))
+    plan.check(graph, cluster)
+    return plan

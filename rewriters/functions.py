@@ -1,0 +1,70 @@
+"""Walking the function library of a SavedModel: calls, control-flow bodies, tensors.
+
+Function-call ops are inlined by the reader (their bodies' ops become OpGraph nodes
+prefixed by the call site); control-flow ops stay one unit, with their bodies placed
+on the op's device.
+"""
+from __future__ import annotations
+
+CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
+CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
+BODY_ATTRS = ("body", "cond", "then_branch", "else_branch")
+
+
+def library_index(library):
+    """Function name -> FunctionDef."""
+    return {f.signature.name: f for f in library.function}
+
+
+def callee(node, functions):
+    """Name of the function a call node runs, or None if ``node`` is not a call."""
+    if node.op in CALL_OPS:
+        return node.attr["f"].func.name
+    if node.op in functions:
+        return node.op
+    return None
+
+
+def body_functions(node):
+    """Names of the functions a control-flow (or any function-valued) attr refers to."""
+    names = []
+    for key, value in sorted(node.attr.items()):
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list") and value.list.func:
+            names.extend(f.name for f in value.list.func)
+    return names
+
+
+def split_input(text):
+    """``(node_name, output, is_control)`` of a FunctionDef or GraphDef input string.
+
+    >>> split_input("dense/MatMul:product:0"), split_input("^init"), split_input("x")
+    (('dense/MatMul', 'product:0', False), ('init', '', True), ('x', '', False))
+    """
+    if text.startswith("^"):
+        return text[1:], "", True
+    node, _, output = text.partition(":")
+    return node, output, False
+
+
+def topological_nodes(node_defs):
+    """NodeDefs ordered so every node comes after the nodes it reads (Kahn)."""
+    by_name = {n.name: n for n in node_defs}
+    waiting = {n.name: {split_input(i)[0] for i in n.input} & by_name.keys() for n in node_defs}
+    users = {name: [] for name in by_name}
+    for name, deps in waiting.items():
+        for dep in deps:
+            users[dep].append(name)
+    ready = [n.name for n in node_defs if not waiting[n.name]]
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(by_name[name])
+        for user in users[name]:
+            waiting[user].discard(name)
+            if not waiting[user]:
+                ready.append(user)
+    if len(order) != len(node_defs):
+        raise ValueError("function body has a cycle")
+    return order

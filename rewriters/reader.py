@@ -1,0 +1,365 @@
+"""Read a TensorFlow 2 SavedModel into an OpGraph, without running any of its code.
+
+One signature is read (``serving_default`` unless named). Its function and every
+function it calls are inlined into one flat graph whose op names carry the call site
+(``StatefulPartitionedCall/model/dense/MatMul``), the same names TensorFlow's own
+function inlining gives them at run time. Control-flow ops (``While``, ``If``, ``Case``)
+stay single ops. The signature's captured variables become ``VarHandleOp`` ops named
+``variables/<object id>/<variable name>``. The flat graph is imported into a
+``tf.Graph`` with the inputs fixed at the compile batch size, so TensorFlow's shape
+inference gives every tensor a concrete shape, hence FLOPs and bytes.
+
+Variables the signature does not read still occupy memory once loaded; they appear as
+isolated ``VarHandleOp`` ops so the partitioner places (and counts) them too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rewriters.flops import op_flops
+from rewriters.functions import (CALL_OPS, CONTROL_FLOW_OPS, body_functions, callee,
+                                 library_index, split_input, topological_nodes)
+from rewriters.tf_import import tensorflow
+from tfpart.dtypes import tensor_bytes
+from tfpart.errors import ModelError
+from tfpart.graph import OpGraph
+
+HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
+                 "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
+                 "ReadFile", "WriteFile", "DecodeJpeg", "DecodePng", "DecodeImage",
+                 "EncodeJpeg", "EncodePng", "ParseExample", "ParseExampleV2",
+                 "ParseSingleExample", "HashTableV2", "LookupTableFindV2",
+                 "LookupTableImportV2", "MutableHashTableV2"}
+ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
+
+
+@dataclass
+class ModelInfo:
+    """What the reader learned besides the graph."""
+
+    signature: str
+    root_function: str
+    batch_size: int
+    inputs: dict  # signature input name -> (shape at batch size, dtype)
+    variable_ops: dict = field(default_factory=dict)  # object-graph node id -> op name
+    signatures: list = field(default_factory=list)
+
+
+def variable_op_name(node_id, saved_variable):
+    """OpGraph name of the variable at object-graph node ``node_id``."""
+    return f"variables/{node_id}/{saved_variable.name}" if saved_variable.name else \
+        f"variables/{node_id}"
+
+
+def choose_signature(meta, signature, path):
+    names = sorted(k for k in meta.signature_def if not k.startswith("__"))
+    if not names:
+        raise ModelError(path, "the SavedModel has no signatures to compile")
+    if signature is None:
+        return "serving_default" if "serving_default" in names else names[0]
+    if signature not in names:
+        raise ModelError(path, f"no signature {signature!r} (has: {', '.join(names)})")
+    return signature
+
+
+def signature_call(meta, signature, path):
+    """The top-level call node that computes ``signature`` and its function's name."""
+    nodes = {n.name: n for n in meta.graph_def.node}
+    output = next(iter(meta.signature_def[signature].outputs.values())).name
+    node = nodes.get(split_input(output)[0])
+    functions = library_index(meta.graph_def.library)
+    if node is None or callee(node, functions) not in functions:
+        raise ModelError(path, f"signature {signature!r} is not computed by a function call;"
+                         " only TensorFlow 2 SavedModels are supported")
+    return node, callee(node, functions), nodes
+
+
+def read_model(proto, path="", batch_size=None, signature=None):
+    """OpGraph and ModelInfo of one signature of a SavedModel proto.
+
+    Parameters
+    ----------
+    proto : saved_model_pb2.SavedModel
+    path : str
+        Where it came from (for error messages).
+    batch_size : int, optional
+        Size of unknown leading dimensions; default from the signature, else 1.
+    signature : str, optional
+        Signature to read; default ``serving_default`` or the first one.
+    """
+    tf = tensorflow()
+    meta = proto.meta_graphs[0]
+    signature = choose_signature(meta, signature, path)
+    call, root, top_nodes = signature_call(meta, signature, path)
+    functions = library_index(meta.graph_def.library)
+    objects = meta.object_graph_def
+    bound = list(objects.concrete_functions[root].bound_inputs) \
+        if root in objects.concrete_functions else []
+    n_args = len(functions[root].signature.input_arg)
+    n_inputs = n_args - len(bound)
+    if batch_size is None:
+        batch_size = _signature_batch(meta.signature_def[signature]) or 1
+
+    flat = tf.compat.v1.GraphDef()
+    flat.library.CopyFrom(meta.graph_def.library)
+    arg_sources, inputs, variable_ops = [], {}, {}
+    input_names = {split_input(t.name)[0]: k for k, t in
+                   meta.signature_def[signature].inputs.items()}
+    for i in range(n_inputs):
+        placeholder = top_nodes[split_input(call.input[i])[0]]
+        shape = [batch_size if d.size < 0 else d.size
+                 for d in placeholder.attr["shape"].shape.dim]
+        node = flat.node.add(name=placeholder.name, op="Placeholder")
+        node.attr["dtype"].type = placeholder.attr["dtype"].type
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+        inputs[input_names.get(placeholder.name, placeholder.name)] = (
+            tuple(shape), tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
+        arg_sources.append(f"{placeholder.name}:0")
+    for node_id in bound:
+        variable = objects.nodes[node_id].variable
+        name = variable_op_name(node_id, variable)
+        _add_variable_node(flat, name, variable)
+        variable_ops[node_id] = name
+        arg_sources.append(f"{name}:0")
+    _Inliner(flat, functions).inline(root, "", arg_sources, [])
+    for node in flat.node:
+        node.attr.pop("_output_shapes", None)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.graph_util.import_graph_def(flat, name="")
+        except (ValueError, tf.errors.OpError) as exc:
+            raise ModelError(path, f"cannot rebuild signature {signature!r}: "
+                             f"{str(exc).splitlines()[0]}") from None
+        opgraph = _to_opgraph(graph, flat, objects, variable_ops, batch_size, functions)
+    for node_id, node in enumerate(objects.nodes):
+        if node.HasField("variable") and node_id not in variable_ops:
+            name = variable_op_name(node_id, node.variable)
+            opgraph.add_op(name, op_type="VarHandleOp", stateful=True,
+                           param_bytes=_variable_bytes(node.variable))
+            variable_ops[node_id] = name
+    info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
+                     inputs=inputs, variable_ops=variable_ops,
+                     signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
+    return opgraph, info
+
+
+def _signature_batch(signature_def):
+    for tensor in signature_def.inputs.values():
+        dims = tensor.tensor_shape.dim
+        if dims and dims[0].size > 0:
+            return dims[0].size
+    return None
+
+
+def _variable_bytes(variable):
+    from tensorflow.python.framework import dtypes
+
+    shape = tuple(max(d.size, 1) for d in variable.shape.dim)
+    return tensor_bytes(shape, dtypes.as_dtype(variable.dtype).name)
+
+
+def _add_variable_node(flat, name, variable):
+    node = flat.node.add(name=name, op="VarHandleOp")
+    node.attr["dtype"].type = variable.dtype
+    node.attr["shape"].shape.CopyFrom(variable.shape)
+    node.attr["shared_name"].s = name.encode()
+    node.attr["container"].s = b""
+
+
+class _Inliner:
+    """Copies function bodies into one flat GraphDef, call sites becoming name prefixes."""
+
+    def __init__(self, flat, functions):
+        self.flat = flat
+        self.functions = functions
+        self._flat_cache = {}
+
+    def _flat_body(self, fname):
+        """(GraphDef with flat tensor names, list of flat output tensor names)."""
+        if fname not in self._flat_cache:
+            from tensorflow.python.framework.function_def_to_graph import (
+                function_def_to_graph_def)
+
+            tf = tensorflow()
+            fdef = self.functions[fname]
+            with tf.Graph().as_default():
+                tf.graph_util.import_graph_def(tf.compat.v1.GraphDef(
+                    library=self.flat.library), name="")
+                body, names = function_def_to_graph_def(fdef)
+            outputs = [names[fdef.ret[arg.name]] for arg in fdef.signature.output_arg]
+            args = {a.name for a in fdef.signature.input_arg}
+            nodes = [n for n in body.node if n.name not in args]
+            self._flat_cache[fname] = (topological_nodes(nodes), outputs,
+                                       [a.name for a in fdef.signature.input_arg])
+        return self._flat_cache[fname]
+
+    def inline(self, fname, prefix, arg_sources, control_in):
+        """Inline ``fname`` under ``prefix``; return the flat names of its outputs."""
+        nodes, outputs, arg_names = self._flat_body(fname)
+        args = dict(zip(arg_names, arg_sources))
+        calls = {}  # call node name -> list of flat output tensor names
+        local_names = {n.name for n in nodes}
+
+        def resolve(text):
+            node, output, control = split_input(text)
+            if control:
+                if node in args:
+                    return ["^" + split_input(args[node])[0]]
+                if node in calls:
+                    return ["^" + split_input(t)[0] for t in calls[node]]
+                return ["^" + prefix + node]
+            if node in args:
+                return [args[node]]
+            if node in calls:
+                return [calls[node][int(output or 0)]]
+            return [prefix + node + (":" + output if output else "")]
+
+        for node in nodes:
+            inputs = [t for text in node.input for t in resolve(text)]
+            target = callee(node, self.functions)
+            if target is not None:
+                data = [t for t in inputs if not t.startswith("^")]
+                control = [t for t in inputs if t.startswith("^")]
+                calls[node.name] = self.inline(target, f"{prefix}{node.name}/", data,
+                                               control + control_in)
+                continue
+            copy = self.flat.node.add()
+            copy.CopyFrom(node)
+            copy.name = prefix + node.name
+            del copy.input[:]
+            copy.input.extend(inputs)
+            if not inputs:
+                copy.input.extend(control_in)
+            _rename_colocation(copy, prefix, local_names)
+        return [t for out in outputs for t in resolve(out)]
+
+
+def _rename_colocation(node, prefix, local_names):
+    """Point ``_class: loc:@x`` at the inlined name of x (dropping x outside the body)."""
+    if "_class" not in node.attr:
+        return
+    kept = [f"loc:@{prefix}{v.decode()[5:]}" for v in node.attr["_class"].list.s
+            if v.decode().startswith("loc:@") and v.decode()[5:] in local_names]
+    del node.attr["_class"].list.s[:]
+    if kept:
+        node.attr["_class"].list.s.extend(k.encode() for k in kept)
+    else:
+        del node.attr["_class"]
+
+
+def _concrete(shape, batch_size):
+    if shape.rank is None:
+        return ()
+    return tuple((batch_size if k == 0 else 1) if d is None else d
+                 for k, d in enumerate(shape.as_list()))
+
+
+def _plain_attrs(op):
+    attrs = {}
+    for name in ATTRS_FOR_FLOPS:
+        if name in op.node_def.attr:
+            value = op.get_attr(name)
+            attrs[name] = value.decode() if isinstance(value, bytes) else value
+    return attrs
+
+
+class _UnionFind(dict):
+    def find(self, x):
+        self.setdefault(x, x)
+        while self[x] != x:
+            self[x] = self[self[x]]
+            x = self[x]
+        return x
+
+    def union(self, a, b):
+        self[self.find(a)] = self.find(b)
+
+
+def _to_opgraph(graph, flat, objects, variable_ops, batch_size, functions):
+    opgraph = OpGraph()
+    groups = _UnionFind()
+    variables = {name: node_id for node_id, name in variable_ops.items()}
+    body_cost = _BodyCost(functions, batch_size)
+    for op in graph.get_operations():
+        in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
+        outputs = [(_concrete(t.shape, batch_size), t.dtype.name) for t in op.outputs]
+        dtypes = {t.dtype.name for t in list(op.inputs) + list(op.outputs)}
+        if op.type in CONTROL_FLOW_OPS:
+            flops = body_cost.flops(op, in_shapes)
+        else:
+            flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
+        bytes_accessed = (sum(tensor_bytes(s, t.dtype.name) for s, t in zip(in_shapes, op.inputs))
+                          + sum(tensor_bytes(s, d) for s, d in outputs))
+        param_bytes = 0
+        if op.name in variables:
+            variable = objects.nodes[variables[op.name]].variable
+            param_bytes = _variable_bytes(variable)
+        host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
+        opgraph.add_op(op.name, op_type=op.type, outputs=outputs, flops=float(flops),
+                       bytes_accessed=float(bytes_accessed), param_bytes=param_bytes,
+                       allowed_kinds=frozenset({"cpu"}) if host_only else None,
+                       stateful=bool(op.op_def.is_stateful) if op.op_def else False)
+        for k, tensor in enumerate(op.inputs):
+            nbytes = tensor_bytes(in_shapes[k], tensor.dtype.name)
+            opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
+            if tensor.dtype.name == "resource":
+                groups.union(op.name, tensor.op.name)
+        for dep in op.control_inputs:
+            opgraph.add_edge(dep.name, op.name, control=True)
+        for location in op.colocation_groups():
+            target = location.decode()[5:]
+            if target != op.name and target in opgraph:
+                groups.union(op.name, target)
+    members = {}
+    for name in opgraph.ops:
+        members.setdefault(groups.find(name), []).append(name)
+    for group in members.values():
+        # Name a group after its variable when it has one, else its first op.
+        label = min(group, key=lambda n: (n not in variables, n))
+        for name in group:
+            opgraph.ops[name]["colocation"] = label
+    return opgraph
+
+
+class _BodyCost:
+    """FLOPs of a control-flow op: its bodies' ops at the op's input shapes (one trip of a
+    loop, the costlier branch of a conditional)."""
+
+    def __init__(self, functions, batch_size):
+        self.functions = functions
+        self.batch_size = batch_size
+
+    def flops(self, op, in_shapes):
+        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
+        from tensorflow.core.framework.function_pb2 import FunctionDef
+
+        tf = tensorflow()
+        per_body = []
+        for fname in body_functions(op.node_def):
+            fdef = FunctionDef()
+            fdef.CopyFrom(self.functions[fname])
+            for arg in fdef.arg_attr.values():
+                arg.attr.pop("_output_shapes", None)
+            args = fdef.signature.input_arg
+            offset = len(in_shapes) - len(args)  # If/Case take the predicate first
+            shapes = [tf.TensorShape(in_shapes[offset + k]) if offset + k >= 0 else None
+                      for k in range(len(args))]
+            try:
+                body = function_def_to_graph(fdef, input_shapes=shapes)
+            except (ValueError, tf.errors.OpError):
+                continue
+            per_body.append(sum(
+                op_flops(o.type, [_concrete(t.shape, self.batch_size) for t in o.inputs],
+                         [_concrete(t.shape, self.batch_size) for t in o.outputs],
+                         _plain_attrs(o))
+                for o in body.get_operations()))
+        if not per_body:
+            return 0
+        loops = op.type in ("While", "StatelessWhile")
+        return sum(per_body) if loops else max(per_body)
+
+
+__all__ = ["CALL_OPS", "ModelInfo", "read_model", "variable_op_name"]

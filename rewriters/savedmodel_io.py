@@ -1,0 +1,82 @@
+"""Read a SavedModel proto from disk and write a rewritten one atomically.
+
+The output is assembled in a temporary folder beside the target (variables and assets
+copied, the new ``saved_model.pb``, a fresh fingerprint, extra files such as plan.json)
+and renamed into place only when complete, so a failure leaves nothing half-written.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from tfpart.errors import ModelError, OutputError
+
+
+def read_saved_model(path):
+    """The ``SavedModel`` proto of the folder ``path``; ModelError if it is not one."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(path, "no such directory")
+    if not path.is_dir():
+        raise ModelError(path, "not a directory (a SavedModel is a folder)")
+    pb = path / "saved_model.pb"
+    if not pb.is_file():
+        raise ModelError(path, "not a SavedModel: saved_model.pb is missing")
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(pb.read_bytes())
+    except (DecodeError, RuntimeError) as exc:
+        raise ModelError(pb, f"corrupt or truncated saved_model.pb ({exc})") from None
+    if not proto.meta_graphs:
+        raise ModelError(pb, "corrupt or truncated saved_model.pb (no meta graph)")
+    meta = proto.meta_graphs[0]
+    if not meta.HasField("object_graph_def") or not meta.object_graph_def.nodes:
+        raise ModelError(pb, "not a TensorFlow 2 SavedModel (no object graph); "
+                         "re-export it with tf.saved_model.save or Keras model.export")
+    return proto
+
+
+def prepare_output(out, force):
+    """Refuse an existing ``out`` unless ``force``; return a fresh temporary folder
+    beside it for the caller to fill."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise OutputError(out, "already exists (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise OutputError(out, "exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def write_saved_model(proto, source_dir, out, force=False, extra_files=None):
+    """Write ``proto`` with ``source_dir``'s variables and assets to ``out``.
+
+    ``extra_files`` maps a file name to the text written beside ``saved_model.pb``.
+    """
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    out = Path(out)
+    staging = prepare_output(out, force)
+    try:
+        for item in Path(source_dir).iterdir():
+            if item.name in ("saved_model.pb", "fingerprint.pb"):
+                continue
+            target = staging / item.name
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
+        (staging / "saved_model.pb").write_bytes(proto.SerializeToString(deterministic=True))
+        (staging / "fingerprint.pb").write_bytes(
+            fingerprinting.CreateFingerprintDef(str(staging)))
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,121 @@
+"""Compile real TensorFlow/Keras SavedModels onto several logical CPU devices and check
+that the compiled model computes the same outputs, with ops where the plan says."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import models
+from tests.conftest import local_cluster
+from tfpart.compile import compile_model
+from tfpart.runtime import verify
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
+        return cache[name]
+    return get
+
+
+def compile_and_verify(model, cluster_file, out, batch_size=None):
+    result = compile_model(model, cluster_file, out, batch_size=batch_size)
+    report = verify(model, out)
+    return result, report
+
+
+def devices_doing_work(result, report):
+    """Devices on which TensorFlow ran ops that compute something (FLOPs > 0)."""
+    flops = {op: attrs["flops"] for op, attrs in result.graph.ops.items()}
+    return {device for op, device in report.placement.items() if flops.get(op, 0) > 0}
+
+
+@pytest.mark.parametrize("name,batch", [("mlp_module", 8), ("residual_cnn", 4),
+                                        ("transformer_encoder", 4), ("while_module", 2)])
+def test_compiled_model_matches_original_on_three_devices(name, batch, exported, local_cpus,
+                                                          write_cluster, tmp_path):
+    model = exported(name)
+    result, report = compile_and_verify(model, write_cluster(local_cluster(3)),
+                                        tmp_path / "out", batch_size=batch)
+    assert report.outputs_equal, report.max_abs_diff
+    assert report.ops_checked >= 3
+    assert report.op_mismatches == []
+    assert report.variable_mismatches == []
+    if name != "while_module":  # a single loop has nothing to run in parallel
+        assert len(devices_doing_work(result, report)) >= 2
+
+
+def test_while_loop_body_runs_on_the_loop_device(exported, local_cpus, write_cluster,
+                                                 tmp_path):
+    model = exported("while_module")
+    result, report = compile_and_verify(model, write_cluster(local_cluster(3)),
+                                        tmp_path / "out", batch_size=2)
+    loop = next(op for op, a in result.graph.ops.items() if a["op_type"] == "While")
+    planned = report.device_map[result.plan.assignment[loop]]
+    # The body's own ops (not the Switch/Merge/Send plumbing TensorFlow adds when it
+    # lowers the loop, whose names end in /_N) ran where the loop was placed.
+    body = {op: d for op, d in report.placement.items()
+            if op.startswith(f"{loop}/body/") and not op.rsplit("/", 1)[1].startswith("_")}
+    assert report.outputs_equal
+    assert any(op.endswith("/MatMul") for op in body)
+    assert set(body.values()) == {planned}
+
+
+def test_resnet50_compiles_splits_and_matches(exported, local_cpus, write_cluster, tmp_path):
+    model = exported("resnet50")
+    result, report = compile_and_verify(model, write_cluster(local_cluster(3)),
+                                        tmp_path / "out", batch_size=2)
+    assert len(result.graph) > 1000
+    assert report.outputs_equal, report.max_abs_diff
+    assert report.op_mismatches == [] and report.variable_mismatches == []
+    assert len(devices_doing_work(result, report)) >= 2
+    assert report.ops_checked > 500
+
+
+def test_devices_each_too_small_still_get_a_valid_split(exported, local_cpus, write_cluster,
+                                                         tmp_path):
+    model = exported("mlp_module")
+    # The MLP holds 368 KB of variables; no device can hold them all.
+    cluster = write_cluster(local_cluster(4, memory="320KB"))
+    result, report = compile_and_verify(model, cluster, tmp_path / "out", batch_size=2)
+    devices = result.plan.predicted["devices"]
+    assert all(d["peak_memory_bytes"] <= d["memory_bytes"] for d in devices.values())
+    assert sum(1 for d in devices.values() if d["param_bytes"] > 0) >= 2
+    assert report.outputs_equal and report.variable_mismatches == []
+
+
+def test_saved_model_cli_reads_the_output(exported, write_cluster, tmp_path):
+    model = exported("residual_cnn")
+    out = tmp_path / "out"
+    compile_model(model, write_cluster(local_cluster(3)), out)
+    shown = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli",
+                            "show", "--dir", str(out), "--all"],
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "serving_default" in shown.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    assert set(plan["assignment"].values()) <= {
+        f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)}
+
+
+def test_every_node_and_variable_has_its_device(exported, write_cluster, tmp_path):
+    from rewriters.savedmodel_io import read_saved_model
+
+    model = exported("transformer_encoder")
+    out = tmp_path / "out"
+    result = compile_model(model, write_cluster(local_cluster(3)), out)
+    meta = read_saved_model(out).meta_graphs[0]
+    devices = set(result.cluster.device_names)
+    nodes = list(meta.graph_def.node) + [n for f in meta.graph_def.library.function
+                                          for n in f.node_def]
+    kept_cpu = {"/device:CPU:0"}  # the savers' own host ops keep theirs
+    assert all(n.device in devices | kept_cpu for n in nodes)
+    variables = [o.variable for o in meta.object_graph_def.nodes if o.HasField("variable")]
+    assert variables and all(v.device in devices for v in variables)

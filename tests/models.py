@@ -1,0 +1,85 @@
+"""Real models exported by TensorFlow/Keras for the end-to-end tests."""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def export_mlp_module(path):
+    """A tf.Module MLP with two towers (wide and deep) joined at the end."""
+    import tensorflow as tf
+
+    class TwoTowerMLP(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = tf.random.Generator.from_seed(1)
+            self.deep = [tf.Variable(rng.normal([64, 256]) * 0.1),
+                         tf.Variable(rng.normal([256, 256]) * 0.1),
+                         tf.Variable(rng.normal([256, 32]) * 0.1)]
+            self.wide = tf.Variable(rng.normal([64, 32]) * 0.1)
+            self.bias = tf.Variable(tf.zeros([32]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+        def __call__(self, x):
+            h = x
+            for w in self.deep[:-1]:
+                h = tf.nn.relu(tf.matmul(h, w))
+            deep = tf.matmul(h, self.deep[-1])
+            wide = tf.matmul(x, self.wide)
+            return {"logits": deep + wide + self.bias}
+
+    module = TwoTowerMLP()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path
+
+
+def export_residual_cnn(path):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from make_example_model import residual_cnn
+
+    residual_cnn(seed=3).export(str(path))
+    return path
+
+
+def export_transformer_encoder(path, seq=16, dim=32, heads=4):
+    import keras
+
+    keras.utils.set_random_seed(2)
+    tokens = keras.Input((seq, dim), name="tokens")
+    attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
+    x = keras.layers.LayerNormalization()(tokens + attention(tokens, tokens))
+    ff = keras.layers.Dense(4 * dim, activation="gelu")(x)
+    ff = keras.layers.Dense(dim)(ff)
+    x = keras.layers.LayerNormalization()(x + ff)
+    outputs = keras.layers.Dense(8)(keras.layers.GlobalAveragePooling1D()(x))
+    keras.Model(tokens, outputs).export(str(path))
+    return path
+
+
+def export_resnet50(path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)).export(str(path))
+    return path
+
+
+def export_while_module(path):
+    """A tf.Module whose signature runs a While loop reading a variable."""
+    import tensorflow as tf
+
+    class Loop(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.eye(8) * 0.5)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            def body(i, h):
+                return i + 1, tf.tanh(tf.matmul(h, self.w))
+            _, h = tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])
+            return h
+
+    module = Loop()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path

@@ -1,0 +1,26 @@
+"""tfpart: an offline graph-partitioning compiler for TensorFlow SavedModels.
+
+The Python API: ``compile_model`` (the whole pipeline), ``plan_model`` (read and
+partition without writing), ``load`` (load a compiled model with its variable devices),
+``verify`` (compare original and compiled), ``load_cluster``, ``Plan``, ``Cluster``.
+Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
+import cycles with the packages below it.
+
+>>> import tfpart
+>>> tfpart.load_cluster.__module__
+'tfpart.cluster'
+"""
+from importlib import import_module
+
+_API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
+        "Plan": "tfpart.plan", "TfpartError": "tfpart.errors",
+        "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
+        "load": "tfpart.runtime", "verify": "tfpart.runtime"}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+    if name not in _API:
+        raise AttributeError(f"module 'tfpart' has no attribute {name!r}")
+    return getattr(import_module(_API[name]), name)

@@ -1,0 +1,152 @@
+"""Command line: ``tfpart compile`` and ``tfpart verify``.
+
+Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
+with code 2. Tables and progress use ``rich`` (a well-kept terminal library, rather
+than hand-aligned columns and spinners).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.table import Table
+
+from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
+from tfpart.errors import TfpartError
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+
+
+def _bytes(n):
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _seconds(s):
+    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
+
+
+def plan_table(plan):
+    """A rich Table: one row per device with the plan's predicted figures."""
+    table = Table(title="Placement per device (predicted)")
+    for column in ("device", "kind", "ops", "parameters", "busy", "peak memory", "of memory"):
+        table.add_column(column, justify="left" if column in ("device", "kind") else "right")
+    for name, figures in plan.predicted["devices"].items():
+        table.add_row(name, figures["kind"], str(figures["ops"]),
+                      _bytes(figures["param_bytes"]), _seconds(figures["busy_s"]),
+                      _bytes(figures["peak_memory_bytes"]),
+                      f"{100 * figures['peak_memory_bytes'] / figures['memory_bytes']:.1f}%")
+    return table
+
+
+def print_plan(result, default_cluster):
+    plan = result.plan
+    if default_cluster:
+        console.print(f"No --cluster given: using the shipped default {result.cluster.source}")
+    console.print(f"Model {plan.context['model']} (signature {plan.context['signature']}, "
+                  f"batch size {plan.context['batch_size']}): {len(result.graph)} ops on "
+                  f"cluster '{result.cluster.name}' ({len(result.cluster)} devices)")
+    console.print(plan_table(plan))
+    gap = plan.gap
+    console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
+                  f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap else ""))
+    console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
+    console.print(f"Wrote {result.out} (with plan.json)")
+
+
+def print_verify(report):
+    table = Table(title="Ops TensorFlow placed per device (run metadata)")
+    table.add_column("device")
+    table.add_column("ops", justify="right")
+    inverse = {v: k for k, v in report.device_map.items()}
+    for device, count in sorted(report.ops_per_device.items()):
+        label = device if inverse.get(device, device) == device else \
+            f"{inverse[device]} -> {device}"
+        table.add_row(label, str(count))
+    console.print(table)
+    console.print(f"Outputs {'equal' if report.outputs_equal else 'DIFFER'} "
+                  f"(max abs difference {report.max_abs_diff:.3g}); "
+                  f"{report.ops_checked} ops checked against the plan, "
+                  f"{len(report.op_mismatches)} on another device; "
+                  f"{len(report.variable_mismatches)} variables misplaced")
+    for op, planned, actual in report.op_mismatches[:5]:
+        console.print(f"  {op}: planned {planned}, ran on {actual}")
+
+
+@contextmanager
+def progress_display():
+    with console.status("starting") as status:
+        yield lambda message: status.update(message + " ...")
+
+
+def cmd_compile(args):
+    from tfpart.compile import compile_model
+
+    model = args.model or str(DEFAULT_MODEL_DIR)
+    cluster = args.cluster or str(DEFAULT_CLUSTER_FILE)
+    with progress_display() as progress:
+        result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
+                               signature=args.signature, algorithm=args.algorithm,
+                               force=args.force, progress=progress)
+    print_plan(result, default_cluster=args.cluster is None)
+    if args.verify:
+        return cmd_verify(argparse.Namespace(model=model, compiled=args.output))
+    return 0
+
+
+def cmd_verify(args):
+    from tfpart.runtime import verify
+
+    with progress_display() as progress:
+        progress("running original and compiled models")
+        report = verify(args.model, args.compiled)
+    print_verify(report)
+    return 0 if report.ok else 1
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="tfpart", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    compile_ = commands.add_parser("compile", help="place a SavedModel on a cluster")
+    compile_.add_argument("model", nargs="?", help="SavedModel directory "
+                          "(default: the shipped example model)")
+    compile_.add_argument("--cluster", help="cluster.json (default: the shipped "
+                          "three-logical-CPU cluster)")
+    compile_.add_argument("-o", "--output", required=True, help="output directory")
+    compile_.add_argument("--batch-size", type=int, help="compile batch size "
+                          "(default: from the signature, else 1)")
+    compile_.add_argument("--signature", help="signature to optimise "
+                          "(default: serving_default)")
+    compile_.add_argument("--algorithm", default="greedy", choices=("greedy", "single"))
+    compile_.add_argument("--force", action="store_true", help="replace an existing output")
+    compile_.add_argument("--verify", action="store_true",
+                          help="then run original and compiled models and compare")
+    compile_.set_defaults(run=cmd_compile)
+    verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
+    verify_.add_argument("model")
+    verify_.add_argument("compiled")
+    verify_.set_defaults(run=cmd_verify)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if getattr(args, "batch_size", None) is not None and args.batch_size <= 0:
+        print("tfpart: error: --batch-size must be positive", file=sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except TfpartError as exc:
+        print(f"tfpart: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tfpart: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""Cluster, Device, Link and DeviceKind: reading and validating cluster.json.
+
+cluster.json (see ``profiles/clusters/`` for examples)::
+
+    {
+      "name": "2xV100 + 2xT4 on two hosts",
+      "cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]},
+      "devices": [
+        {"name": "/job:worker/task:0/device:GPU:0", "kind": "V100", "memory": "16GB"},
+        {"name": "/job:worker/task:1/device:GPU:0", "kind": "T4"}
+      ],
+      "links": {
+        "same_host": {"bandwidth": "16GB/s", "latency": "10us"},
+        "cross_host": {"bandwidth": "10Gbit/s", "latency": "50us"},
+        "pairs": [{"between": ["/job:worker/task:0/device:GPU:0",
+                               "/job:worker/task:0/device:GPU:1"],
+                   "bandwidth": "150GB/s", "latency": "5us"}]
+      }
+    }
+
+``memory`` defaults to the kind's datasheet figure. Devices without a job are local
+(``/job:localhost/replica:0/task:0``). The optional ``cluster`` block maps each job to
+its task addresses, as in TF_CONFIG / ``tf.train.ClusterSpec``.
+
+Examples
+--------
+>>> c = cluster_from_dict({"devices": [{"name": "/device:CPU:0", "kind": "cpu"},
+...                                    {"name": "/device:CPU:1", "kind": "cpu"}]})
+>>> [d.name for d in c.devices]
+['/job:localhost/replica:0/task:0/device:CPU:0', '/job:localhost/replica:0/task:0/device:CPU:1']
+>>> c.link(0, 1).latency
+1e-05
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+
+from profiles import DEVICE_KINDS_FILE
+from tfpart.errors import ClusterError, ProfileError
+from tfpart.units import parse_duration, parse_rate, parse_size
+
+DEFAULT_SAME_HOST_LATENCY = 10e-6
+DEFAULT_CROSS_HOST = {"bandwidth": "10Gbit/s", "latency": "50us"}
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """Datasheet figures of one kind of device (units: FLOP/s, bytes/s, bytes, s)."""
+
+    name: str
+    peak_flops: float
+    memory_bandwidth: float
+    memory: float
+    host_link_bandwidth: float
+    peer_link_bandwidth: float
+    efficiency: dict
+    op_overhead_s: float
+    source: str
+
+    @property
+    def is_cpu(self):
+        """CPUs have a kernel for every op; accelerators lack host-only kernels."""
+        return self.name == "cpu"
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: DeviceKind
+    memory: float
+    host: str
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float
+    latency: float
+
+    def transfer_time(self, nbytes):
+        """Alpha-beta time of moving ``nbytes`` (0 for nothing to move)."""
+        return self.latency + nbytes / self.bandwidth if nbytes > 0 else 0.0
+
+
+@dataclass
+class Cluster:
+    """Devices, the links between them, and the optional TensorFlow job addresses."""
+
+    name: str
+    devices: tuple
+    links: dict = field(repr=False)  # (i, j) with i < j -> Link
+    tf_cluster: dict = field(default_factory=dict)
+    source: str = ""
+
+    def __len__(self):
+        return len(self.devices)
+
+    def index(self, device_name):
+        return self.device_names.index(device_name)
+
+    @property
+    def device_names(self):
+        return [d.name for d in self.devices]
+
+    def link(self, i, j):
+        """The link between devices ``i`` and ``j`` (indices); ``None`` when i == j."""
+        if i == j:
+            return None
+        return self.links[(min(i, j), max(i, j))]
+
+    def transfer_time(self, nbytes, i, j):
+        link = self.link(i, j)
+        return 0.0 if link is None else link.transfer_time(nbytes)
+
+    def total_memory(self):
+        return sum(d.memory for d in self.devices)
+
+
+# -- device kinds -----------------------------------------------------------------------
+_KIND_FIELDS = ("peak_flops", "memory_bandwidth", "memory", "host_link_bandwidth",
+                "peer_link_bandwidth", "efficiency", "op_overhead_s", "source")
+
+
+@lru_cache(maxsize=None)
+def load_device_kinds(path=DEVICE_KINDS_FILE):
+    """Read the device-kind profiles; raise ProfileError naming the bad entry."""
+    try:
+        raw = json.loads(Path(path).read_text())["kinds"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(path, f"cannot read device kinds: {exc}") from None
+    kinds = {}
+    for name, entry in raw.items():
+        if "alias_of" in entry:
+            continue
+        missing = [f for f in _KIND_FIELDS if f not in entry]
+        if missing:
+            raise ProfileError(path, f"kind {name!r} lacks {', '.join(missing)}")
+        numbers = {f: entry[f] for f in _KIND_FIELDS if f not in ("efficiency", "source")}
+        numbers["peak_flops"] = entry["peak_flops"].get("fp32", 0)
+        bad = [f for f, v in numbers.items() if not isinstance(v, (int, float)) or v <= 0]
+        if bad:
+            raise ProfileError(path, f"kind {name!r}: {', '.join(bad)} must be positive numbers")
+        kinds[name] = DeviceKind(name=name, efficiency=dict(entry["efficiency"]),
+                                 source=entry["source"], **numbers)
+    for name, entry in raw.items():
+        if "alias_of" in entry:
+            if entry["alias_of"] not in kinds:
+                raise ProfileError(path, f"kind {name!r} aliases unknown {entry['alias_of']!r}")
+            kinds[name] = kinds[entry["alias_of"]]
+    return kinds
+
+
+# -- cluster.json -------------------------------------------------------------------------
+_QUANTITY = {"type": ["number", "string"]}
+_LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY}
+CLUSTER_SCHEMA = {
+    "type": "object",
+    "required": ["devices"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "description": {"type": "string"},
+        "cluster": {"type": "object", "additionalProperties": {
+            "type": "array", "minItems": 1, "items": {"type": "string"}}},
+        "devices": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["name", "kind"], "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
+                           "memory": _QUANTITY}}},
+        "links": {"type": "object", "additionalProperties": False, "properties": {
+            "same_host": {"type": "object", "properties": _LINK_PROPS,
+                          "additionalProperties": False},
+            "cross_host": {"type": "object", "properties": _LINK_PROPS,
+                           "additionalProperties": False},
+            "pairs": {"type": "array", "items": {
+                "type": "object", "required": ["between", "bandwidth"],
+                "additionalProperties": False,
+                "properties": dict(_LINK_PROPS, between={
+                    "type": "array", "minItems": 2, "maxItems": 2,
+                    "items": {"type": "string"}})}}}}},
+}
+
+_DEVICE_NAME = re.compile(
+    r"^(?:/job:(?P<job>[A-Za-z0-9_]+))?(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?"
+    r"/device:(?P<type>[A-Za-z_]+):(?P<index>\d+)$")
+
+
+def normalize_device_name(name):
+    """Full TensorFlow device name; ``None`` if ``name`` is not one.
+
+    >>> normalize_device_name("/job:worker/task:1/device:GPU:0")
+    '/job:worker/replica:0/task:1/device:GPU:0'
+    >>> normalize_device_name("GPU0") is None
+    True
+    """
+    match = _DEVICE_NAME.match(name.strip())
+    if not match:
+        return None
+    job = match["job"] or "localhost"
+    return (f"/job:{job}/replica:{match['replica'] or 0}/task:{match['task'] or 0}"
+            f"/device:{match['type'].upper()}:{match['index']}")
+
+
+def host_of(device_name):
+    """The host (job/task) a full device name lives on."""
+    return device_name.split("/device:")[0]
+
+
+def _field_path(path_items):
+    text = ""
+    for item in path_items:
+        text += f"[{item}]" if isinstance(item, int) else (f".{item}" if text else item)
+    return text or "(top level)"
+
+
+def _quantity(parse, value, where, source):
+    try:
+        number = parse(value)
+    except ValueError as exc:
+        raise ClusterError(source, f"{where}: {exc}") from None
+    if number <= 0:
+        raise ClusterError(source, f"{where}: must be positive, got {value!r}")
+    return number
+
+
+def cluster_from_dict(data, source="", kinds=None):
+    """Validate a parsed cluster.json and build a :class:`Cluster`."""
+    kinds = load_device_kinds() if kinds is None else kinds
+    errors = sorted(jsonschema.Draft202012Validator(CLUSTER_SCHEMA).iter_errors(data),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        raise ClusterError(source, f"{_field_path(err.absolute_path)}: {err.message}")
+    tf_cluster = {job: list(addrs) for job, addrs in data.get("cluster", {}).items()}
+    devices = []
+    for i, entry in enumerate(data["devices"]):
+        where = f"devices[{i}]"
+        name = normalize_device_name(entry["name"])
+        if name is None:
+            raise ClusterError(source, f"{where}.name: {entry['name']!r} is not a TensorFlow "
+                               "device name like /job:worker/task:0/device:GPU:0")
+        if name in (d.name for d in devices):
+            raise ClusterError(source, f"{where}.name: duplicate device {name}")
+        kind = kinds.get(entry["kind"])
+        if kind is None:
+            raise ClusterError(source, f"{where}.kind: unknown device kind {entry['kind']!r} "
+                               f"(known: {', '.join(sorted(kinds))})")
+        memory = _quantity(parse_size, entry.get("memory", kind.memory), f"{where}.memory",
+                           source)
+        job, task = re.match(r"/job:([^/]+)/replica:\d+/task:(\d+)", name).groups()
+        if tf_cluster and job != "localhost":
+            if job not in tf_cluster or int(task) >= len(tf_cluster[job]):
+                raise ClusterError(source, f"{where}.name: {name} names a task missing from "
+                                   "the 'cluster' block")
+        devices.append(Device(name=name, kind=kind, memory=memory, host=host_of(name)))
+    links = _build_links(devices, data.get("links", {}), source)
+    return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
+                   devices=tuple(devices), links=links, tf_cluster=tf_cluster,
+                   source=str(source))
+
+
+def _build_links(devices, spec, source):
+    def make(entry, where, default):
+        """A Link from a cluster.json entry; absent fields come from ``default``."""
+        bandwidth = (_quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth", source)
+                     if "bandwidth" in entry else default.bandwidth)
+        latency = default.latency
+        if entry.get("latency", 0) != 0:
+            latency = _quantity(parse_duration, entry["latency"], f"{where}.latency", source)
+        elif "latency" in entry:
+            latency = 0.0
+        return Link(bandwidth=bandwidth, latency=latency)
+
+    cross = make(spec.get("cross_host", {}), "links.cross_host",
+                 Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
+                      parse_duration(DEFAULT_CROSS_HOST["latency"])))
+    links = {}
+    for i, a in enumerate(devices):
+        for j in range(i + 1, len(devices)):
+            b = devices[j]
+            # Same host by default: through the host, at the slower of the two host links.
+            through_host = Link(min(a.kind.host_link_bandwidth, b.kind.host_link_bandwidth),
+                                DEFAULT_SAME_HOST_LATENCY)
+            links[(i, j)] = (cross if a.host != b.host else
+                             make(spec.get("same_host", {}), "links.same_host", through_host))
+    names = [d.name for d in devices]
+    for k, pair in enumerate(spec.get("pairs", [])):
+        where = f"links.pairs[{k}]"
+        ends = [normalize_device_name(n) for n in pair["between"]]
+        for n, end in zip(pair["between"], ends):
+            if end not in names:
+                raise ClusterError(source, f"{where}.between: unknown device {n!r}")
+        i, j = sorted(names.index(e) for e in ends)
+        if i == j:
+            raise ClusterError(source, f"{where}.between: a link needs two different devices")
+        links[(i, j)] = make(pair, where, links[(i, j)])
+    return links
+
+
+def load_cluster(path):
+    """Read and validate a cluster.json file; raise ClusterError on any problem."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterError(path, "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClusterError(path, f"cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ClusterError(path, f"not valid JSON: {exc.msg} at line {exc.lineno} "
+                           f"column {exc.colno}") from None
+    return cluster_from_dict(data, source=str(path))
+
+
+def cluster_of_devices(kind_names, memory=None, name="uniform"):
+    """A local cluster of the given kinds, named /device:CPU:i (handy in tests).
+
+    >>> len(cluster_of_devices(["cpu", "cpu"]))
+    2
+    """
+    devices = [{"name": f"/device:CPU:{i}", "kind": k} for i, k in enumerate(kind_names)]
+    if memory is not None:
+        for d in devices:
+            d["memory"] = memory
+    return cluster_from_dict({"name": name, "devices": devices})

@@ -1,0 +1,92 @@
+"""The whole pipeline as one function: read, cost, partition, rewrite, write.
+
+Examples
+--------
+>>> from profiles import DEFAULT_MODEL_DIR, DEFAULT_CLUSTER_FILE
+>>> import tempfile, os
+>>> out = os.path.join(tempfile.mkdtemp(), "compiled")
+>>> result = compile_model(DEFAULT_MODEL_DIR, DEFAULT_CLUSTER_FILE, out)
+>>> len(result.plan.devices_used()) > 1, os.path.exists(os.path.join(out, "plan.json"))
+(True, True)
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from costmodel import CostModel
+from partitioner import ALGORITHMS
+from tfpart.cluster import load_cluster
+from tfpart.errors import PlacementError
+
+
+@dataclass
+class CompileResult:
+    plan: object
+    graph: object
+    cluster: object
+    info: object
+    out: Path | None
+    timings: dict = field(default_factory=dict)  # step -> seconds
+
+
+def _check_fits(graph, cluster, source):
+    params = graph.total_param_bytes()
+    if params > cluster.total_memory():
+        raise PlacementError(source, f"the model's variables need {params / 1e6:.1f} MB but "
+                             f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
+
+
+def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
+               progress=None):
+    """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings)."""
+    from rewriters.reader import read_model
+    from rewriters.savedmodel_io import read_saved_model
+
+    step = progress or (lambda name: None)
+    timings = {}
+    t0 = time.perf_counter()
+    step("reading the SavedModel")
+    proto = read_saved_model(model_dir)
+    graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature)
+    timings["read"] = time.perf_counter() - t0
+    _check_fits(graph, cluster, cluster.source or model_dir)
+
+    t0 = time.perf_counter()
+    step(f"partitioning {len(graph)} ops with {algorithm}")
+    cost = CostModel(graph, cluster)
+    try:
+        plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
+    except PlacementError as exc:
+        raise PlacementError(exc.path or cluster.source, exc.problem) from None
+    timings["partition"] = time.perf_counter() - t0
+    plan.context = {"model": str(model_dir), "cluster": cluster.name,
+                    "cluster_file": cluster.source, "devices": cluster.device_names,
+                    "signature": info.signature,
+                    "batch_size": info.batch_size, "inputs": {
+                        k: [list(s), d] for k, (s, d) in info.inputs.items()}}
+    return plan, graph, info, proto, timings
+
+
+def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
+                  algorithm="greedy", force=False, progress=None):
+    """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``."""
+    from rewriters.placement import place_devices
+    from rewriters.savedmodel_io import prepare_output, write_saved_model
+
+    cluster = load_cluster(cluster_file)
+    prepare_output(out, force).rmdir()  # fail on an existing output before any work
+    plan, graph, info, proto, timings = plan_model(
+        model_dir, cluster, batch_size=batch_size, signature=signature,
+        algorithm=algorithm, progress=progress)
+    t0 = time.perf_counter()
+    (progress or (lambda name: None))("writing the compiled SavedModel")
+    rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
+    write_saved_model(rewritten, model_dir, out, force=force,
+                      extra_files={"plan.json": json.dumps(plan.to_dict(), indent=1,
+                                                           sort_keys=True)})
+    timings["write"] = time.perf_counter() - t0
+    return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
+                         timings=timings)

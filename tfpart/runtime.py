@@ -1,0 +1,182 @@
+"""Loading and running compiled models with stock TensorFlow, and verifying them.
+
+``load`` is the Python API's front door; in plain TensorFlow it is::
+
+    tf.saved_model.load(path, options=tf.saved_model.LoadOptions(
+        experimental_variable_policy=
+            tf.saved_model.experimental.VariablePolicy.SAVE_VARIABLE_DEVICES))
+
+``verify`` runs an original and a compiled SavedModel on the same random inputs and
+reads, from TensorFlow's own run metadata, on which device every op ran.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rewriters.tf_import import tensorflow
+from tfpart.errors import ModelError, TfpartError
+
+RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
+               "_DeviceArg", "_DeviceRetval", "NoOp"}
+
+
+def load(path):
+    """Load a compiled SavedModel with its variables on the devices it names."""
+    tf = tensorflow()
+    options = tf.saved_model.LoadOptions(
+        experimental_variable_policy=tf.saved_model.experimental.VariablePolicy
+        .SAVE_VARIABLE_DEVICES)
+    return tf.saved_model.load(str(path), options=options)
+
+
+def ensure_local_cpus(count):
+    """Make at least ``count`` logical CPU devices, if TensorFlow has not started yet."""
+    tf = tensorflow()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        current = tf.config.get_logical_device_configuration(cpu) or [None]
+        if len(current) < count:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:
+        pass  # already initialised: use what exists
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have < count:
+        raise TfpartError("", f"the plan needs {count} devices but only {have} logical CPU "
+                          "devices exist in this process (TensorFlow started before tfpart "
+                          "could add more)")
+
+
+def random_inputs(signature_fn, batch_size, seed=0):
+    """Random tensors matching a signature's inputs, unknown dims set to batch_size."""
+    tf = tensorflow()
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for name, spec in signature_fn.structured_input_signature[1].items():
+        shape = [batch_size if d is None else d for d in spec.shape.as_list()]
+        if spec.dtype.is_floating:
+            value = rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
+        elif spec.dtype.is_integer:
+            value = rng.integers(0, 2, size=shape).astype(spec.dtype.as_numpy_dtype)
+        elif spec.dtype == tf.bool:
+            value = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            value = np.full(shape, b"tfpart", dtype=object)
+        inputs[name] = tf.constant(value, dtype=spec.dtype)
+    return inputs
+
+
+@dataclass
+class VerifyReport:
+    max_abs_diff: float
+    outputs_equal: bool
+    ops_per_device: dict  # device -> ops TensorFlow placed there (from run metadata)
+    ops_checked: int  # ops found in both the plan and TensorFlow's placement
+    op_mismatches: list = field(default_factory=list)  # (op, planned, actual)
+    variable_mismatches: list = field(default_factory=list)
+    device_map: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
+
+    @property
+    def ok(self):
+        return self.outputs_equal and not self.op_mismatches and not self.variable_mismatches
+
+
+def run_with_placement(fn, inputs):
+    """Call ``fn(**inputs)``; return (outputs, {op name: device}) from run metadata."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        outputs = fn(**inputs)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    placed = {}
+    for function_graph in metadata.function_graphs:
+        for partition in function_graph.partition_graphs:
+            for node in partition.node:
+                if node.op not in RUNTIME_OPS:
+                    placed[node.name] = node.device
+    return outputs, placed
+
+
+def _as_arrays(outputs):
+    tf = tensorflow()
+    return [np.asarray(t) for t in tf.nest.flatten(outputs)]
+
+
+def _variable_devices(obj):
+    """(name, device) of every variable reachable from a loaded object."""
+    from tensorflow.python.checkpoint import graph_view
+
+    tf = tensorflow()
+    objects, _ = graph_view.ObjectGraphView(obj).breadth_first_traversal()
+    return sorted((v.name.split(":")[0], v.device) for v in objects
+                  if isinstance(v, tf.Variable))
+
+
+def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None):
+    """Run both models on the same random inputs; compare outputs and placement."""
+    from rewriters.remap import local_device_map, remap_devices
+    from rewriters.savedmodel_io import read_saved_model, write_saved_model
+
+    compiled_dir = Path(compiled_dir)
+    plan_file = compiled_dir / "plan.json"
+    if not plan_file.is_file():
+        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
+    plan = json.loads(plan_file.read_text())
+    devices = plan["context"].get("devices") or sorted(set(plan["assignment"].values()))
+    device_map = local_device_map(devices)
+    ensure_local_cpus(len(devices))
+    original = tensorflow().saved_model.load(str(original_dir))
+    proto = remap_devices(read_saved_model(compiled_dir), device_map)
+    with tempfile.TemporaryDirectory(prefix="tfpart-verify-") as tmp:
+        local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
+        compiled = load(local_dir)
+        signature = plan["context"]["signature"]
+        batch = batch_size or plan["context"]["batch_size"]
+        inputs = random_inputs(original.signatures[signature], batch, seed)
+        expected = _as_arrays(original.signatures[signature](**inputs))
+        outputs, placed = run_with_placement(compiled.signatures[signature], inputs)
+        actual = _as_arrays(outputs)
+        variables = _variable_devices(compiled)
+    diffs = [float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
+             for a, e in zip(actual, expected)]
+    equal = len(actual) == len(expected) and all(
+        np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(actual, expected))
+    planned = {op: device_map[d] for op, d in plan["assignment"].items()}
+    checked = [op for op in placed if op in planned]
+    mismatches = [(op, planned[op], placed[op]) for op in checked
+                  if _same_device(planned[op], placed[op]) is False]
+    expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
+    variable_mismatches = [pair for pair in Counter(expected_vars) - Counter(
+        (n, _canonical(d)) for n, d in variables)]
+    return VerifyReport(max_abs_diff=max(diffs, default=0.0), outputs_equal=equal,
+                        ops_per_device=dict(Counter(placed.values())),
+                        ops_checked=len(checked), op_mismatches=mismatches,
+                        variable_mismatches=variable_mismatches, device_map=device_map,
+                        placement=placed)
+
+
+def _saved_variable_devices(proto):
+    return [(obj.variable.name, obj.variable.device)
+            for obj in proto.meta_graphs[0].object_graph_def.nodes
+            if obj.HasField("variable")]
+
+
+def _canonical(device):
+    from tfpart.cluster import normalize_device_name
+
+    return normalize_device_name(device) or device
+
+
+def _same_device(a, b):
+    return _canonical(a) == _canonical(b)
