@@ -42,8 +42,9 @@ def upward_rank(cost):
     True
     """
     graph = cost.graph.nx_graph
-    finite = np.where(np.isfinite(cost.compute), cost.compute, np.nan)
-    mean_time = np.nan_to_num(np.nanmean(finite, axis=1))
+    runnable = np.isfinite(cost.compute)
+    total = np.where(runnable, cost.compute, 0.0).sum(axis=1)
+    mean_time = total / np.maximum(runnable.sum(axis=1), 1)  # over devices that can run it
     rank = np.zeros(len(cost.ops))
     for name in reversed(cost.graph.topological_order()):
         i = cost.index[name]

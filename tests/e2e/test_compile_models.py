@@ -112,10 +112,18 @@ def test_every_node_and_variable_has_its_device(exported, write_cluster, tmp_pat
     out = tmp_path / "out"
     result = compile_model(model, write_cluster(local_cluster(3)), out)
     meta = read_saved_model(out).meta_graphs[0]
+    source = read_saved_model(model).meta_graphs[0]
+
+    def devices_by_node(m):
+        found = {("", n.name): n.device for n in m.graph_def.node}
+        for f in m.graph_def.library.function:
+            found.update({(f.signature.name, n.name): n.device for n in f.node_def})
+        return found
+    before, after = devices_by_node(source), devices_by_node(meta)
     devices = set(result.cluster.device_names)
-    nodes = list(meta.graph_def.node) + [n for f in meta.graph_def.library.function
-                                          for n in f.node_def]
-    kept_cpu = {"/device:CPU:0"}  # the savers' own host ops keep theirs
-    assert all(n.device in devices | kept_cpu for n in nodes)
+    # Every node gets a cluster device, except host ops (the savers') that keep theirs.
+    assert all(d in devices or (d and d == before.get(k)) for k, d in after.items())
+    kept = {d for d in after.values() if d not in devices}
+    assert all("CPU" in d for d in kept)
     variables = [o.variable for o in meta.object_graph_def.nodes if o.HasField("variable")]
     assert variables and all(v.device in devices for v in variables)

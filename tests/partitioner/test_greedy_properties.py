@@ -1,0 +1,105 @@
+"""Invariants of the greedy partitioner on random DAGs and heterogeneous clusters."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import CostModel, simulate
+from partitioner import greedy, single_device
+from partitioner.lower_bound import lower_bound
+from tests.random_graphs import random_clusters, random_dags
+from tfpart.cluster import cluster_of_devices
+from tfpart.errors import PlacementError
+from tfpart.graph import OpGraph
+
+PROPERTY = settings(max_examples=60, deadline=None)
+
+
+@PROPERTY
+@given(random_dags(), random_clusters())
+def test_plan_is_valid_and_not_below_the_lower_bound(graph, cluster):
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(graph, cost, cluster)
+    plan.check(graph, cluster)  # raises on any violation
+    assert plan.step_time >= plan.lower_bound * (1 - 1e-9)
+    assert plan.lower_bound == pytest.approx(lower_bound(cost))
+
+
+@PROPERTY
+@given(random_dags(), random_clusters())
+def test_deterministic(graph, cluster):
+    cost = CostModel(graph, cluster)
+    assert greedy.partition(graph, cost, cluster).assignment == \
+        greedy.partition(graph, cost, cluster).assignment
+
+
+@PROPERTY
+@given(random_dags(), st.sampled_from(["cpu", "V100", "T4"]))
+def test_one_device_makespan_is_the_sum_of_op_times(graph, kind):
+    cluster = cluster_of_devices([kind])
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(graph, cost, cluster)
+    assert plan.step_time == pytest.approx(cost.compute[:, 0].sum())
+
+
+@PROPERTY
+@given(random_dags(min_ops=3), random_clusters(min_devices=2))
+def test_never_slower_than_its_own_simulation_of_the_best_single_device(graph, cluster):
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(graph, cost, cluster)
+    names = cluster.device_names
+    device_of = np.array([names.index(plan.assignment[op]) for op in cost.ops])
+    assert simulate(cost, device_of).makespan == pytest.approx(plan.step_time)
+
+
+def test_independent_branches_run_in_parallel():
+    graph = OpGraph()
+    for i in range(4):
+        graph.add_op(f"branch{i}", op_type="MatMul", flops=1e11)
+    cluster = cluster_of_devices(["cpu"] * 4)
+    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    assert len(plan.devices_used()) == 4
+    assert plan.step_time == pytest.approx(plan.lower_bound)
+
+
+def test_prefers_the_faster_device_for_heavy_work():
+    graph = OpGraph()
+    graph.add_op("conv", op_type="Conv2D", flops=1e12)
+    cluster = cluster_of_devices(["T4", "A100-40GB"])
+    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    assert plan.assignment["conv"].endswith("CPU:1")
+
+
+def test_host_only_op_goes_to_a_cpu_and_fails_without_one():
+    graph = OpGraph()
+    graph.add_op("fmt", op_type="StringFormat", allowed_kinds=frozenset({"cpu"}))
+    cluster = cluster_of_devices(["T4", "cpu"])
+    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    assert plan.assignment["fmt"].endswith("CPU:1")
+    gpus = cluster_of_devices(["T4", "T4"])
+    with pytest.raises(PlacementError, match="no device can run"):
+        greedy.partition(graph, CostModel(graph, gpus), gpus)
+
+
+def test_memory_forces_a_split_and_lookahead_keeps_room_for_big_variables():
+    graph = OpGraph()
+    # MB. Filling device 0 in chain order (40, 30) would leave no device for 50 + 40;
+    # only {40, 40} and {30, 50} fit two 80 MB devices.
+    sizes = [40, 30, 50, 40]
+    for i, size in enumerate(sizes):
+        graph.add_op(f"layer{i}", op_type="MatMul", flops=1e9, param_bytes=size * 10**6)
+        if i:
+            graph.add_edge(f"layer{i - 1}", f"layer{i}", bytes=1e3)
+    cluster = cluster_of_devices(["cpu", "cpu"], memory="80MB")
+    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    used = plan.predicted["devices"]
+    assert all(d["peak_memory_bytes"] <= d["memory_bytes"] for d in used.values())
+    assert len(plan.devices_used()) == 2
+
+
+def test_single_device_baseline_picks_the_fastest_that_fits():
+    graph = OpGraph()
+    graph.add_op("w", op_type="MatMul", flops=1e12, param_bytes=20 * 10**9)
+    cluster = cluster_of_devices(["V100", "A100-80GB", "H100"])  # V100 is too small
+    plan = single_device.partition(graph, CostModel(graph, cluster), cluster)
+    assert plan.devices_used() == [cluster.device_names[2]]

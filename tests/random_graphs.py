@@ -1,0 +1,37 @@
+"""Hypothesis strategies: random DAGs with op costs, and random heterogeneous clusters."""
+from hypothesis import strategies as st
+
+from tfpart.cluster import cluster_from_dict
+from tfpart.graph import OpGraph
+
+KINDS = ["cpu", "V100", "T4", "A100-40GB", "L4"]
+
+
+@st.composite
+def random_dags(draw, min_ops=2, max_ops=30):
+    n = draw(st.integers(min_ops, max_ops))
+    graph = OpGraph()
+    for i in range(n):
+        graph.add_op(f"op{i}", op_type=draw(st.sampled_from(["MatMul", "Relu", "Conv2D"])),
+                     flops=draw(st.floats(1e6, 1e11)),
+                     bytes_accessed=draw(st.floats(1e3, 1e8)),
+                     outputs=[((draw(st.integers(1, 10_000)),), "float32")],
+                     param_bytes=draw(st.sampled_from([0, 0, 1_000, 100_000])))
+    for j in range(1, n):
+        for i in draw(st.sets(st.integers(0, j - 1), max_size=3)):
+            graph.add_edge(f"op{i}", f"op{j}", bytes=draw(st.floats(0, 1e7)))
+    # a few colocation constraints between random ops
+    for _ in range(draw(st.integers(0, 3))):
+        a, b = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        graph.ops[f"op{b}"]["colocation"] = graph.ops[f"op{a}"]["colocation"]
+    return graph
+
+
+@st.composite
+def random_clusters(draw, min_devices=1, max_devices=4):
+    n = draw(st.integers(min_devices, max_devices))
+    hosts = draw(st.integers(1, 2))
+    devices = [{"name": f"/job:worker/task:{i % hosts}/device:GPU:{i}",
+                "kind": draw(st.sampled_from(KINDS))} for i in range(n)]
+    return cluster_from_dict({"devices": devices,
+                              "cluster": {"worker": [f"h{h}:1" for h in range(hosts)]}})

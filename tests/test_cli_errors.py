@@ -1,0 +1,119 @@
+"""Bad input gives one line naming the file and the problem, exit code 2, no output."""
+import hashlib
+import shutil
+
+import pytest
+
+from profiles import DEFAULT_MODEL_DIR
+from tests.conftest import local_cluster
+from tfpart.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.err.strip()
+
+
+def tree_digest(path):
+    digest = hashlib.sha256()
+    for item in sorted(path.rglob("*")):
+        if item.is_file():
+            digest.update(str(item.relative_to(path)).encode() + item.read_bytes())
+    return digest.hexdigest()
+
+
+def assert_clean_failure(code, err, *words, out=None):
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("tfpart: error: ")
+    for word in words:
+        assert word in err, err
+    if out is not None:
+        assert not out.exists()
+        assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+def test_missing_model_directory(capsys, tmp_path):
+    missing = tmp_path / "nope"
+    code, err = run_cli(capsys, "compile", str(missing), "-o", str(tmp_path / "out"))
+    assert_clean_failure(code, err, str(missing), "no such directory", out=tmp_path / "out")
+
+
+def test_directory_that_is_not_a_saved_model(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, err = run_cli(capsys, "compile", str(tmp_path / "empty"), "-o", str(tmp_path / "o"))
+    assert_clean_failure(code, err, "empty", "saved_model.pb is missing", out=tmp_path / "o")
+
+
+def test_truncated_saved_model_pb(capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    pb = model / "saved_model.pb"
+    pb.write_bytes(pb.read_bytes()[: pb.stat().st_size // 2])
+    before = tree_digest(model)
+    code, err = run_cli(capsys, "compile", str(model), "-o", str(tmp_path / "out"))
+    assert_clean_failure(code, err, "saved_model.pb", "truncated", out=tmp_path / "out")
+    assert tree_digest(model) == before
+
+
+@pytest.mark.parametrize("cluster,words", [
+    ("{not json", ["not valid JSON"]),
+    ({"devices": []}, ["devices", "non-empty"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "Z80"}]}, ["devices[0].kind", "Z80"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "T4", "memory": 0}]},
+     ["devices[0].memory", "positive"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "T4", "memory": "-4GB"}]},
+     ["devices[0].memory"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "T4"},
+                  {"name": "/job:localhost/task:0/device:GPU:0", "kind": "T4"}]},
+     ["devices[1].name", "duplicate"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "T4"}],
+      "links": {"pairs": [{"between": ["/device:GPU:0", "/device:GPU:7"],
+                           "bandwidth": "10GB/s"}]}},
+     ["links.pairs[0].between", "GPU:7"]),
+    ({"devices": [{"name": "GPU zero", "kind": "T4"}]}, ["devices[0].name"]),
+    ({"devices": [{"name": "/job:worker/task:3/device:GPU:0", "kind": "T4"}],
+      "cluster": {"worker": ["localhost:2222"]}}, ["devices[0].name", "cluster"]),
+    ({"devices": [{"name": "/device:GPU:0", "kind": "T4", "colour": "red"}]},
+     ["devices[0]", "colour"]),
+])
+def test_bad_cluster_files(capsys, tmp_path, write_cluster, cluster, words):
+    path = write_cluster(cluster)
+    code, err = run_cli(capsys, "compile", str(DEFAULT_MODEL_DIR), "--cluster", str(path),
+                        "-o", str(tmp_path / "out"))
+    assert_clean_failure(code, err, str(path), *words, out=tmp_path / "out")
+
+
+def test_missing_cluster_file(capsys, tmp_path):
+    code, err = run_cli(capsys, "compile", "--cluster", str(tmp_path / "c.json"),
+                        "-o", str(tmp_path / "out"))
+    assert_clean_failure(code, err, "c.json", "no such file", out=tmp_path / "out")
+
+
+def test_model_larger_than_the_whole_cluster(capsys, tmp_path, write_cluster):
+    path = write_cluster(local_cluster(2, memory="100KB"))
+    code, err = run_cli(capsys, "compile", "--cluster", str(path), "-o", str(tmp_path / "out"))
+    assert_clean_failure(code, err, str(path), "whole cluster", out=tmp_path / "out")
+
+
+def test_existing_output_needs_force(capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, err = run_cli(capsys, "compile", "-o", str(out))
+    assert code == 2 and "already exists" in err and str(out) in err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_bad_batch_size(capsys, tmp_path):
+    code, err = run_cli(capsys, "compile", "--batch-size", "0", "-o", str(tmp_path / "o"))
+    assert code == 2 and "batch-size" in err
+
+
+def test_default_compile_prints_plan_and_names_default_cluster(capsys, tmp_path):
+    code = main(["compile", "-o", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "local_3cpu.json" in printed and "Predicted step time" in printed
+    assert (tmp_path / "out" / "plan.json").is_file()
