@@ -5,9 +5,9 @@ The first op of a colocation group decides the group's device: among the devices
 have a kernel for every op of the group and room for the group's variables and the
 op's tensors, and that leave room for the variables of the groups still unplaced (a
 first-fit-decreasing packing must exist), the one where the op would finish earliest,
-counting the transfers of its inputs. The rest of the group follows. Free source ops (constants, placeholders) are
-finally moved next to their heaviest consumer, which changes no op time and saves
-transfers.
+counting the transfers of its inputs. The rest of the group follows. Groups that cost nothing and read nothing
+(variables with their reads, constants) are finally moved next to their heaviest
+consumer, which changes no op time and saves transfers.
 
 References
 ----------
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.memory import new_output_bytes, output_bytes
+from costmodel.memory import device_memory, new_output_bytes, output_bytes
 from costmodel.simulate import data_ready_time, ready_order, upward_rank
 from partitioner.finish import make_plan
 from tfpart.errors import PlacementError
@@ -144,7 +144,7 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
             p = cost.index[pred]
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
-    _move_free_sources_to_consumers(graph, cost, device_of)
+    _move_free_groups_to_consumers(graph, cost, cluster, device_of)
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
@@ -156,18 +156,34 @@ def _leaves_room(unplaced, group, free, d, need):
     return packable([size for size, g in unplaced if g != group], free)
 
 
-def _move_free_sources_to_consumers(graph, cost, device_of):
-    """Put ops that cost nothing anywhere and have no inputs (constants) beside their
-    heaviest consumer, when they are alone in their colocation group and hold no
-    variables. Op times are unchanged; transfers can only go away."""
-    sizes = {}
-    for _, group in graph.ops(data="colocation"):
-        sizes[group] = sizes.get(group, 0) + 1
+def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
+    """Put colocation groups that cost nothing anywhere and read nothing from outside
+    (variables with their reads, constants) beside their heaviest outside consumer.
+
+    A group's device is fixed by its first op, which for a variable is a free
+    ``VarHandleOp`` placed before anything reads it; moving the group to where its
+    value is used removes transfers without changing any op time. Kept only if every
+    device stays within its memory.
+    """
     nxg = graph.nx_graph
-    for name, attrs in graph.ops.items():
-        i = cost.index[name]
-        if (nxg.in_degree(name) or not nxg.out_degree(name) or attrs["param_bytes"]
-                or sizes[attrs["colocation"]] > 1 or np.any(cost.compute[i] > 0)):
+    groups = {}
+    for name, group in graph.ops(data="colocation"):
+        groups.setdefault(group, []).append(name)
+    moved = device_of.copy()
+    for group, members in sorted(groups.items()):
+        inside = set(members)
+        indices = [cost.index[m] for m in members]
+        if np.any(cost.compute[indices] > 0) or any(
+                p not in inside for m in members for p in nxg.predecessors(m)):
             continue
-        heaviest = max(nxg.succ[name].items(), key=lambda kv: (kv[1]["bytes"], kv[0]))[0]
-        device_of[i] = device_of[cost.index[heaviest]]
+        uses = [(edge["bytes"], succ) for m in members for succ, edge in nxg.succ[m].items()
+                if succ not in inside]
+        if not uses:
+            continue
+        target = moved[cost.index[max(uses)[1]]]
+        if np.all(np.isfinite(cost.compute[indices, target])):
+            moved[indices] = target
+    names = cluster.device_names
+    memory = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, moved)}, names)
+    if all(memory[d.name] <= d.memory for d in cluster.devices):
+        device_of[:] = moved
