@@ -106,6 +106,15 @@ def test_existing_output_needs_force(capsys, tmp_path):
     assert (out / "keep.txt").read_text() == "mine"
 
 
+def test_output_over_the_input_model_is_refused(capsys, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    before = tree_digest(model)
+    code, err = run_cli(capsys, "compile", str(model), "-o", str(model), "--force")
+    assert code == 2 and "would overwrite the input model" in err
+    assert tree_digest(model) == before
+
+
 def test_bad_batch_size(capsys, tmp_path):
     code, err = run_cli(capsys, "compile", "--batch-size", "0", "-o", str(tmp_path / "o"))
     assert code == 2 and "batch-size" in err

@@ -19,7 +19,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner import ALGORITHMS
 from tfpart.cluster import load_cluster
-from tfpart.errors import PlacementError
+from tfpart.errors import OutputError, PlacementError
 
 
 @dataclass
@@ -77,6 +77,9 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     from rewriters.savedmodel_io import prepare_output, write_saved_model
 
     cluster = load_cluster(cluster_file)
+    source, target = Path(model_dir).resolve(), Path(out).resolve()
+    if target == source or source in target.parents or target in source.parents:
+        raise OutputError(out, f"would overwrite the input model {model_dir}")
     prepare_output(out, force).rmdir()  # fail on an existing output before any work
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,

@@ -100,6 +100,11 @@ def test_saved_model_cli_reads_the_output(exported, write_cluster, tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "serving_default" in shown.stdout
+    import tensorflow as tf
+
+    fingerprint = tf.saved_model.experimental.read_fingerprint(str(out))
+    assert fingerprint.saved_model_checksum != \
+        tf.saved_model.experimental.read_fingerprint(str(model)).saved_model_checksum
     plan = json.loads((out / "plan.json").read_text())
     assert set(plan["assignment"].values()) <= {
         f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)}
