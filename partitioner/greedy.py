@@ -52,11 +52,9 @@ class GreedyOptions:
 
 def _group_tables(graph, cost):
     """Per colocation group: member op indices, variable bytes, runnable devices."""
-    groups = {}
-    for name, group in graph.ops(data="colocation"):
-        groups.setdefault(group, []).append(cost.index[name])
     params, runnable = {}, {}
-    for group, members in groups.items():
+    for group, names in graph.colocation_groups().items():
+        members = [cost.index[name] for name in names]
         params[group] = sum(graph.ops[cost.ops[i]]["param_bytes"] for i in members)
         runnable[group] = np.all(np.isfinite(cost.compute[members]), axis=0)
     return params, runnable
@@ -166,11 +164,8 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
     device stays within its memory.
     """
     nxg = graph.nx_graph
-    groups = {}
-    for name, group in graph.ops(data="colocation"):
-        groups.setdefault(group, []).append(name)
     moved = device_of.copy()
-    for group, members in sorted(groups.items()):
+    for members in graph.colocation_groups().values():
         inside = set(members)
         indices = [cost.index[m] for m in members]
         if np.any(cost.compute[indices] > 0) or any(

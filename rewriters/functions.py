@@ -28,7 +28,7 @@ def callee(node, functions):
 def body_functions(node):
     """Names of the functions a control-flow (or any function-valued) attr refers to."""
     names = []
-    for key, value in sorted(node.attr.items()):
+    for _, value in sorted(node.attr.items()):
         if value.HasField("func"):
             names.append(value.func.name)
         elif value.HasField("list") and value.list.func:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rewriters.flops import op_flops
-from rewriters.functions import (CALL_OPS, CONTROL_FLOW_OPS, body_functions, callee,
+from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
@@ -132,7 +132,7 @@ def read_model(proto, path="", batch_size=None, signature=None):
         except (ValueError, tf.errors.OpError) as exc:
             raise ModelError(path, f"cannot rebuild signature {signature!r}: "
                              f"{str(exc).splitlines()[0]}") from None
-        opgraph = _to_opgraph(graph, flat, objects, variable_ops, batch_size, functions)
+        opgraph = _to_opgraph(graph, objects, variable_ops, batch_size, functions)
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in variable_ops:
             name = variable_op_name(node_id, node.variable)
@@ -277,7 +277,7 @@ class _UnionFind(dict):
         self[self.find(a)] = self.find(b)
 
 
-def _to_opgraph(graph, flat, objects, variable_ops, batch_size, functions):
+def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
     opgraph = OpGraph()
     groups = _UnionFind()
     variables = {name: node_id for node_id, name in variable_ops.items()}
@@ -362,4 +362,4 @@ class _BodyCost:
         return sum(per_body) if loops else max(per_body)
 
 
-__all__ = ["CALL_OPS", "ModelInfo", "read_model", "variable_op_name"]
+__all__ = ["ModelInfo", "read_model", "variable_op_name"]

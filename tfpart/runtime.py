@@ -155,7 +155,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     planned = {op: device_map[d] for op, d in plan["assignment"].items()}
     checked = [op for op in placed if op in planned]
     mismatches = [(op, planned[op], placed[op]) for op in checked
-                  if _same_device(planned[op], placed[op]) is False]
+                  if not _same_device(planned[op], placed[op])]
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
     variable_mismatches = [pair for pair in Counter(expected_vars) - Counter(
         (n, _canonical(d)) for n, d in variables)]
