@@ -83,3 +83,24 @@ def export_while_module(path):
     module = Loop()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
     return path
+
+
+def export_cond_module(path):
+    """A tf.Module whose signature branches (an If op) on its input's sign."""
+    import tensorflow as tf
+
+    class Branch(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.random.stateless_normal([8, 8], seed=[1, 2]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            side = tf.matmul(x, tf.ones([8, 8]))
+            branch = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.matmul(x, self.w),
+                             lambda: tf.nn.relu(x) - 1.0)
+            return branch + side
+
+    module = Branch()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path

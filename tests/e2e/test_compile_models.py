@@ -38,7 +38,8 @@ def devices_doing_work(result, report):
 
 
 @pytest.mark.parametrize("name,batch", [("mlp_module", 8), ("residual_cnn", 4),
-                                        ("transformer_encoder", 4), ("while_module", 2)])
+                                        ("transformer_encoder", 4), ("while_module", 2),
+                                        ("cond_module", 4)])
 def test_compiled_model_matches_original_on_three_devices(name, batch, exported, local_cpus,
                                                           write_cluster, tmp_path):
     model = exported(name)
@@ -48,7 +49,9 @@ def test_compiled_model_matches_original_on_three_devices(name, batch, exported,
     assert report.ops_checked >= 3
     assert report.op_mismatches == []
     assert report.variable_mismatches == []
-    if name != "while_module":  # a single loop has nothing to run in parallel
+    if name == "cond_module":  # the conditional stays one op, placed as a unit
+        assert {"If", "StatelessIf"} & {a["op_type"] for a in result.graph.ops.values()}
+    if name not in ("while_module", "cond_module"):  # little to run in parallel
         assert len(devices_doing_work(result, report)) >= 2
 
 
