@@ -1,9 +1,21 @@
-"""List-scheduling simulation of one step of a placed graph.
+"""Discrete-event simulation of one step of a placed graph.
 
-Ops run when their inputs have arrived and their device is free, in priority order
-(upward rank: the longest remaining path to an exit, HEFT's priority), one at a time per
-device. A tensor crossing devices arrives ``latency + bytes / bandwidth`` after its
-producer ends. The makespan is the predicted step time.
+Model
+-----
+* Ops run when their inputs are on their device and their executor is free, one op at a
+  time per executor (a device, or a ``core_group`` of devices sharing cores), in
+  list-scheduling order: ready ops first, highest priority (upward rank, as in HEFT)
+  first.
+* A tensor needed on another device is sent once per destination device as soon as its
+  producer ends, over the directed link between the two devices; transfers on one link
+  queue behind each other (first come, first served), so concurrent transfers share its
+  bandwidth. A transfer takes ``latency + bytes / bandwidth``.
+* Memory: each device holds its variables for the whole step, plus every activation
+  from when it is produced (or starts arriving) until the last op on that device that
+  reads it ends (ops such as ``ReadVariableOp`` or ``Reshape`` alias their input and
+  allocate nothing); graph outputs stay until the end.
+
+The makespan is the predicted step time.
 """
 from __future__ import annotations
 
@@ -11,6 +23,8 @@ import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from costmodel.memory import ALIASING_OPS, new_output_bytes, output_bytes
 
 
 @dataclass
@@ -22,8 +36,18 @@ class Schedule:
     end: np.ndarray
     makespan: float
     busy: np.ndarray  # seconds of compute per device
-    bytes_moved: float = 0.0
+    link_bytes: dict = field(default_factory=dict)  # (src device, dst device) -> bytes
+    transfers: list = field(default_factory=list)  # (op index, src, dst, start, end)
+    peak_memory: np.ndarray = None  # bytes per device, variables included
     order: list = field(default_factory=list)
+
+    @property
+    def idle(self):
+        return self.makespan - self.busy
+
+    @property
+    def bytes_moved(self):
+        return float(sum(self.link_bytes.values()))
 
 
 def upward_rank(cost):
@@ -74,13 +98,30 @@ def ready_order(cost, priority):
 
 
 def data_ready_time(cost, i, device, end, placed_on):
-    """When all inputs of op ``i`` can be on ``device``, given predecessors' ends."""
+    """When all inputs of op ``i`` could be on ``device`` with uncontended links."""
     graph = cost.graph.nx_graph
     ready = 0.0
     for pred, edge in graph.pred[cost.ops[i]].items():
         p = cost.index[pred]
         ready = max(ready, end[p] + cost.transfer_time(edge["bytes"], placed_on[p], device))
     return ready
+
+
+def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule):
+    """Queue the transfers of op ``i``'s outputs to every other device that reads them."""
+    src = device_of[i]
+    per_device = {}
+    for succ, edge in cost.graph.nx_graph.succ[cost.ops[i]].items():
+        dst = device_of[cost.index[succ]]
+        if dst != src and not edge["control"]:
+            per_device[dst] = max(per_device.get(dst, 0.0), edge["bytes"])
+    for dst, nbytes in sorted(per_device.items()):
+        begin = max(end[i], link_free.get((src, dst), 0.0))
+        finish = begin + cost.transfer_time(nbytes, src, dst)
+        link_free[(src, dst)] = finish
+        arrival[(i, dst)] = finish
+        schedule.transfers.append((i, src, dst, begin, finish))
+        schedule.link_bytes[(src, dst)] = schedule.link_bytes.get((src, dst), 0.0) + nbytes
 
 
 def simulate(cost, device_of, priority=None):
@@ -103,22 +144,67 @@ def simulate(cost, device_of, priority=None):
     device_of = np.asarray(device_of, dtype=int)
     priority = upward_rank(cost) if priority is None else priority
     n_ops, n_dev = cost.compute.shape
+    executor_of = cost.cluster.executor_of
     start, end = np.zeros(n_ops), np.zeros(n_ops)
-    device_free, busy = np.zeros(n_dev), np.zeros(n_dev)
-    order, sent, bytes_moved = [], set(), 0.0
+    executor_free = np.zeros(max(executor_of, default=0) + 1)
+    schedule = Schedule(device=device_of, start=start, end=end, makespan=0.0,
+                        busy=np.zeros(n_dev))
+    link_free, arrival = {}, {}
     graph = cost.graph.nx_graph
     for i in ready_order(cost, priority):
         d = device_of[i]
-        start[i] = max(device_free[d], data_ready_time(cost, i, d, end, device_of))
-        end[i] = start[i] + cost.compute[i, d]
-        device_free[d] = end[i]
-        busy[d] += cost.compute[i, d]
-        order.append(i)
-        for pred, edge in graph.pred[cost.ops[i]].items():
+        ready = 0.0
+        for pred in graph.predecessors(cost.ops[i]):
             p = cost.index[pred]
-            if device_of[p] != d and (p, d) not in sent:
-                sent.add((p, d))
-                bytes_moved += edge["bytes"]
-    makespan = float(end.max()) if n_ops else 0.0
-    return Schedule(device=device_of, start=start, end=end, makespan=makespan, busy=busy,
-                    bytes_moved=bytes_moved, order=order)
+            ready = max(ready, end[p] if device_of[p] == d else arrival.get((p, d), end[p]))
+        start[i] = max(executor_free[executor_of[d]], ready)
+        end[i] = start[i] + cost.compute[i, d]
+        executor_free[executor_of[d]] = end[i]
+        schedule.busy[d] += cost.compute[i, d]
+        schedule.order.append(i)
+        _send_outputs(cost, i, device_of, end, link_free, arrival, schedule)
+    schedule.makespan = float(max(end.max(initial=0.0),
+                                  max((t[4] for t in schedule.transfers), default=0.0)))
+    schedule.peak_memory = peak_memory(cost, schedule)
+    return schedule
+
+
+def peak_memory(cost, schedule):
+    """Peak bytes per device: variables plus the most activations alive at once."""
+    graph = cost.graph
+    nxg = graph.nx_graph
+    device_of, start, end = schedule.device, schedule.start, schedule.end
+    params = np.zeros(cost.compute.shape[1])
+    owner_of = {}  # op index -> op index whose buffer its output lives in
+    allocated = {}  # (owner, device) -> (time, bytes)
+    freed = {}  # (owner, device) -> time its last reader (or send) there ends
+    for i in schedule.order:
+        attrs = graph.ops[cost.ops[i]]
+        d = device_of[i]
+        params[d] += attrs["param_bytes"]
+        inputs = [cost.index[p] for p, e in nxg.pred[cost.ops[i]].items() if not e["control"]]
+        if attrs["op_type"] in ALIASING_OPS and inputs and device_of[inputs[0]] == d:
+            owner_of[i] = owner_of[inputs[0]]
+        else:
+            owner_of[i] = i
+            allocated[(i, d)] = (start[i], new_output_bytes(attrs))
+        for p in inputs:
+            key = (owner_of[p], d)
+            freed[key] = max(freed.get(key, 0.0), end[i])
+    for i, src, dst, begin, finish in schedule.transfers:
+        owner = owner_of[i]
+        allocated[(owner, dst)] = (begin, output_bytes(graph.ops[cost.ops[i]]))
+        freed[(owner, src)] = max(freed.get((owner, src), 0.0), finish)
+    events = []
+    for (owner, d), (t0, nbytes) in allocated.items():
+        if nbytes <= 0:
+            continue
+        is_output = nxg.out_degree(cost.ops[owner]) == 0
+        t1 = schedule.makespan if is_output else max(freed.get((owner, d), t0), t0)
+        events += [(t0, 1, d, nbytes), (t1, 0, d, -nbytes)]
+    events.sort()  # at equal times, frees (0) before allocations (1)
+    live, peak = np.zeros_like(params), np.zeros_like(params)
+    for _, _, d, delta in events:
+        live[d] += delta
+        peak[d] = max(peak[d], live[d])
+    return params + peak

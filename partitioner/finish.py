@@ -1,4 +1,9 @@
-"""Turn a device-per-op array into a checked Plan with the cost model's figures."""
+"""Turn a device-per-op array into a checked Plan with the simulator's figures.
+
+``peak_memory_bytes`` is the simulated peak (live ranges under the schedule);
+``memory_bound_bytes`` the schedule-independent upper bound that ``Plan.check`` holds
+against each device's memory, so a valid plan fits under any execution order.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -16,7 +21,7 @@ def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None
     names = cluster.device_names
     assignment = {op: names[d] for op, d in zip(cost.ops, device_of)}
     schedule = simulate(cost, device_of, priority)
-    memory = device_memory(graph, assignment, names)
+    memory_bound = device_memory(graph, assignment, names)
     per_device = {}
     for d, name in enumerate(names):
         mine = np.flatnonzero(device_of == d)
@@ -25,12 +30,16 @@ def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None
             "ops": int(len(mine)),
             "param_bytes": int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
             "busy_s": float(schedule.busy[d]),
-            "peak_memory_bytes": float(memory[name]),
+            "idle_s": float(schedule.idle[d]),
+            "peak_memory_bytes": float(schedule.peak_memory[d]),
+            "memory_bound_bytes": float(memory_bound[name]),
             "memory_bytes": float(cluster.devices[d].memory),
         }
     plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),
                 predicted={"step_time": schedule.makespan, "devices": per_device,
-                           "bytes_moved": schedule.bytes_moved},
+                           "bytes_moved": schedule.bytes_moved,
+                           "links": {f"{names[a]} -> {names[b]}": float(n)
+                                     for (a, b), n in sorted(schedule.link_bytes.items())}},
                 lower_bound=lower_bound(cost))
     plan.check(graph, cluster)
     return plan

@@ -31,10 +31,10 @@ def critical_path_bound(cost):
 
 
 def work_bound(cost):
-    """All work on every device at once: sum of each op's time on its fastest device
-    divided by the number of devices that can share it (no op is split)."""
+    """All work spread perfectly: the sum of each op's time on its fastest device over
+    the number of executors (devices sharing a core group count once)."""
     fastest = cost.compute.min(axis=1)
-    return float(fastest.sum() / len(cost.cluster))
+    return float(fastest.sum() / len(set(cost.cluster.executor_of)))
 
 
 def lower_bound(cost):

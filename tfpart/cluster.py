@@ -18,7 +18,9 @@ cluster.json (see ``profiles/clusters/`` for examples)::
       }
     }
 
-``memory`` defaults to the kind's datasheet figure. Devices without a job are local
+``memory`` defaults to the kind's datasheet figure. Devices given the same optional
+``core_group`` share one executor (logical CPU devices of one process do: they run on
+the same cores, one op at a time when TensorFlow has one inter-op thread). Devices without a job are local
 (``/job:localhost/replica:0/task:0``). The optional ``cluster`` block maps each job to
 its task addresses, as in TF_CONFIG / ``tf.train.ClusterSpec``.
 
@@ -75,6 +77,7 @@ class Device:
     kind: DeviceKind
     memory: float
     host: str
+    core_group: str = ""  # devices with the same group share one executor
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,13 @@ class Cluster:
 
     def total_memory(self):
         return sum(d.memory for d in self.devices)
+
+    @property
+    def executor_of(self):
+        """Executor index of each device: devices in one ``core_group`` (logical devices
+        of one process, say) share an executor and run one op at a time between them."""
+        groups = {}
+        return [groups.setdefault(d.core_group or d.name, len(groups)) for d in self.devices]
 
 
 # -- device kinds -----------------------------------------------------------------------
@@ -170,7 +180,7 @@ CLUSTER_SCHEMA = {
         "devices": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["name", "kind"], "additionalProperties": False,
             "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
-                           "memory": _QUANTITY}}},
+                           "memory": _QUANTITY, "core_group": {"type": "string"}}}},
         "links": {"type": "object", "additionalProperties": False, "properties": {
             "same_host": {"type": "object", "properties": _LINK_PROPS,
                           "additionalProperties": False},
@@ -256,7 +266,8 @@ def cluster_from_dict(data, source="", kinds=None):
             if job not in tf_cluster or int(task) >= len(tf_cluster[job]):
                 raise ClusterError(source, f"{where}.name: {name} names a task missing from "
                                    "the 'cluster' block")
-        devices.append(Device(name=name, kind=kind, memory=memory, host=host_of(name)))
+        devices.append(Device(name=name, kind=kind, memory=memory, host=host_of(name),
+                              core_group=entry.get("core_group", "")))
     links = _build_links(devices, data.get("links", {}), source)
     return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
                    devices=tuple(devices), links=links, tf_cluster=tf_cluster,

@@ -1,0 +1,129 @@
+"""Invariants of the simulator on random DAGs, placements and clusters."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import CostModel, simulate
+from partitioner.lower_bound import critical_path_bound, work_bound
+from tests.random_graphs import random_clusters, random_dags
+from tfpart.cluster import cluster_from_dict, cluster_of_devices
+from tfpart.graph import OpGraph
+
+PROPERTY = settings(max_examples=80, deadline=None)
+
+
+@st.composite
+def placed_graphs(draw):
+    graph, cluster = draw(random_dags()), draw(random_clusters())
+    device_of = np.array(draw(st.lists(st.integers(0, len(cluster) - 1),
+                                       min_size=len(graph), max_size=len(graph))))
+    return graph, cluster, device_of
+
+
+@PROPERTY
+@given(placed_graphs())
+def test_precedence_and_transfers_are_respected(case):
+    graph, cluster, device_of = case
+    cost = CostModel(graph, cluster)
+    s = simulate(cost, device_of)
+    for u, v, edge in graph.nx_graph.edges(data=True):
+        i, j = cost.index[u], cost.index[v]
+        delay = cost.transfer_time(edge["bytes"], device_of[i], device_of[j]) \
+            if not edge["control"] else 0.0
+        assert s.start[j] >= s.end[i] + delay - 1e-12
+
+
+@PROPERTY
+@given(placed_graphs())
+def test_no_two_ops_overlap_on_an_executor(case):
+    graph, cluster, device_of = case
+    s = simulate(CostModel(graph, cluster), device_of)
+    executor = np.array(cluster.executor_of)[device_of]
+    for e in set(executor):
+        mine = np.flatnonzero(executor == e)
+        spans = sorted(zip(s.start[mine], s.end[mine]))
+        assert all(a_end <= b_start + 1e-12 for (_, a_end), (b_start, _) in
+                   zip(spans, spans[1:]))
+
+
+@PROPERTY
+@given(placed_graphs())
+def test_makespan_is_above_both_lower_bounds(case):
+    graph, cluster, device_of = case
+    cost = CostModel(graph, cluster)
+    makespan = simulate(cost, device_of).makespan
+    assert makespan >= critical_path_bound(cost) * (1 - 1e-9)
+    assert makespan >= work_bound(cost) * (1 - 1e-9)
+
+
+@PROPERTY
+@given(random_dags(), st.sampled_from(["cpu", "T4", "H100"]))
+def test_single_device_makespan_is_the_sum_of_op_times(graph, kind):
+    cost = CostModel(graph, cluster_of_devices([kind]))
+    s = simulate(cost, np.zeros(len(graph), dtype=int))
+    assert s.makespan == pytest.approx(cost.compute.sum())
+    assert s.bytes_moved == 0
+
+
+@PROPERTY
+@given(placed_graphs())
+def test_peak_memory_holds_the_variables_and_stays_under_the_bound(case):
+    from costmodel.memory import device_memory
+
+    graph, cluster, device_of = case
+    cost = CostModel(graph, cluster)
+    s = simulate(cost, device_of)
+    names = cluster.device_names
+    bound = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, names)
+    for d, name in enumerate(names):
+        params = sum(graph.ops[cost.ops[i]]["param_bytes"] for i in np.flatnonzero(device_of == d))
+        assert params <= s.peak_memory[d] <= bound[name] + 1e-6
+
+
+def chain(n, nbytes):
+    graph = OpGraph()
+    for i in range(n):
+        graph.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e9,
+                     outputs=[((nbytes // 4,), "float32")])
+        if i:
+            graph.add_edge(f"op{i - 1}", f"op{i}", bytes=nbytes)
+    return graph
+
+
+def test_chain_frees_activations_as_it_goes():
+    graph = chain(10, 4_000_000)
+    s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(10, dtype=int))
+    assert s.peak_memory[0] == pytest.approx(2 * 4_000_000)  # an op's input and output
+
+
+def test_concurrent_transfers_share_a_link():
+    graph = OpGraph()
+    graph.add_op("src", op_type="Relu", bytes_accessed=1e6,
+                 outputs=[((1_000_000,), "float32")] * 2)
+    for k in range(2):
+        graph.add_op(f"dst{k}", op_type="Relu", bytes_accessed=1e6)
+    graph.add_op("other", op_type="Relu", bytes_accessed=1e6, outputs=[((1_000_000,), "float32")])
+    graph.add_edge("src", "dst0", bytes=4e6)
+    graph.add_edge("other", "dst1", bytes=4e6)
+    cluster = cluster_from_dict({"devices": [
+        {"name": f"/device:CPU:{i}", "kind": "cpu"} for i in range(2)],
+        "links": {"same_host": {"bandwidth": "1GB/s", "latency": 0}}})
+    cost = CostModel(graph, cluster)
+    # src and other both on device 0, both consumers on device 1: one link, two transfers
+    s = simulate(cost, np.array([0, 1, 1, 0]))
+    spans = sorted((t[3], t[4]) for t in s.transfers)
+    assert len(spans) == 2 and spans[1][0] >= spans[0][1]  # the second waits
+    assert s.link_bytes == {(0, 1): 8e6}
+
+
+def test_core_group_devices_share_an_executor():
+    graph = OpGraph()
+    for n in "ab":
+        graph.add_op(n, op_type="Relu", bytes_accessed=2e10)
+    shared = cluster_from_dict({"devices": [
+        {"name": f"/device:CPU:{i}", "kind": "cpu", "core_group": "process"} for i in range(2)]})
+    separate = cluster_of_devices(["cpu", "cpu"])
+    both = np.array([0, 1])
+    assert simulate(CostModel(graph, shared), both).makespan == pytest.approx(2.0, rel=1e-4)
+    assert simulate(CostModel(graph, separate), both).makespan == pytest.approx(1.0, rel=1e-4)
