@@ -1,8 +1,11 @@
 """Roofline op times and alpha-beta transfer times, as dense arrays for the solvers.
 
-The time of an op on a device kind is ``max(flops / (peak * efficiency[class]),
-bytes_accessed / memory_bandwidth) + op_overhead``; ops that only touch metadata
-(shapes, handles, constants) cost nothing. Transfers cost ``latency + bytes /
+The time of an op on a device kind is ``max(flops / peak, bytes_accessed /
+memory_bandwidth) / efficiency[class] + op_overhead``: the roofline scaled by how much of
+it the kind reaches for that class of op (datasheet guesses, or fitted to measured
+profiles); ops that only touch metadata (shapes, handles, constants) cost nothing. A
+measured profile of the kind gives the measured time instead, for the op types and input
+shapes it holds. Transfers cost ``latency + bytes /
 bandwidth`` on the link between the two devices and nothing on one device.
 """
 from __future__ import annotations
@@ -43,7 +46,7 @@ def op_class(op_type):
     return "elementwise"
 
 
-def roofline_time(op_type, flops, bytes_accessed, kind):
+def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhead=None):
     """Seconds for one op on a device kind.
 
     >>> from tfpart.cluster import load_device_kinds
@@ -51,15 +54,17 @@ def roofline_time(op_type, flops, bytes_accessed, kind):
     >>> t = roofline_time("MatMul", 2 * 4096**3, 3 * 4 * 4096**2, v100)
     >>> round(t * 1e3, 2)  # ms: compute bound at 70% of 15.7 TFLOP/s
     12.51
+    >>> roofline_time("Relu", 1e6, 8e6, v100) < roofline_time("Relu", 1e6, 16e6, v100)
+    True
     >>> roofline_time("Identity", 0, 1e9, v100)
     0.0
     """
     if op_type in FREE_OPS:
         return 0.0
-    efficiency = kind.efficiency.get(op_class(op_type), 1.0)
-    compute = flops / (kind.peak_flops * efficiency)
-    memory = bytes_accessed / kind.memory_bandwidth
-    return max(compute, memory) + kind.op_overhead_s
+    efficiency = (efficiency or kind.efficiency).get(op_class(op_type), 1.0)
+    overhead = kind.op_overhead_s if overhead is None else overhead
+    raw = max(flops / kind.peak_flops, bytes_accessed / kind.memory_bandwidth)
+    return raw / efficiency + overhead
 
 
 class CostModel:
@@ -84,22 +89,26 @@ class CostModel:
     True
     """
 
-    def __init__(self, graph, cluster):
+    def __init__(self, graph, cluster, measured=()):
         self.graph = graph
         self.cluster = cluster
         self.ops = list(graph.ops)
         self.index = {name: i for i, name in enumerate(self.ops)}
         n_dev = len(cluster)
+        profiles = {p.device_kind: p for p in measured}
         self.compute = np.empty((len(self.ops), n_dev))
         for i, name in enumerate(self.ops):
             attrs = graph.ops[name]
             table = attrs.get("cost")
             allowed = attrs["allowed_kinds"]
             for d, device in enumerate(cluster.devices):
+                profile = profiles.get(device.kind.name)
                 if allowed is not None and device.kind.name not in allowed:
                     self.compute[i, d] = np.inf
                 elif table is not None:
                     self.compute[i, d] = table.get(device.name, np.inf)
+                elif profile is not None:
+                    self.compute[i, d] = profile.op_time(attrs, device.kind)
                 else:
                     self.compute[i, d] = roofline_time(attrs["op_type"], attrs["flops"],
                                                        attrs["bytes_accessed"], device.kind)

@@ -169,6 +169,29 @@ def simulate(cost, device_of, priority=None):
     return schedule
 
 
+def simulate_plan(plan, cost):
+    """Simulate a :class:`~tfpart.plan.Plan` (device names) with a cost model.
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.plan import Plan
+    >>> from costmodel.roofline import CostModel
+    >>> g = OpGraph(); g.add_op("a", op_type="Relu", bytes_accessed=2e10)
+    >>> cluster = cluster_of_devices(["cpu"])
+    >>> plan = Plan(assignment={"a": cluster.device_names[0]})
+    >>> round(simulate_plan(plan, CostModel(g, cluster)).makespan, 3)
+    1.0
+    """
+    names = cost.cluster.device_names
+    missing = [op for op in cost.ops if op not in plan.assignment]
+    if missing:
+        from tfpart.errors import PlacementError
+
+        raise PlacementError("", f"the plan does not place {len(missing)} ops of this "
+                             f"model, e.g. {missing[0]} (was it made for another model?)")
+    return simulate(cost, np.array([names.index(plan.assignment[op]) for op in cost.ops]))
+
+
 def peak_memory(cost, schedule):
     """Peak bytes per device: variables plus the most activations alive at once."""
     graph = cost.graph

@@ -74,19 +74,19 @@ def signature_call(meta, signature, path):
     return node, callee(node, functions), nodes
 
 
-def read_model(proto, path="", batch_size=None, signature=None):
-    """OpGraph and ModelInfo of one signature of a SavedModel proto.
+@dataclass
+class FlatSignature:
+    """One signature inlined into a single GraphDef (see the module docstring)."""
 
-    Parameters
-    ----------
-    proto : saved_model_pb2.SavedModel
-    path : str
-        Where it came from (for error messages).
-    batch_size : int, optional
-        Size of unknown leading dimensions; default from the signature, else 1.
-    signature : str, optional
-        Signature to read; default ``serving_default`` or the first one.
-    """
+    graph_def: object
+    inputs: dict  # signature input name -> (placeholder name, shape, dtype name)
+    outputs: list  # flat tensor names of the signature's outputs
+    variable_ops: dict  # object-graph node id -> VarHandleOp name
+    info: ModelInfo
+
+
+def flatten_signature(proto, path="", batch_size=None, signature=None):
+    """Inline one signature of a SavedModel proto into a :class:`FlatSignature`."""
     tf = tensorflow()
     meta = proto.meta_graphs[0]
     signature = choose_signature(meta, signature, path)
@@ -95,8 +95,7 @@ def read_model(proto, path="", batch_size=None, signature=None):
     objects = meta.object_graph_def
     bound = list(objects.concrete_functions[root].bound_inputs) \
         if root in objects.concrete_functions else []
-    n_args = len(functions[root].signature.input_arg)
-    n_inputs = n_args - len(bound)
+    n_inputs = len(functions[root].signature.input_arg) - len(bound)
     if batch_size is None:
         batch_size = _signature_batch(meta.signature_def[signature]) or 1
 
@@ -113,7 +112,8 @@ def read_model(proto, path="", batch_size=None, signature=None):
         node.attr["dtype"].type = placeholder.attr["dtype"].type
         node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
         inputs[input_names.get(placeholder.name, placeholder.name)] = (
-            tuple(shape), tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
+            placeholder.name, tuple(shape),
+            tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
         arg_sources.append(f"{placeholder.name}:0")
     for node_id in bound:
         variable = objects.nodes[node_id].variable
@@ -121,28 +121,57 @@ def read_model(proto, path="", batch_size=None, signature=None):
         _add_variable_node(flat, name, variable)
         variable_ops[node_id] = name
         arg_sources.append(f"{name}:0")
-    _Inliner(flat, functions).inline(root, "", arg_sources, [])
+    outputs = _Inliner(flat, functions).inline(root, "", arg_sources, [])
     for node in flat.node:
         node.attr.pop("_output_shapes", None)
+    info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
+                     inputs={k: (shape, dtype) for k, (_, shape, dtype) in inputs.items()},
+                     variable_ops=variable_ops,
+                     signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
+    return FlatSignature(graph_def=flat, inputs=inputs, outputs=outputs,
+                         variable_ops=variable_ops, info=info)
 
+
+def import_flat(flat, path=""):
+    """A ``tf.Graph`` holding the flattened signature, every shape inferred."""
+    tf = tensorflow()
     graph = tf.Graph()
     with graph.as_default():
         try:
-            tf.graph_util.import_graph_def(flat, name="")
+            tf.graph_util.import_graph_def(flat.graph_def, name="")
         except (ValueError, tf.errors.OpError) as exc:
-            raise ModelError(path, f"cannot rebuild signature {signature!r}: "
+            raise ModelError(path, f"cannot rebuild signature {flat.info.signature!r}: "
                              f"{str(exc).splitlines()[0]}") from None
-        opgraph = _to_opgraph(graph, objects, variable_ops, batch_size, functions)
+    return graph
+
+
+def read_model(proto, path="", batch_size=None, signature=None):
+    """OpGraph and ModelInfo of one signature of a SavedModel proto.
+
+    Parameters
+    ----------
+    proto : saved_model_pb2.SavedModel
+    path : str
+        Where it came from (for error messages).
+    batch_size : int, optional
+        Size of unknown leading dimensions; default from the signature, else 1.
+    signature : str, optional
+        Signature to read; default ``serving_default`` or the first one.
+    """
+    flat = flatten_signature(proto, path, batch_size, signature)
+    meta = proto.meta_graphs[0]
+    objects = meta.object_graph_def
+    graph = import_flat(flat, path)
+    with graph.as_default():
+        opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
+                              library_index(meta.graph_def.library))
     for node_id, node in enumerate(objects.nodes):
-        if node.HasField("variable") and node_id not in variable_ops:
+        if node.HasField("variable") and node_id not in flat.variable_ops:
             name = variable_op_name(node_id, node.variable)
             opgraph.add_op(name, op_type="VarHandleOp", stateful=True,
                            param_bytes=_variable_bytes(node.variable))
-            variable_ops[node_id] = name
-    info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
-                     inputs=inputs, variable_ops=variable_ops,
-                     signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
-    return opgraph, info
+            flat.variable_ops[node_id] = name
+    return opgraph, flat.info
 
 
 def _signature_batch(signature_def):
@@ -297,7 +326,8 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
             variable = objects.nodes[variables[op.name]].variable
             param_bytes = _variable_bytes(variable)
         host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
-        opgraph.add_op(op.name, op_type=op.type, outputs=outputs, flops=float(flops),
+        opgraph.add_op(op.name, op_type=op.type, outputs=outputs, input_shapes=tuple(in_shapes),
+                       flops=float(flops),
                        bytes_accessed=float(bytes_accessed), param_bytes=param_bytes,
                        allowed_kinds=frozenset({"cpu"}) if host_only else None,
                        stateful=bool(op.op_def.is_stateful) if op.op_def else False)
@@ -362,4 +392,5 @@ class _BodyCost:
         return sum(per_body) if loops else max(per_body)
 
 
-__all__ = ["ModelInfo", "read_model", "variable_op_name"]
+__all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat", "read_model",
+           "variable_op_name"]

@@ -1,11 +1,8 @@
-"""Import TensorFlow once, quietly (its C++ start-up logging is noise for a CLI)."""
-import os
+"""Import TensorFlow once, quietly (the package ``__init__`` silences its C++ logs)."""
 
 
 def tensorflow():
-    """The ``tensorflow`` module, with C++ info and warning logs silenced."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("GLOG_minloglevel", "2")  # absl's start-up INFO lines
-    import tensorflow as tf  # noqa: PLC0415 - deliberately lazy: 2-5 s start-up
+    """The ``tensorflow`` module (imported on first use: 2-5 s of start-up)."""
+    import tensorflow as tf  # noqa: PLC0415 - deliberately lazy
 
     return tf

@@ -1,4 +1,4 @@
-"""Command line: ``tfpart compile`` and ``tfpart verify``.
+"""Command line: ``tfpart compile``, ``verify``, ``profile`` and ``simulate``.
 
 Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
 with code 2. Tables and progress use ``rich`` (a well-kept terminal library, rather
@@ -91,10 +91,64 @@ def cmd_compile(args):
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
                                signature=args.signature, algorithm=args.algorithm,
-                               force=args.force, progress=progress)
+                               profiles=args.profile, force=args.force, progress=progress)
     print_plan(result, default_cluster=args.cluster is None)
     if args.verify:
         return cmd_verify(argparse.Namespace(model=model, compiled=args.output))
+    return 0
+
+
+def cmd_profile(args):
+    from costmodel.profiler import profile_model
+
+    with progress_display() as progress:
+        profile = profile_model(args.model, args.batch_size, signature=args.signature,
+                                repeats=args.repeats, warmup=args.warmup,
+                                intra_threads=args.intra_threads, progress=progress)
+    profile.save(args.output)
+    timed = sum(op["count"] for op in profile.ops)
+    console.print(f"Measured {timed} ops ({len(profile.ops)} op type/shape keys) of "
+                  f"{args.model} at batch size {profile.meta['batch_size']} in "
+                  f"{profile.meta['profiling_seconds']:.1f} s; step time "
+                  f"{_seconds(profile.meta['step_time_s'])} "
+                  f"({profile.meta['hardware']['cpu']}, TF {profile.meta['tensorflow']})")
+    fitted = ", ".join(f"{k} {v:.2f}" for k, v in profile.fitted["efficiency"].items())
+    console.print(f"Fitted efficiency: {fitted}; overhead "
+                  f"{_seconds(profile.fitted['op_overhead_s'])} per op")
+    console.print(f"Wrote {args.output}")
+    return 0
+
+
+def cmd_simulate(args):
+    from tfpart.compile import simulate_model
+
+    with progress_display() as progress:
+        progress("reading the model and simulating the plan")
+        schedule, cost, plan = simulate_model(args.model, args.plan, cluster_file=args.cluster,
+                                              profiles=args.profile)
+    names = cost.cluster.device_names
+    table = Table(title="Simulated step per device")
+    for column in ("device", "ops", "busy", "idle", "peak memory"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for d, name in enumerate(names):
+        table.add_row(name, str(int((schedule.device == d).sum())),
+                      _seconds(schedule.busy[d]), _seconds(schedule.idle[d]),
+                      _bytes(schedule.peak_memory[d]))
+    console.print(table)
+    if schedule.link_bytes:
+        links = Table(title="Bytes moved per link")
+        links.add_column("from")
+        links.add_column("to")
+        links.add_column("bytes", justify="right")
+        for (a, b), nbytes in sorted(schedule.link_bytes.items()):
+            links.add_row(names[a], names[b], _bytes(nbytes))
+        console.print(links)
+    console.print(f"Predicted step time {_seconds(schedule.makespan)}")
+    if args.gantt:
+        from costmodel.gantt import write_gantt
+
+        write_gantt(schedule, cost, args.gantt)
+        console.print(f"Wrote {args.gantt}")
     return 0
 
 
@@ -123,9 +177,29 @@ def build_parser():
                           "(default: serving_default)")
     compile_.add_argument("--algorithm", default="greedy", choices=("greedy", "single"))
     compile_.add_argument("--force", action="store_true", help="replace an existing output")
+    compile_.add_argument("--profile", action="append", help="measured profile "
+                          "(tfpart profile output) of a device kind; repeatable")
     compile_.add_argument("--verify", action="store_true",
                           help="then run original and compiled models and compare")
     compile_.set_defaults(run=cmd_compile)
+    profile = commands.add_parser("profile", help="measure every op of a model here")
+    profile.add_argument("model")
+    profile.add_argument("--batch-size", type=int)
+    profile.add_argument("--signature")
+    profile.add_argument("-o", "--output", required=True, help="profile JSON to write")
+    profile.add_argument("--repeats", type=int, default=20)
+    profile.add_argument("--warmup", type=int, default=5)
+    profile.add_argument("--intra-threads", type=int, default=1,
+                         help="intra-op threads (1: one core per device)")
+    profile.set_defaults(run=cmd_profile)
+    simulate = commands.add_parser("simulate", help="simulate a plan.json on its model")
+    simulate.add_argument("model")
+    simulate.add_argument("plan")
+    simulate.add_argument("--cluster", help="cluster.json (default: the one the plan names)")
+    simulate.add_argument("--profile", action="append",
+                          help="measured profile(s) (default: those the plan used)")
+    simulate.add_argument("--gantt", help="write a Gantt chart (PNG) of the schedule")
+    simulate.set_defaults(run=cmd_simulate)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")
     verify_.add_argument("compiled")
@@ -135,9 +209,11 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if getattr(args, "batch_size", None) is not None and args.batch_size <= 0:
-        print("tfpart: error: --batch-size must be positive", file=sys.stderr)
-        return 2
+    for option in ("batch_size", "repeats", "intra_threads"):
+        if getattr(args, option, None) is not None and getattr(args, option) <= 0:
+            print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
+                  file=sys.stderr)
+            return 2
     try:
         return args.run(args)
     except TfpartError as exc:

@@ -39,8 +39,15 @@ def _check_fits(graph, cluster, source):
                              f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
 
 
+def load_profiles(paths):
+    """Measured profiles from files (``tfpart profile`` output)."""
+    from costmodel.measured import MeasuredProfile
+
+    return [MeasuredProfile.load(path) for path in paths or ()]
+
+
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
-               progress=None):
+               profiles=(), progress=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings)."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
@@ -56,7 +63,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
     t0 = time.perf_counter()
     step(f"partitioning {len(graph)} ops with {algorithm}")
-    cost = CostModel(graph, cluster)
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles))
     try:
         plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
     except PlacementError as exc:
@@ -65,13 +72,14 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature,
-                    "batch_size": info.batch_size, "inputs": {
+                    "batch_size": info.batch_size,
+                    "profiles": [str(p) for p in profiles or ()], "inputs": {
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     return plan, graph, info, proto, timings
 
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
-                  algorithm="greedy", force=False, progress=None):
+                  algorithm="greedy", profiles=(), force=False, progress=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``."""
     from rewriters.placement import place_devices
     from rewriters.savedmodel_io import prepare_output, write_saved_model
@@ -83,7 +91,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     prepare_output(out, force).rmdir()  # fail on an existing output before any work
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
-        algorithm=algorithm, progress=progress)
+        algorithm=algorithm, profiles=profiles, progress=progress)
     t0 = time.perf_counter()
     (progress or (lambda name: None))("writing the compiled SavedModel")
     rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
@@ -93,3 +101,30 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     timings["write"] = time.perf_counter() - t0
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings)
+
+
+def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
+    """Read a model and a plan.json and simulate the plan; (schedule, cost, plan)."""
+    from costmodel.simulate import simulate_plan
+    from rewriters.reader import read_model
+    from rewriters.savedmodel_io import read_saved_model
+    from tfpart.plan import Plan
+
+    plan = Plan.load(plan_file)
+    cluster_file = cluster_file or plan.context.get("cluster_file")
+    if not cluster_file:
+        raise PlacementError(plan_file, "names no cluster file; pass --cluster")
+    cluster = load_cluster(cluster_file)
+    proto = read_saved_model(model_dir)
+    graph, _ = read_model(proto, model_dir, batch_size=plan.context.get("batch_size"),
+                          signature=plan.context.get("signature"))
+    unknown = sorted(set(plan.assignment.values()) - set(cluster.device_names))
+    if unknown:
+        raise PlacementError(plan_file, f"places ops on {unknown[0]}, not in {cluster_file}")
+    profiles = plan.context.get("profiles", []) if profiles is None else profiles
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles))
+    try:
+        schedule = simulate_plan(plan, cost)
+    except PlacementError as exc:
+        raise PlacementError(plan_file, exc.problem) from None
+    return schedule, cost, plan

@@ -7,6 +7,7 @@ site (``StatefulPartitionedCall/model/dense/MatMul``).
 
 Node attributes
     ``op_type`` (str), ``outputs`` (list of ``(shape, dtype)``, shape a tuple of ints),
+    ``input_shapes`` (tuple of shapes of the data inputs, in order),
     ``flops`` (float), ``bytes_accessed`` (float), ``param_bytes`` (int, persistent
     bytes of the variables the op owns), ``colocation`` (str, group id), ``allowed_kinds``
     (frozenset of device-kind names, or ``None`` for "every kind"), ``stateful`` (bool),
@@ -25,6 +26,7 @@ import networkx as nx
 NODE_DEFAULTS = {
     "op_type": "NoOp",
     "outputs": (),
+    "input_shapes": (),
     "flops": 0.0,
     "bytes_accessed": 0.0,
     "param_bytes": 0,

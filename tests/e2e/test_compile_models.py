@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests import models
+from examples import models
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
 from tfpart.runtime import verify

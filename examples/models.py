@@ -1,4 +1,5 @@
-"""Real models exported by TensorFlow/Keras for the end-to-end tests."""
+"""Real models exported by TensorFlow/Keras: the shipped example, and the models the
+end-to-end tests and the benchmarks compile."""
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,12 +33,27 @@ def export_mlp_module(path):
     return path
 
 
-def export_residual_cnn(path):
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    from make_example_model import residual_cnn
+def residual_cnn(seed=0):
+    """A small Keras CNN with two residual blocks (the shipped example model)."""
+    import keras
 
-    residual_cnn(seed=3).export(str(path))
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((32, 32, 3), name="image")
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    for width in (32, 64):
+        shortcut = keras.layers.Conv2D(width, 1, padding="same")(x)
+        y = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+        y = keras.layers.Conv2D(width, 3, padding="same")(y)
+        x = keras.layers.Activation("relu")(keras.layers.Add()([shortcut, y]))
+        x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dense(128, activation="relu")(x)
+    outputs = keras.layers.Dense(10)(x)
+    return keras.Model(inputs, outputs, name="residual_cnn")
+
+
+def export_residual_cnn(path, seed=3):
+    residual_cnn(seed=seed).export(str(path))
     return path
 
 
