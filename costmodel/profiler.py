@@ -72,6 +72,23 @@ def random_feeds(graph, inputs, rng):
     return feeds
 
 
+def claim_threads(intra_threads):
+    """Give TensorFlow ``intra_threads`` intra-op threads, which is only possible before
+    it starts: its CPU device keeps the thread pool it was created with."""
+    from rewriters.tf_import import tensorflow
+    from tfpart.errors import ProfileError
+
+    tf = tensorflow()
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:
+        if tf.config.threading.get_intra_op_parallelism_threads() != intra_threads:
+            raise ProfileError("", "TensorFlow already started in this process with other "
+                               "thread settings; profile in a fresh process "
+                               "(tfpart profile)") from None
+
+
 def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
     """Median seconds per op name, and the median untraced step time."""
     from tensorflow.core.protobuf import config_pb2
@@ -115,6 +132,7 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     from tfpart.cluster import load_device_kinds
 
     step = progress or (lambda message: None)
+    claim_threads(intra_threads)
     step("reading the SavedModel")
     proto = read_saved_model(model_dir)
     opgraph, info = read_model(proto, model_dir, batch_size, signature)

@@ -132,6 +132,12 @@ class CostModel:
         mask = ~np.eye(n, dtype=bool)
         return float(np.mean(self.latency[mask] + nbytes * self.inverse_bandwidth[mask]))
 
+    def mean_time(self):
+        """Each op's time averaged over the devices that can run it (0 if none can)."""
+        runnable = np.isfinite(self.compute)
+        total = np.where(runnable, self.compute, 0.0).sum(axis=1)
+        return total / np.maximum(runnable.sum(axis=1), 1)
+
     def runnable(self, i):
         """Devices with a kernel for op ``i``."""
         return np.flatnonzero(np.isfinite(self.compute[i]))

@@ -66,9 +66,7 @@ def upward_rank(cost):
     True
     """
     graph = cost.graph.nx_graph
-    runnable = np.isfinite(cost.compute)
-    total = np.where(runnable, cost.compute, 0.0).sum(axis=1)
-    mean_time = total / np.maximum(runnable.sum(axis=1), 1)  # over devices that can run it
+    mean_time = cost.mean_time()
     rank = np.zeros(len(cost.ops))
     for name in reversed(cost.graph.topological_order()):
         i = cost.index[name]

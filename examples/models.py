@@ -53,7 +53,7 @@ def residual_cnn(seed=0):
 
 
 def export_residual_cnn(path, seed=3):
-    residual_cnn(seed=seed).export(str(path))
+    residual_cnn(seed=seed).export(str(path), verbose=False)
     return path
 
 
@@ -68,7 +68,7 @@ def export_transformer_encoder(path, seq=16, dim=32, heads=4):
     ff = keras.layers.Dense(dim)(ff)
     x = keras.layers.LayerNormalization()(x + ff)
     outputs = keras.layers.Dense(8)(keras.layers.GlobalAveragePooling1D()(x))
-    keras.Model(tokens, outputs).export(str(path))
+    keras.Model(tokens, outputs).export(str(path), verbose=False)
     return path
 
 
@@ -76,7 +76,8 @@ def export_resnet50(path):
     import keras
 
     keras.utils.set_random_seed(0)
-    keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)).export(str(path))
+    keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3)).export(
+        str(path), verbose=False)
     return path
 
 

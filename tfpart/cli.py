@@ -152,6 +152,40 @@ def cmd_simulate(args):
     return 0
 
 
+def cmd_worker(args):
+    import json as json_module
+    import os
+
+    from tfpart.cluster import cluster_from_dict, load_cluster
+    from tfpart.runtime import start_server
+
+    if args.cluster:
+        cluster, task, job = load_cluster(args.cluster), args.task, args.job
+    else:
+        raw = os.environ.get("TF_CONFIG")
+        if not raw:
+            print("tfpart: error: give --cluster and --task, or set TF_CONFIG", file=sys.stderr)
+            return 2
+        try:
+            config = json_module.loads(raw)
+            spec = config["cluster"]
+            devices = [{"name": f"/job:{j}/task:{k}/device:CPU:0", "kind": "cpu"}
+                       for j, addresses in spec.items() for k in range(len(addresses))]
+            cluster = cluster_from_dict({"cluster": spec, "devices": devices},
+                                        source="TF_CONFIG")
+            task, job = int(config["task"]["index"]), config["task"]["type"]
+        except (ValueError, KeyError, TypeError) as exc:
+            print(f"tfpart: error: TF_CONFIG: not a valid TF_CONFIG ({exc})", file=sys.stderr)
+            return 2
+    if task is None:
+        print("tfpart: error: --task is required with --cluster", file=sys.stderr)
+        return 2
+    server = start_server(cluster, task, job, args.intra_threads, args.inter_threads)
+    console.print(f"tfpart worker: {server.target} serving task {task}; Ctrl-C stops it")
+    server.join()
+    return 0
+
+
 def cmd_verify(args):
     from tfpart.runtime import verify
 
@@ -175,7 +209,8 @@ def build_parser():
                           "(default: from the signature, else 1)")
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
-    compile_.add_argument("--algorithm", default="greedy", choices=("greedy", "single"))
+    compile_.add_argument("--algorithm", default="greedy",
+                          choices=("greedy", "single", "topo_split"))
     compile_.add_argument("--force", action="store_true", help="replace an existing output")
     compile_.add_argument("--profile", action="append", help="measured profile "
                           "(tfpart profile output) of a device kind; repeatable")
@@ -200,6 +235,14 @@ def build_parser():
                           help="measured profile(s) (default: those the plan used)")
     simulate.add_argument("--gantt", help="write a Gantt chart (PNG) of the schedule")
     simulate.set_defaults(run=cmd_simulate)
+    worker = commands.add_parser("worker", help="run one task's TensorFlow server")
+    worker.add_argument("--cluster", help="cluster.json with a 'cluster' block "
+                        "(default: the TF_CONFIG environment variable)")
+    worker.add_argument("--task", type=int, help="task index in the job")
+    worker.add_argument("--job", help="job name (default: the cluster's only job)")
+    worker.add_argument("--intra-threads", type=int, help="intra-op threads")
+    worker.add_argument("--inter-threads", type=int, help="inter-op threads")
+    worker.set_defaults(run=cmd_worker)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")
     verify_.add_argument("compiled")
@@ -209,7 +252,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    for option in ("batch_size", "repeats", "intra_threads"):
+    for option in ("batch_size", "repeats", "intra_threads", "inter_threads"):
         if getattr(args, option, None) is not None and getattr(args, option) <= 0:
             print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
                   file=sys.stderr)

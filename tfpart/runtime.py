@@ -53,6 +53,45 @@ def ensure_local_cpus(count):
                           "could add more)")
 
 
+def set_threads(intra=None, inter=None):
+    """Threads TensorFlow may use in this process (before it starts)."""
+    tf = tensorflow()
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def cluster_spec(cluster):
+    tf = tensorflow()
+    if not cluster.tf_cluster:
+        raise TfpartError(cluster.source, "has no 'cluster' block (job -> task addresses)")
+    return tf.train.ClusterSpec(cluster.tf_cluster)
+
+
+def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None):
+    """Start this task's ``tf.distribute.Server`` for ``cluster``; return it."""
+    tf = tensorflow()
+    spec = cluster_spec(cluster)
+    job = job or sorted(cluster.tf_cluster)[0]
+    if job not in cluster.tf_cluster or not 0 <= task < len(cluster.tf_cluster[job]):
+        raise TfpartError(cluster.source, f"has no task {task} in job {job!r}")
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra_threads or 0,
+                                      inter_op_parallelism_threads=inter_threads or 0)
+    try:
+        return tf.distribute.Server(spec, job_name=job, task_index=task, config=config,
+                                    start=True)
+    except (tf.errors.OpError, ValueError) as exc:
+        raise TfpartError(cluster.source, f"cannot start {job} task {task} at "
+                          f"{cluster.tf_cluster[job][task]}: {str(exc).splitlines()[0]}") \
+            from None
+
+
+def connect(cluster):
+    """Make this process a client of ``cluster``'s TensorFlow servers."""
+    tensorflow().config.experimental_connect_to_cluster(cluster_spec(cluster))
+
+
 def random_inputs(signature_fn, batch_size, seed=0):
     """Random tensors matching a signature's inputs, unknown dims set to batch_size."""
     tf = tensorflow()

@@ -1,0 +1,192 @@
+"""How well does the cost model predict real step times on this machine?
+
+For each model (MLP, residual CNN, transformer encoder, ResNet50) the script measures a
+per-op profile here (``tfpart profile``: one core, one op at a time), compiles the model
+for several placements with that profile, and compares the simulator's predicted step
+time with the compiled model's measured step time (median of repeated calls in a fresh
+process with one intra-op and one inter-op thread):
+
+* ``1 device``: the whole model on one CPU device;
+* ``3 logical CPUs``: greedy, and a contiguous three-way split, on three logical CPU
+  devices of one process (they share its executor: ``core_group``);
+* ``2 workers``: greedy, and a two-way split, across two local ``tfpart worker``
+  processes pinned to separate cores (``taskset``), linked over loopback gRPC with the
+  latency and bandwidth measured at the start of the run.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.costmodel_accuracy [--models mlp,cnn] [--markdown]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from examples import models as example_models
+
+MODELS = {  # name -> (exporter, batch size)
+    "mlp": (example_models.export_mlp_module, 256),
+    "cnn": (example_models.export_residual_cnn, 16),
+    "transformer": (example_models.export_transformer_encoder, 32),
+    "resnet50": (example_models.export_resnet50, 2),
+}
+PYTHON = sys.executable
+
+
+def tfpart_command():
+    return shutil.which("tfpart", path=os.path.dirname(PYTHON)) or "tfpart"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_json(args, timeout=900):
+    done = subprocess.run([PYTHON, "-m", "benchmarks.run_compiled", *args], capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class LocalWorkers:
+    """Two ``tfpart worker`` processes on loopback, each pinned to its own core."""
+
+    def __init__(self, directory):
+        ports = [free_port(), free_port()]
+        self.cluster = {"name": "2 local workers",
+                        "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                        "devices": [{"name": f"/job:worker/task:{k}/device:CPU:0", "kind": "cpu"}
+                                    for k in range(2)]}
+        self.path = Path(directory) / "workers.json"
+        self.path.write_text(json.dumps(self.cluster))
+        tfpart = tfpart_command()
+        self.processes = [subprocess.Popen(
+            ["taskset", "-c", str(k % os.cpu_count()), tfpart, "worker", "--cluster",
+             str(self.path), "--task", str(k), "--intra-threads", "1", "--inter-threads", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)]
+        deadline = time.time() + 60
+        for port in ports:
+            while True:
+                try:
+                    socket.create_connection(("localhost", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        self.stop()
+                        raise RuntimeError("workers did not start within 60 s")
+                    time.sleep(0.2)
+
+    def with_link(self, link):
+        data = dict(self.cluster, links={"cross_host": {"bandwidth": link["bandwidth"],
+                                                        "latency": link["latency_s"]}})
+        path = self.path.with_name("workers_measured.json")
+        path.write_text(json.dumps(data))
+        return path
+
+    def stop(self):
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=30)
+
+
+def logical_cluster(directory, n):
+    path = Path(directory) / f"logical{n}.json"
+    path.write_text(json.dumps({"name": f"{n} logical CPUs", "devices": [
+        {"name": f"/device:CPU:{i}", "kind": "cpu", "core_group": "process"}
+        for i in range(n)], "links": {"same_host": {"bandwidth": "20GB/s", "latency": "2us"}}}))
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--markdown", action="store_true", help="also print Markdown")
+    args = parser.parse_args(argv)
+
+    from tfpart.compile import compile_model
+
+    console = Console(width=150)
+    work = Path(tempfile.mkdtemp(prefix="tfpart-accuracy-"))
+    workers = LocalWorkers(work)
+    rows = []
+    try:
+        link = run_json(["--measure-link", "--cluster", str(workers.path)])
+        console.print(f"Loopback gRPC between workers: latency {link['latency_s'] * 1e6:.0f} µs, "
+                      f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s")
+        cases = [("1 device", logical_cluster(work, 1), "single", ["--logical-cpus", "1"]),
+                 ("3 logical CPUs, greedy", logical_cluster(work, 3), "greedy",
+                  ["--logical-cpus", "3"]),
+                 ("3 logical CPUs, split", logical_cluster(work, 3), "topo_split",
+                  ["--logical-cpus", "3"]),
+                 ("2 workers, greedy", workers.with_link(link), "greedy",
+                  ["--cluster", str(workers.path)]),
+                 ("2 workers, split", workers.with_link(link), "topo_split",
+                  ["--cluster", str(workers.path)])]
+        for name in args.models.split(","):
+            exporter, batch = MODELS[name]
+            model = exporter(work / name)
+            profile_path = work / f"{name}.profile.json"
+            t0 = time.perf_counter()
+            subprocess.run([tfpart_command(), "profile", str(model), "--batch-size", str(batch),
+                            "-o", str(profile_path)], check=True, capture_output=True)
+            console.print(f"{name}: profiled in {time.perf_counter() - t0:.1f} s "
+                          "(a fresh `tfpart profile` process)")
+            for case, cluster, algorithm, run_args in cases:
+                out = work / f"{name}-{case.replace(' ', '_').replace(',', '')}"
+                result = compile_model(model, cluster, out, batch_size=batch,
+                                       algorithm=algorithm, profiles=[profile_path], force=True)
+                measured = run_json([str(out), "--repeats", str(args.repeats), *run_args])
+                used = sum(1 for d in result.plan.predicted["devices"].values()
+                           if d["busy_s"] > 0)
+                rows.append((name, batch, case, used, result.plan.step_time,
+                             measured["median_s"]))
+    finally:
+        workers.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print_results(console, rows, args.markdown)
+    return 0
+
+
+def print_results(console, rows, markdown):
+    table = Table(title="Predicted vs measured step time (this machine)")
+    for column in ("model", "batch", "placement", "devices busy", "predicted", "measured",
+                   "error"):
+        table.add_column(column, justify="left" if column in ("model", "placement") else "right")
+    errors = {}
+    lines = ["| model | batch | placement | devices busy | predicted (ms) | measured (ms) | error |",
+             "|---|---|---|---|---|---|---|"]
+    for name, batch, case, used, predicted, measured in rows:
+        error = (predicted - measured) / measured
+        errors.setdefault(name, []).append(abs(error))
+        cells = (name, str(batch), case, str(used), f"{predicted * 1e3:.2f}",
+                 f"{measured * 1e3:.2f}", f"{100 * error:+.1f}%")
+        table.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    summary = [f"{name}: MAPE {100 * statistics.mean(e):.1f}%" for name, e in errors.items()]
+    overall = statistics.mean(e for es in errors.values() for e in es)
+    console.print("; ".join(summary) + f"; overall MAPE {100 * overall:.1f}%")
+    if markdown:
+        print("\n".join(lines))
+        print("\n" + "; ".join(summary) + f"; **overall MAPE {100 * overall:.1f}%**")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

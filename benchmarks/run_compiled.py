@@ -1,0 +1,100 @@
+"""Time a compiled SavedModel in a fresh process (used by the benchmarks).
+
+    python -m benchmarks.run_compiled OUT --logical-cpus 3
+    python -m benchmarks.run_compiled OUT --cluster cluster.json      # across its servers
+    python -m benchmarks.run_compiled --measure-link --cluster cluster.json
+
+Prints one JSON line: the median step time over ``--repeats`` calls after ``--warmup``
+(or, with ``--measure-link``, the fitted latency and bandwidth between the first two
+tasks). TensorFlow gets ``--intra``/``--inter`` threads, one each by default, so a
+device is one core running one op at a time, as the simulator assumes.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def time_calls(fn, repeats, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_link(tf, cluster, repeats):
+    """Latency and bandwidth between task 0 and task 1, by timing tensors sent across."""
+    first, second = cluster.device_names[:2]
+    sizes, seconds = [], []
+    for elements in (256, 262_144, 1_048_576, 4_194_304):
+        with tf.device(first):
+            x = tf.random.uniform([elements])
+
+        @tf.function
+        def across(x=x):
+            with tf.device(second):
+                return tf.reduce_max(x)
+
+        @tf.function
+        def local(x=x):
+            with tf.device(first):
+                return tf.reduce_max(x)
+        remote = time_calls(lambda: across().numpy(), repeats, 3)
+        here = time_calls(lambda: local().numpy(), repeats, 3)
+        sizes.append(elements * 4)
+        seconds.append(max(remote - here, 1e-6))
+    # Bandwidth from the large tensors; latency is what the smallest one costs beyond it
+    # (a remote call's fixed cost, which a straight-line fit would hide).
+    slope = np.polyfit(sizes[1:], seconds[1:], 1)[0]
+    bandwidth = float(1 / max(slope, 1e-12))
+    return {"latency_s": max(seconds[0] - sizes[0] / bandwidth, 1e-6), "bandwidth": bandwidth,
+            "points": list(zip(sizes, seconds))}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--logical-cpus", type=int, default=1)
+    parser.add_argument("--cluster")
+    parser.add_argument("--measure-link", action="store_true")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--intra", type=int, default=1)
+    parser.add_argument("--inter", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    from tfpart.cluster import load_cluster
+    from tfpart.runtime import connect, ensure_local_cpus, load, random_inputs, set_threads
+
+    set_threads(args.intra, args.inter)
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    if args.cluster:
+        cluster = load_cluster(args.cluster)
+        connect(cluster)
+        if args.measure_link:
+            print(json.dumps(measure_link(tf, cluster, args.repeats)))
+            return 0
+    else:
+        ensure_local_cpus(args.logical_cpus)
+    plan = json.load(open(f"{args.model}/plan.json"))
+    model = load(args.model)
+    fn = model.signatures[plan["context"]["signature"]]
+    inputs = random_inputs(fn, args.batch_size or plan["context"]["batch_size"])
+    median = time_calls(lambda: [t.numpy() for t in tf.nest.flatten(fn(**inputs))],
+                        args.repeats, args.warmup)
+    print(json.dumps({"median_s": median}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
