@@ -92,8 +92,9 @@ class LocalWorkers:
                     time.sleep(0.2)
 
     def with_link(self, link):
-        data = dict(self.cluster, links={"cross_host": {"bandwidth": link["bandwidth"],
-                                                        "latency": link["latency_s"]}})
+        data = dict(self.cluster, step_overhead=link["step_overhead_s"],
+                    links={"cross_host": {"bandwidth": link["bandwidth"],
+                                          "latency": link["latency_s"]}})
         path = self.path.with_name("workers_measured.json")
         path.write_text(json.dumps(data))
         return path
@@ -129,7 +130,8 @@ def main(argv=None):
     try:
         link = run_json(["--measure-link", "--cluster", str(workers.path)])
         console.print(f"Loopback gRPC between workers: latency {link['latency_s'] * 1e6:.0f} µs, "
-                      f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s")
+                      f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s; launching a step on "
+                      f"the workers {link['step_overhead_s'] * 1e6:.0f} µs")
         cases = [("1 device", logical_cluster(work, 1), "single", ["--logical-cpus", "1"]),
                  ("3 logical CPUs, greedy", logical_cluster(work, 3), "greedy",
                   ["--logical-cpus", "3"]),

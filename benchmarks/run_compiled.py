@@ -32,6 +32,18 @@ def time_calls(fn, repeats, warmup):
 def measure_link(tf, cluster, repeats):
     """Latency and bandwidth between task 0 and task 1, by timing tensors sent across."""
     first, second = cluster.device_names[:2]
+
+    @tf.function
+    def nothing():
+        with tf.device(first):
+            return tf.constant(0.0) + 1.0
+
+    @tf.function
+    def nothing_here():
+        return tf.constant(0.0) + 1.0
+    # What launching a step on a remote worker costs beyond running it in this process.
+    dispatch = max(time_calls(lambda: nothing().numpy(), repeats, 3) -
+                   time_calls(lambda: nothing_here().numpy(), repeats, 3), 0.0)
     sizes, seconds = [], []
     for elements in (256, 262_144, 1_048_576, 4_194_304):
         with tf.device(first):
@@ -55,7 +67,7 @@ def measure_link(tf, cluster, repeats):
     slope = np.polyfit(sizes[1:], seconds[1:], 1)[0]
     bandwidth = float(1 / max(slope, 1e-12))
     return {"latency_s": max(seconds[0] - sizes[0] / bandwidth, 1e-6), "bandwidth": bandwidth,
-            "points": list(zip(sizes, seconds))}
+            "step_overhead_s": dispatch, "points": list(zip(sizes, seconds))}
 
 
 def main(argv=None):

@@ -7,9 +7,13 @@ Model
   list-scheduling order: ready ops first, highest priority (upward rank, as in HEFT)
   first.
 * A tensor needed on another device is sent once per destination device as soon as its
-  producer ends, over the directed link between the two devices; transfers on one link
-  queue behind each other (first come, first served), so concurrent transfers share its
-  bandwidth. A transfer takes ``latency + bytes / bandwidth``.
+  producer ends, over the directed link between the two devices. Its bytes occupy the
+  link for ``bytes / bandwidth``, queued first come, first served behind the link's
+  other transfers (so concurrent transfers share its bandwidth), and arrive ``latency``
+  after the last byte leaves: latencies of concurrent transfers overlap, as
+  TensorFlow's receives run concurrently.
+* The cluster's ``step_overhead`` (a client launching the step on remote workers) is
+  added once to the step.
 * Memory: each device holds its variables for the whole step, plus every activation
   from when it is produced (or starts arriving) until the last op on that device that
   reads it ends (ops such as ``ReadVariableOp`` or ``Reshape`` alias their input and
@@ -115,8 +119,8 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule):
             per_device[dst] = max(per_device.get(dst, 0.0), edge["bytes"])
     for dst, nbytes in sorted(per_device.items()):
         begin = max(end[i], link_free.get((src, dst), 0.0))
-        finish = begin + cost.transfer_time(nbytes, src, dst)
-        link_free[(src, dst)] = finish
+        link_free[(src, dst)] = begin + nbytes * cost.inverse_bandwidth[src, dst]
+        finish = link_free[(src, dst)] + (cost.latency[src, dst] if nbytes > 0 else 0.0)
         arrival[(i, dst)] = finish
         schedule.transfers.append((i, src, dst, begin, finish))
         schedule.link_bytes[(src, dst)] = schedule.link_bytes.get((src, dst), 0.0) + nbytes
@@ -163,6 +167,7 @@ def simulate(cost, device_of, priority=None):
         _send_outputs(cost, i, device_of, end, link_free, arrival, schedule)
     schedule.makespan = float(max(end.max(initial=0.0),
                                   max((t[4] for t in schedule.transfers), default=0.0)))
+    schedule.makespan += cost.cluster.step_overhead
     schedule.peak_memory = peak_memory(cost, schedule)
     return schedule
 

@@ -38,5 +38,6 @@ def work_bound(cost):
 
 
 def lower_bound(cost):
-    """The tighter of the critical-path and work bounds."""
-    return max(critical_path_bound(cost), work_bound(cost))
+    """The tighter of the critical-path and work bounds, plus the cluster's fixed
+    per-step overhead."""
+    return max(critical_path_bound(cost), work_bound(cost)) + cost.cluster.step_overhead

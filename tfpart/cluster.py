@@ -18,7 +18,9 @@ cluster.json (see ``profiles/clusters/`` for examples)::
       }
     }
 
-``memory`` defaults to the kind's datasheet figure. Devices given the same optional
+``step_overhead`` (optional) is a fixed cost of every step, such as a client launching
+the step on remote workers. ``memory`` defaults to the kind's datasheet figure. Devices
+given the same optional
 ``core_group`` share one executor (logical CPU devices of one process do: they run on
 the same cores, one op at a time when TensorFlow has one inter-op thread). Devices without a job are local
 (``/job:localhost/replica:0/task:0``). The optional ``cluster`` block maps each job to
@@ -99,6 +101,7 @@ class Cluster:
     links: dict = field(repr=False)  # (i, j) with i < j -> Link
     tf_cluster: dict = field(default_factory=dict)
     source: str = ""
+    step_overhead: float = 0.0  # seconds added once to every step
 
     def __len__(self):
         return len(self.devices)
@@ -175,6 +178,7 @@ CLUSTER_SCHEMA = {
     "properties": {
         "name": {"type": "string"},
         "description": {"type": "string"},
+        "step_overhead": _QUANTITY,
         "cluster": {"type": "object", "additionalProperties": {
             "type": "array", "minItems": 1, "items": {"type": "string"}}},
         "devices": {"type": "array", "minItems": 1, "items": {
@@ -269,9 +273,12 @@ def cluster_from_dict(data, source="", kinds=None):
         devices.append(Device(name=name, kind=kind, memory=memory, host=host_of(name),
                               core_group=entry.get("core_group", "")))
     links = _build_links(devices, data.get("links", {}), source)
+    overhead = data.get("step_overhead", 0)
+    overhead = 0.0 if overhead == 0 else _quantity(parse_duration, overhead, "step_overhead",
+                                                   source)
     return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
                    devices=tuple(devices), links=links, tf_cluster=tf_cluster,
-                   source=str(source))
+                   source=str(source), step_overhead=overhead)
 
 
 def _build_links(devices, spec, source):

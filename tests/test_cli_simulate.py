@@ -1,0 +1,38 @@
+"""tfpart simulate and tfpart worker from the command line."""
+import json
+
+from profiles import DEFAULT_MODEL_DIR
+from tests.conftest import local_cluster
+from tfpart.cli import main
+from tfpart.compile import compile_model
+
+
+def test_simulate_prints_figures_and_draws_a_gantt_chart(tmp_path, capsys, write_cluster):
+    out = tmp_path / "out"
+    result = compile_model(DEFAULT_MODEL_DIR, write_cluster(local_cluster(3)), out,
+                           batch_size=4)
+    gantt = tmp_path / "gantt.png"
+    assert main(["simulate", str(DEFAULT_MODEL_DIR), str(out / "plan.json"),
+                 "--gantt", str(gantt)]) == 0
+    printed = capsys.readouterr().out
+    step_ms = result.plan.step_time * 1e3
+    assert f"Predicted step time {step_ms:.3f} ms" in printed
+    assert "Bytes moved per link" in printed or len(result.plan.devices_used()) == 1
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_rejects_a_plan_of_another_model(tmp_path, capsys, write_cluster):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"assignment": {"x": "/job:localhost/replica:0/task:0/device:CPU:0"},
+                                "context": {"cluster_file": str(write_cluster(local_cluster(1))),
+                                            "batch_size": 1}}))
+    assert main(["simulate", str(DEFAULT_MODEL_DIR), str(plan)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "plan.json" in err and "does not place" in err
+
+
+def test_worker_needs_a_cluster_block(tmp_path, capsys, write_cluster):
+    path = write_cluster(local_cluster(2))
+    assert main(["worker", "--cluster", str(path), "--task", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err and "cluster" in err
