@@ -11,7 +11,11 @@ process with one intra-op and one inter-op thread):
   devices of one process (they share its executor: ``core_group``);
 * ``2 workers``: greedy, and a two-way split, across two local ``tfpart worker``
   processes pinned to separate cores (``taskset``), linked over loopback gRPC with the
-  latency and bandwidth measured at the start of the run.
+  latency and bandwidth measured at the start of the run (a ``cpu_copy`` link: the
+  workers' own cores copy the tensors).
+
+Each cluster's ``step_overhead`` is measured at the start too: the cost of calling a
+trivial ``tf.function`` from Python (and, for the workers, of launching it remotely).
 
 Run from the repository root::
 
@@ -91,10 +95,10 @@ class LocalWorkers:
                         raise RuntimeError("workers did not start within 60 s")
                     time.sleep(0.2)
 
-    def with_link(self, link):
-        data = dict(self.cluster, step_overhead=link["step_overhead_s"],
+    def with_link(self, link, call_overhead):
+        data = dict(self.cluster, step_overhead=call_overhead + link["step_overhead_s"],
                     links={"cross_host": {"bandwidth": link["bandwidth"],
-                                          "latency": link["latency_s"]}})
+                                          "latency": link["latency_s"], "cpu_copy": True}})
         path = self.path.with_name("workers_measured.json")
         path.write_text(json.dumps(data))
         return path
@@ -106,9 +110,10 @@ class LocalWorkers:
             process.wait(timeout=30)
 
 
-def logical_cluster(directory, n):
+def logical_cluster(directory, n, call_overhead):
     path = Path(directory) / f"logical{n}.json"
-    path.write_text(json.dumps({"name": f"{n} logical CPUs", "devices": [
+    path.write_text(json.dumps({"name": f"{n} logical CPUs", "step_overhead": call_overhead,
+                                "devices": [
         {"name": f"/device:CPU:{i}", "kind": "cpu", "core_group": "process"}
         for i in range(n)], "links": {"same_host": {"bandwidth": "20GB/s", "latency": "2us"}}}))
     return path
@@ -128,18 +133,20 @@ def main(argv=None):
     workers = LocalWorkers(work)
     rows = []
     try:
+        call = run_json(["--measure-call", "--repeats", "200"])["call_overhead_s"]
         link = run_json(["--measure-link", "--cluster", str(workers.path)])
         console.print(f"Loopback gRPC between workers: latency {link['latency_s'] * 1e6:.0f} µs, "
                       f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s; launching a step on "
-                      f"the workers {link['step_overhead_s'] * 1e6:.0f} µs")
-        cases = [("1 device", logical_cluster(work, 1), "single", ["--logical-cpus", "1"]),
-                 ("3 logical CPUs, greedy", logical_cluster(work, 3), "greedy",
+                      f"the workers {link['step_overhead_s'] * 1e6:.0f} µs beyond a local call "
+                      f"({call * 1e6:.0f} µs)")
+        cases = [("1 device", logical_cluster(work, 1, call), "single", ["--logical-cpus", "1"]),
+                 ("3 logical CPUs, greedy", logical_cluster(work, 3, call), "greedy",
                   ["--logical-cpus", "3"]),
-                 ("3 logical CPUs, split", logical_cluster(work, 3), "topo_split",
+                 ("3 logical CPUs, split", logical_cluster(work, 3, call), "topo_split",
                   ["--logical-cpus", "3"]),
-                 ("2 workers, greedy", workers.with_link(link), "greedy",
+                 ("2 workers, greedy", workers.with_link(link, call), "greedy",
                   ["--cluster", str(workers.path)]),
-                 ("2 workers, split", workers.with_link(link), "topo_split",
+                 ("2 workers, split", workers.with_link(link, call), "topo_split",
                   ["--cluster", str(workers.path)])]
         for name in args.models.split(","):
             exporter, batch = MODELS[name]

@@ -3,6 +3,7 @@
     python -m benchmarks.run_compiled OUT --logical-cpus 3
     python -m benchmarks.run_compiled OUT --cluster cluster.json      # across its servers
     python -m benchmarks.run_compiled --measure-link --cluster cluster.json
+    python -m benchmarks.run_compiled --measure-call
 
 Prints one JSON line: the median step time over ``--repeats`` calls after ``--warmup``
 (or, with ``--measure-link``, the fitted latency and bandwidth between the first two
@@ -76,6 +77,8 @@ def main(argv=None):
     parser.add_argument("--logical-cpus", type=int, default=1)
     parser.add_argument("--cluster")
     parser.add_argument("--measure-link", action="store_true")
+    parser.add_argument("--measure-call", action="store_true",
+                        help="time calling a trivial tf.function here")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -90,6 +93,13 @@ def main(argv=None):
     from rewriters.tf_import import tensorflow
 
     tf = tensorflow()
+    if args.measure_call:
+        @tf.function
+        def nothing():
+            return tf.constant(0.0) + 1.0
+        print(json.dumps({"call_overhead_s": time_calls(lambda: nothing().numpy(),
+                                                        args.repeats, 5)}))
+        return 0
     if args.cluster:
         cluster = load_cluster(args.cluster)
         connect(cluster)

@@ -114,9 +114,11 @@ class CostModel:
                                                        attrs["bytes_accessed"], device.kind)
         self.latency = np.zeros((n_dev, n_dev))
         self.inverse_bandwidth = np.zeros((n_dev, n_dev))
+        self.cpu_copy = np.zeros((n_dev, n_dev), dtype=bool)
         for (i, j), link in cluster.links.items():
             self.latency[i, j] = self.latency[j, i] = link.latency
             self.inverse_bandwidth[i, j] = self.inverse_bandwidth[j, i] = 1.0 / link.bandwidth
+            self.cpu_copy[i, j] = self.cpu_copy[j, i] = link.cpu_copy
 
     def transfer_time(self, nbytes, src, dst):
         """Alpha-beta time to move ``nbytes`` from device ``src`` to ``dst``."""

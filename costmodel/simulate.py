@@ -11,7 +11,8 @@ Model
   link for ``bytes / bandwidth``, queued first come, first served behind the link's
   other transfers (so concurrent transfers share its bandwidth), and arrive ``latency``
   after the last byte leaves: latencies of concurrent transfers overlap, as
-  TensorFlow's receives run concurrently.
+  TensorFlow's receives run concurrently. On a ``cpu_copy`` link the copy also
+  occupies both endpoints' executors, which compute nothing meanwhile.
 * The cluster's ``step_overhead`` (a client launching the step on remote workers) is
   added once to the step.
 * Memory: each device holds its variables for the whole step, plus every activation
@@ -109,7 +110,7 @@ def data_ready_time(cost, i, device, end, placed_on):
     return ready
 
 
-def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule):
+def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, executor_free):
     """Queue the transfers of op ``i``'s outputs to every other device that reads them."""
     src = device_of[i]
     per_device = {}
@@ -117,9 +118,16 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule):
         dst = device_of[cost.index[succ]]
         if dst != src and not edge["control"]:
             per_device[dst] = max(per_device.get(dst, 0.0), edge["bytes"])
+    executor_of = cost.cluster.executor_of
     for dst, nbytes in sorted(per_device.items()):
         begin = max(end[i], link_free.get((src, dst), 0.0))
+        ends = (executor_of[src], executor_of[dst])
+        if cost.cpu_copy[src, dst]:
+            begin = max(begin, *(executor_free[e] for e in ends))
         link_free[(src, dst)] = begin + nbytes * cost.inverse_bandwidth[src, dst]
+        if cost.cpu_copy[src, dst]:
+            for e in ends:
+                executor_free[e] = link_free[(src, dst)]
         finish = link_free[(src, dst)] + (cost.latency[src, dst] if nbytes > 0 else 0.0)
         arrival[(i, dst)] = finish
         schedule.transfers.append((i, src, dst, begin, finish))
@@ -164,7 +172,7 @@ def simulate(cost, device_of, priority=None):
         executor_free[executor_of[d]] = end[i]
         schedule.busy[d] += cost.compute[i, d]
         schedule.order.append(i)
-        _send_outputs(cost, i, device_of, end, link_free, arrival, schedule)
+        _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, executor_free)
     schedule.makespan = float(max(end.max(initial=0.0),
                                   max((t[4] for t in schedule.transfers), default=0.0)))
     schedule.makespan += cost.cluster.step_overhead

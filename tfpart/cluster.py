@@ -11,13 +11,15 @@ cluster.json (see ``profiles/clusters/`` for examples)::
       ],
       "links": {
         "same_host": {"bandwidth": "16GB/s", "latency": "10us"},
-        "cross_host": {"bandwidth": "10Gbit/s", "latency": "50us"},
+        "cross_host": {"bandwidth": "10Gbit/s", "latency": "50us", "cpu_copy": false},
         "pairs": [{"between": ["/job:worker/task:0/device:GPU:0",
                                "/job:worker/task:0/device:GPU:1"],
                    "bandwidth": "150GB/s", "latency": "5us"}]
       }
     }
 
+A link with ``"cpu_copy": true`` is a copy made by its endpoints' own cores (gRPC
+between CPU worker processes): neither device computes while it runs.
 ``step_overhead`` (optional) is a fixed cost of every step, such as a client launching
 the step on remote workers. ``memory`` defaults to the kind's datasheet figure. Devices
 given the same optional
@@ -86,6 +88,7 @@ class Device:
 class Link:
     bandwidth: float
     latency: float
+    cpu_copy: bool = False  # the endpoints' cores do the copy (TCP between CPU processes)
 
     def transfer_time(self, nbytes):
         """Alpha-beta time of moving ``nbytes`` (0 for nothing to move)."""
@@ -170,7 +173,7 @@ def load_device_kinds(path=DEVICE_KINDS_FILE):
 
 # -- cluster.json -------------------------------------------------------------------------
 _QUANTITY = {"type": ["number", "string"]}
-_LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY}
+_LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY, "cpu_copy": {"type": "boolean"}}
 CLUSTER_SCHEMA = {
     "type": "object",
     "required": ["devices"],
@@ -291,7 +294,8 @@ def _build_links(devices, spec, source):
             latency = _quantity(parse_duration, entry["latency"], f"{where}.latency", source)
         elif "latency" in entry:
             latency = 0.0
-        return Link(bandwidth=bandwidth, latency=latency)
+        return Link(bandwidth=bandwidth, latency=latency,
+                    cpu_copy=entry.get("cpu_copy", default.cpu_copy))
 
     cross = make(spec.get("cross_host", {}), "links.cross_host",
                  Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
