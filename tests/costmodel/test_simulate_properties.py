@@ -127,3 +127,39 @@ def test_core_group_devices_share_an_executor():
     both = np.array([0, 1])
     assert simulate(CostModel(graph, shared), both).makespan == pytest.approx(2.0, rel=1e-4)
     assert simulate(CostModel(graph, separate), both).makespan == pytest.approx(1.0, rel=1e-4)
+
+
+def two_device_cluster(**link):
+    return cluster_from_dict({"devices": [
+        {"name": f"/device:CPU:{i}", "kind": "cpu"} for i in range(2)],
+        "links": {"same_host": {"bandwidth": "1GB/s", "latency": 0, **link}}})
+
+
+def producer_and_parallel_work():
+    """src (device 0) sends 4 MB to dst (device 1) while device 1 also has 'busy' work."""
+    graph = OpGraph()
+    graph.add_op("src", op_type="Relu", bytes_accessed=1e6, outputs=[((1_000_000,), "float32")])
+    graph.add_op("dst", op_type="Relu", bytes_accessed=1e6)
+    graph.add_op("busy", op_type="Relu", bytes_accessed=2e8)
+    graph.add_edge("src", "dst", bytes=4e6)
+    return graph
+
+
+def test_cpu_copy_links_keep_both_endpoints_busy():
+    graph = producer_and_parallel_work()
+    device_of = np.array([0, 1, 1])
+    plain = simulate(CostModel(graph, two_device_cluster()), device_of)
+    copying = simulate(CostModel(graph, two_device_cluster(cpu_copy=True)), device_of)
+    # With a DMA-like link, the 4 ms transfer overlaps the 10 ms of 'busy' on device 1;
+    # when device 1's core does the copy, the two add up.
+    assert copying.makespan > plain.makespan + 3e-3
+
+
+def test_step_overhead_is_added_once():
+    graph = producer_and_parallel_work()
+    base = cluster_of_devices(["cpu"])
+    slow = cluster_from_dict({"step_overhead": "2ms",
+                              "devices": [{"name": "/device:CPU:0", "kind": "cpu"}]})
+    device_of = np.zeros(3, dtype=int)
+    assert simulate(CostModel(graph, slow), device_of).makespan == pytest.approx(
+        simulate(CostModel(graph, base), device_of).makespan + 2e-3)
