@@ -87,6 +87,8 @@ class CostModel:
     True
     >>> cost.transfer_time(4e6, 0, 1) > 0 == cost.transfer_time(4e6, 1, 1)
     True
+    >>> cost.edge_time({"bytes": 0, "comm": [[0, 2.5], [3.0, 0]]}, 1, 0)
+    3.0
     """
 
     def __init__(self, graph, cluster, measured=()):
@@ -126,13 +128,35 @@ class CostModel:
             return 0.0
         return self.latency[src, dst] + nbytes * self.inverse_bandwidth[src, dst]
 
-    def mean_transfer_time(self, nbytes):
-        """Transfer time averaged over ordered pairs of distinct devices (0 on one)."""
+    def edge_time(self, edge, src, dst):
+        """Time for an edge's tensors to go from device ``src`` to ``dst``: its own
+        ``comm`` table (imported graphs) if it has one, else alpha-beta on its bytes."""
+        if src == dst:
+            return 0.0
+        comm = edge.get("comm")
+        return comm[src][dst] if comm is not None else self.transfer_time(edge["bytes"], src,
+                                                                            dst)
+
+    def edge_link_time(self, edge, src, dst):
+        """The part of :meth:`edge_time` that occupies the link (the rest is latency)."""
+        if src == dst:
+            return 0.0
+        comm = edge.get("comm")
+        return comm[src][dst] if comm is not None else edge["bytes"] * \
+            self.inverse_bandwidth[src, dst]
+
+    def mean_edge_time(self, edge):
+        """:meth:`edge_time` averaged over ordered pairs of distinct devices (0 on one)."""
         n = len(self.cluster)
-        if n < 2 or nbytes <= 0:
+        if n < 2:
             return 0.0
         mask = ~np.eye(n, dtype=bool)
-        return float(np.mean(self.latency[mask] + nbytes * self.inverse_bandwidth[mask]))
+        comm = edge.get("comm")
+        if comm is not None:
+            return float(np.mean(np.asarray(comm)[mask]))
+        if edge["bytes"] <= 0:
+            return 0.0
+        return float(np.mean(self.latency[mask] + edge["bytes"] * self.inverse_bandwidth[mask]))
 
     def mean_time(self):
         """Each op's time averaged over the devices that can run it (0 if none can)."""

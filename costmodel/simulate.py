@@ -3,9 +3,10 @@
 Model
 -----
 * Ops run when their inputs are on their device and their executor is free, one op at a
-  time per executor (a device, or a ``core_group`` of devices sharing cores), in
-  list-scheduling order: ready ops first, highest priority (upward rank, as in HEFT)
-  first.
+  time per executor (a device, or a ``core_group`` of devices sharing cores). An idle
+  executor never waits while one of its ops is ready (it is work-conserving, as
+  TensorFlow's executor is); among ready ops it takes the highest priority first (upward
+  rank, as in HEFT).
 * A tensor needed on another device is sent once per destination device as soon as its
   producer ends, over the directed link between the two devices. Its bytes occupy the
   link for ``bytes / bandwidth``, queued first come, first served behind the link's
@@ -77,7 +78,7 @@ def upward_rank(cost):
         i = cost.index[name]
         tail = 0.0
         for succ, edge in graph.succ[name].items():
-            tail = max(tail, cost.mean_transfer_time(edge["bytes"]) + rank[cost.index[succ]])
+            tail = max(tail, cost.mean_edge_time(edge) + rank[cost.index[succ]])
         rank[i] = mean_time[i] + tail
     return rank
 
@@ -88,16 +89,17 @@ def ready_order(cost, priority):
     Each yielded op must be finished by the caller before the next ``next()``.
     """
     graph = cost.graph.nx_graph
+    key = cost.graph.structural_key
     waiting = {name: graph.in_degree(name) for name in cost.ops}
-    heap = [(-priority[cost.index[n]], n) for n, deg in waiting.items() if deg == 0]
+    heap = [(-priority[cost.index[n]], key(n)) for n, deg in waiting.items() if deg == 0]
     heapq.heapify(heap)
     while heap:
-        _, name = heapq.heappop(heap)
+        _, (*_, name) = heapq.heappop(heap)
         yield cost.index[name]
         for succ in graph.successors(name):
             waiting[succ] -= 1
             if waiting[succ] == 0:
-                heapq.heappush(heap, (-priority[cost.index[succ]], succ))
+                heapq.heappush(heap, (-priority[cost.index[succ]], key(succ)))
 
 
 def data_ready_time(cost, i, device, end, placed_on):
@@ -106,29 +108,32 @@ def data_ready_time(cost, i, device, end, placed_on):
     ready = 0.0
     for pred, edge in graph.pred[cost.ops[i]].items():
         p = cost.index[pred]
-        ready = max(ready, end[p] + cost.transfer_time(edge["bytes"], placed_on[p], device))
+        ready = max(ready, end[p] + cost.edge_time(edge, placed_on[p], device))
     return ready
 
 
-def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, executor_free):
+def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_until):
     """Queue the transfers of op ``i``'s outputs to every other device that reads them."""
     src = device_of[i]
-    per_device = {}
+    per_device = {}  # dst -> (bytes, time on the link, total time): the tensor goes once
     for succ, edge in cost.graph.nx_graph.succ[cost.ops[i]].items():
         dst = device_of[cost.index[succ]]
         if dst != src and not edge["control"]:
-            per_device[dst] = max(per_device.get(dst, 0.0), edge["bytes"])
+            old = per_device.get(dst, (0.0, 0.0, 0.0))
+            per_device[dst] = (max(old[0], edge["bytes"]),
+                               max(old[1], cost.edge_link_time(edge, src, dst)),
+                               max(old[2], cost.edge_time(edge, src, dst)))
     executor_of = cost.cluster.executor_of
-    for dst, nbytes in sorted(per_device.items()):
+    for dst, (nbytes, on_link, total) in sorted(per_device.items()):
         begin = max(end[i], link_free.get((src, dst), 0.0))
         ends = (executor_of[src], executor_of[dst])
         if cost.cpu_copy[src, dst]:
-            begin = max(begin, *(executor_free[e] for e in ends))
-        link_free[(src, dst)] = begin + nbytes * cost.inverse_bandwidth[src, dst]
+            begin = max(begin, *(busy_until[e] for e in ends))
+        link_free[(src, dst)] = begin + on_link
         if cost.cpu_copy[src, dst]:
             for e in ends:
-                executor_free[e] = link_free[(src, dst)]
-        finish = link_free[(src, dst)] + (cost.latency[src, dst] if nbytes > 0 else 0.0)
+                busy_until[e] = link_free[(src, dst)]
+        finish = link_free[(src, dst)] + (total - on_link)
         arrival[(i, dst)] = finish
         schedule.transfers.append((i, src, dst, begin, finish))
         schedule.link_bytes[(src, dst)] = schedule.link_bytes.get((src, dst), 0.0) + nbytes
@@ -136,6 +141,10 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, executo
 
 def simulate(cost, device_of, priority=None):
     """Simulate one step with op ``i`` on device index ``device_of[i]``.
+
+    Event-driven and work-conserving, like TensorFlow's executor: whenever an executor
+    is idle it starts, among the ops whose inputs are on its devices, the one of
+    highest ``priority`` (upward rank by default; ties by what the ops are).
 
     Examples
     --------
@@ -155,24 +164,65 @@ def simulate(cost, device_of, priority=None):
     priority = upward_rank(cost) if priority is None else priority
     n_ops, n_dev = cost.compute.shape
     executor_of = cost.cluster.executor_of
+    graph = cost.graph.nx_graph
     start, end = np.zeros(n_ops), np.zeros(n_ops)
-    executor_free = np.zeros(max(executor_of, default=0) + 1)
+    busy_until = np.zeros(max(executor_of, default=0) + 1)  # also held by cpu_copy transfers
+    running = np.zeros(len(busy_until), dtype=bool)
+    queues = [[] for _ in busy_until]  # per executor: ready ops by priority
     schedule = Schedule(device=device_of, start=start, end=end, makespan=0.0,
                         busy=np.zeros(n_dev))
     link_free, arrival = {}, {}
-    graph = cost.graph.nx_graph
-    for i in ready_order(cost, priority):
-        d = device_of[i]
-        ready = 0.0
-        for pred in graph.predecessors(cost.ops[i]):
-            p = cost.index[pred]
-            ready = max(ready, end[p] if device_of[p] == d else arrival.get((p, d), end[p]))
-        start[i] = max(executor_free[executor_of[d]], ready)
-        end[i] = start[i] + cost.compute[i, d]
-        executor_free[executor_of[d]] = end[i]
-        schedule.busy[d] += cost.compute[i, d]
+    waiting = np.array([graph.in_degree(name) for name in cost.ops])
+    ready_at = np.zeros(n_ops)
+    events = []  # (time, order, kind, payload): kind 0 = op finished, 1 = op ready, 2 = wake
+    sequence = 0
+
+    def push(time, kind, payload):
+        nonlocal sequence
+        heapq.heappush(events, (time, sequence, kind, payload))
+        sequence += 1
+
+    def try_start(e, now):
+        if running[e] or not queues[e]:
+            return
+        if busy_until[e] > now:
+            push(busy_until[e], 2, e)
+            return
+        _, _, i = heapq.heappop(queues[e])
+        start[i] = now
+        end[i] = now + cost.compute[i, device_of[i]]
+        running[e] = True
+        busy_until[e] = end[i]
+        schedule.busy[device_of[i]] += cost.compute[i, device_of[i]]
         schedule.order.append(i)
-        _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, executor_free)
+        push(end[i], 0, i)
+
+    for i in np.flatnonzero(waiting == 0):
+        push(0.0, 1, int(i))
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == 1:  # all inputs of op `payload` are on its device
+            e = executor_of[device_of[payload]]
+            heapq.heappush(queues[e], (-priority[payload],
+                                       cost.graph.structural_key(cost.ops[payload]), payload))
+            try_start(e, now)
+        elif kind == 2:
+            try_start(payload, now)
+        else:  # op `payload` finished: send its outputs, wake its consumers
+            i = payload
+            e = executor_of[device_of[i]]
+            running[e] = False
+            _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_until)
+            d_i = device_of[i]
+            for succ in graph.successors(cost.ops[i]):
+                j = cost.index[succ]
+                d_j = device_of[j]
+                ready_at[j] = max(ready_at[j], end[i] if d_j == d_i else
+                                  arrival.get((i, d_j), end[i]))
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    push(ready_at[j], 1, j)
+            try_start(e, now)
     schedule.makespan = float(max(end.max(initial=0.0),
                                   max((t[4] for t in schedule.transfers), default=0.0)))
     schedule.makespan += cost.cluster.step_overhead

@@ -1,13 +1,21 @@
-"""Greedy v1: memory-aware earliest-finish-time list scheduling (the HEFT/ETF family).
+"""Greedy v2: memory-aware earliest-finish-time list scheduling with insertion (the
+HEFT family), then a local search on the simulated step time.
 
-Ops are taken in list-scheduling order (ready ops first, highest upward rank first).
-The first op of a colocation group decides the group's device: among the devices that
-have a kernel for every op of the group and room for the group's variables and the
-op's tensors, and that leave room for the variables of the groups still unplaced (a
-first-fit-decreasing packing must exist), the one where the op would finish earliest,
-counting the transfers of its inputs. The rest of the group follows. Groups that cost nothing and read nothing
-(variables with their reads, constants) are finally moved next to their heaviest
-consumer, which changes no op time and saves transfers.
+Ops are taken in list-scheduling order (ready ops first, highest upward rank first; the
+rank uses each op's mean time over the devices that can run it and mean transfer
+times, as HEFT does). The first op of a colocation group decides the group's device:
+among the devices that have a kernel for every op of the group and room for the
+group's variables and the op's tensors, and that leave room for the variables of the
+groups still unplaced (a first-fit-decreasing packing must exist), the one where the op
+would finish earliest, counting the transfers of its inputs and fitting it into an idle
+slot of that device's executor when one is long enough (insertion). The rest of the
+group follows. Groups that cost nothing and read nothing (variables with their reads,
+constants) are then moved next to their heaviest consumer. If the whole graph on one
+device simulates faster, that placement is taken instead.
+
+Finally a local search moves the heaviest groups, one at a time, to whichever other
+device lowers the simulated step time, for at most ``refine_evaluations`` simulations
+(graphs above ``refine_max_ops`` ops skip it). Everything is deterministic.
 
 References
 ----------
@@ -33,21 +41,53 @@ Examples
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel.memory import device_memory, new_output_bytes, output_bytes
-from costmodel.simulate import data_ready_time, ready_order, upward_rank
+from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
 from partitioner.finish import make_plan
+from partitioner.units import placement_units
 from tfpart.errors import PlacementError
 
 
 @dataclass(frozen=True)
 class GreedyOptions:
-    """``memory_headroom``: fraction of each device's memory kept free."""
+    """``memory_headroom``: fraction of each device's memory kept free;
+    ``insertion``: fill idle slots; ``refine_evaluations``: simulations the local search
+    may spend (0 turns it off); ``refine_max_ops``: no local search above this size."""
 
     memory_headroom: float = 0.0
+    insertion: bool = True
+    refine_evaluations: int = 200
+    refine_max_ops: int = 5000
+
+
+class _Slots:
+    """Busy intervals of one executor, to find the earliest idle slot for an op."""
+
+    MAX_GAPS = 64  # gaps examined before settling for the end of the schedule
+
+    def __init__(self):
+        self.intervals = []  # sorted (start, end)
+
+    def earliest(self, ready, duration, insertion=True):
+        tail = self.intervals[-1][1] if self.intervals else 0.0
+        if not insertion or not self.intervals:
+            return max(ready, tail)
+        k = bisect.bisect_left(self.intervals, (ready, -1.0))
+        previous_end = self.intervals[k - 1][1] if k else 0.0
+        for start, end in self.intervals[k:k + self.MAX_GAPS]:
+            begin = max(ready, previous_end)
+            if begin + duration <= start:
+                return begin
+            previous_end = max(previous_end, end)
+        return max(ready, tail, previous_end)
+
+    def book(self, start, end):
+        bisect.insort(self.intervals, (start, end))
 
 
 def _group_tables(graph, cost):
@@ -98,10 +138,11 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
 
     device_of = np.full(n_ops, -1)
     end = np.zeros(n_ops)
-    device_free = np.zeros(n_dev)
+    executor_of = cluster.executor_of
+    slots = [_Slots() for _ in range(max(executor_of) + 1)]
     used = np.zeros(n_dev)
     group_device, received = {}, set()
-    unplaced = sorted(((size, g) for g, size in group_params.items() if size > 0), reverse=True)
+    unplaced = _Unplaced(group_params)
     for i in ready_order(cost, priority):
         group = graph.ops[cost.ops[i]]["colocation"]
         if group in group_device:
@@ -119,11 +160,12 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
                                                       own_bytes)
             if used[d] + need > capacity[d]:
                 continue
-            if new_params and not _leaves_room(unplaced, group, capacity - used, d, need):
+            if new_params and not unplaced.leaves_room(group, capacity - used, d, need):
                 continue
-            finish = (max(device_free[d], data_ready_time(cost, i, d, end, device_of))
-                      + cost.compute[i, d])
-            key = (finish, used[d] / capacity[d], d)
+            start = slots[executor_of[d]].earliest(
+                data_ready_time(cost, i, d, end, device_of), cost.compute[i, d],
+                options.insertion)
+            key = (start + cost.compute[i, d], used[d] / capacity[d], d)
             if best_key is None or key < best_key:
                 best, best_key, best_need = d, key, need
         if best is None:
@@ -131,27 +173,100 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
             raise PlacementError("", f"out of memory placing {cost.ops[i]}: it needs "
                                  f"{(new_params + out_bytes[i]) / 1e6:.1f} MB, the roomiest "
                                  f"device that can run it has {free / 1e6:.1f} MB left")
-        if group not in group_device and group_params[group] > 0:
-            unplaced.remove((group_params[group], group))
+        if group not in group_device:
+            unplaced.remove(group)
         group_device[group] = best
         device_of[i] = best
         end[i] = best_key[0]
-        device_free[best] = end[i]
+        slots[executor_of[best]].book(end[i] - cost.compute[i, best], end[i])
         used[best] += best_need
         for pred, edge in cost.graph.nx_graph.pred[cost.ops[i]].items():
             p = cost.index[pred]
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+    device_of = _better_than_one_device(graph, cost, cluster, device_of, priority)
+    if options.refine_evaluations and n_ops <= options.refine_max_ops:
+        _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
-def _leaves_room(unplaced, group, free, d, need):
-    """Whether the other unplaced groups' variables still fit once ``group`` takes
-    ``need`` bytes of device ``d``."""
-    free = free.copy()
-    free[d] -= need
-    return packable([size for size, g in unplaced if g != group], free)
+def _better_than_one_device(graph, cost, cluster, device_of, priority):
+    """The list schedule, unless the whole graph on one device is faster (when transfers
+    cost more than parallelism gains, a greedy spreads work it should not)."""
+    names = cluster.device_names
+    best, best_time = device_of, simulate(cost, device_of, priority).makespan
+    for d, device in enumerate(cluster.devices):
+        if not np.all(np.isfinite(cost.compute[:, d])):
+            continue
+        if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] > \
+                device.memory:
+            continue
+        alone = np.full(len(cost.ops), d)
+        makespan = simulate(cost, alone, priority).makespan
+        if makespan < best_time:
+            best, best_time = alone, makespan
+    return best
+
+
+class _Unplaced:
+    """Variable bytes of the groups not placed yet, for the memory look-ahead."""
+
+    def __init__(self, group_params):
+        self.sizes = {g: size for g, size in group_params.items() if size > 0}
+        self.total = float(sum(self.sizes.values()))
+
+    def remove(self, group):
+        self.total -= self.sizes.pop(group, 0.0)
+
+    def leaves_room(self, group, free, d, need):
+        """Whether the other unplaced groups still fit once ``group`` takes ``need``
+        bytes of device ``d``."""
+        free = free.copy()
+        free[d] -= need
+        rest = self.total - self.sizes.get(group, 0.0)
+        if rest <= free.max():  # all of it fits on one device: no packing needed
+            return True
+        return packable(sorted((s for g, s in self.sizes.items() if g != group),
+                               reverse=True), free)
+
+
+def _refine(graph, cost, cluster, device_of, priority, evaluations):
+    """First-improvement local search: move a colocation group (heaviest first) to the
+    device that most lowers the simulated makespan, within memory; repeat while it
+    helps and the evaluation budget lasts. Changes ``device_of`` in place."""
+    names = cluster.device_names
+    groups = [unit.members for unit in placement_units(graph, cost)]  # topological order
+    mean_time = cost.mean_time()
+    groups.sort(key=lambda members: -mean_time[members].sum())  # stable: ties keep order
+    groups = [m for m in groups if mean_time[m].sum() > 0]
+    capacity = {d.name: d.memory for d in cluster.devices}
+    best = simulate(cost, device_of, priority).makespan
+    improved = True
+    while improved and evaluations > 0:
+        improved = False
+        for members in groups:
+            here = device_of[members[0]]
+            runnable = np.all(np.isfinite(cost.compute[members]), axis=0)
+            choice = None
+            for d in np.flatnonzero(runnable):
+                if d == here or evaluations <= 0:
+                    continue
+                trial = device_of.copy()
+                trial[members] = d
+                evaluations -= 1
+                makespan = simulate(cost, trial, priority).makespan
+                if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
+                    memory = device_memory(graph, {op: names[k] for op, k in
+                                                   zip(cost.ops, trial)}, names)
+                    if all(memory[n] <= capacity[n] for n in names):
+                        choice = (d, makespan)
+            if choice is not None:
+                device_of[members] = choice[0]
+                best = choice[1]
+                improved = True
+            if evaluations <= 0:
+                break
 
 
 def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
@@ -165,17 +280,18 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
     """
     nxg = graph.nx_graph
     moved = device_of.copy()
-    for members in graph.colocation_groups().values():
+    for unit in placement_units(graph, cost):
+        members = [cost.ops[i] for i in unit.members]
         inside = set(members)
         indices = [cost.index[m] for m in members]
         if np.any(cost.compute[indices] > 0) or any(
                 p not in inside for m in members for p in nxg.predecessors(m)):
             continue
-        uses = [(edge["bytes"], succ) for m in members for succ, edge in nxg.succ[m].items()
-                if succ not in inside]
+        uses = [(edge["bytes"], graph.structural_key(succ)) for m in members
+                for succ, edge in nxg.succ[m].items() if succ not in inside]
         if not uses:
             continue
-        target = moved[cost.index[max(uses)[1]]]
+        target = moved[cost.index[max(uses)[1][-1]]]
         if np.all(np.isfinite(cost.compute[indices, target])):
             moved[indices] = target
     names = cluster.device_names

@@ -37,7 +37,52 @@ def work_bound(cost):
     return float(fastest.sum() / len(set(cost.cluster.executor_of)))
 
 
+def lp_load_bound(cost):
+    """The LP relaxation of assignment: ops split fractionally over devices so that the
+    busiest executor is as idle as can be. At least :func:`work_bound`; it sees that
+    slow devices help less and that some ops run on some devices only.
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel import CostModel
+    >>> g = OpGraph(); g.add_op("a", op_type="MatMul", flops=1e12)
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "H100"]))
+    >>> lp_load_bound(cost) > work_bound(cost)
+    True
+    """
+    import pulp
+
+    n_ops, n_dev = cost.compute.shape
+    executors = cost.cluster.executor_of
+    finite = cost.compute[np.isfinite(cost.compute)]
+    unit = float(finite.sum()) / 1000 if finite.size and finite.sum() > 0 else 1.0
+    prob = pulp.LpProblem("load", pulp.LpMinimize)
+    load = prob.add_variable("load", lowBound=0)
+    prob += load
+    share = {(i, d): prob.add_variable(f"x_{i}_{d}", lowBound=0, upBound=1)
+             for i in range(n_ops) for d in range(n_dev)
+             if np.isfinite(cost.compute[i, d]) and cost.compute[i, d] > 0}
+    busy = {i for i, _ in share}
+    for i in busy:
+        prob += pulp.lpSum(share[i, d] for d in range(n_dev) if (i, d) in share) == 1
+    for e in sorted(set(executors)):
+        prob += pulp.lpSum(cost.compute[i, d] / unit * var for (i, d), var in share.items()
+                           if executors[d] == e) <= load
+    solver = pulp.HiGHS(msg=False) if "HiGHS" in pulp.listSolvers(onlyAvailable=True) \
+        else pulp.PULP_CBC_CMD(msg=False)
+    if not busy or pulp.LpStatus[prob.solve(solver)] != "Optimal":
+        return 0.0
+    # Less the solver's tolerance, so that the bound stays a bound.
+    return max(float(load.value()) - 1e-6, 0.0) * unit
+
+
+LP_BOUND_MAX_OPS = 5000  # above this the LP's model building takes longer than it helps
+
+
 def lower_bound(cost):
-    """The tighter of the critical-path and work bounds, plus the cluster's fixed
-    per-step overhead."""
-    return max(critical_path_bound(cost), work_bound(cost)) + cost.cluster.step_overhead
+    """The tightest of the critical-path, work and (for graphs of up to
+    ``LP_BOUND_MAX_OPS`` ops) LP bounds, plus the cluster's fixed per-step overhead."""
+    bound = max(critical_path_bound(cost), work_bound(cost))
+    if len(cost.ops) <= LP_BOUND_MAX_OPS:
+        bound = max(bound, lp_load_bound(cost))
+    return bound + cost.cluster.step_overhead

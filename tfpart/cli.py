@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+from partitioner import ALGORITHMS
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
 from tfpart.errors import TfpartError
 
@@ -209,8 +210,7 @@ def build_parser():
                           "(default: from the signature, else 1)")
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
-    compile_.add_argument("--algorithm", default="greedy",
-                          choices=("greedy", "single", "topo_split"))
+    compile_.add_argument("--algorithm", default="greedy", choices=sorted(ALGORITHMS))
     compile_.add_argument("--force", action="store_true", help="replace an existing output")
     compile_.add_argument("--profile", action="append", help="measured profile "
                           "(tfpart profile output) of a device kind; repeatable")

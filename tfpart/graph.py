@@ -86,8 +86,19 @@ class OpGraph:
         return name in self.nx_graph
 
     def topological_order(self):
-        """Ops in a deterministic topological order (ties broken by name)."""
-        return list(nx.lexicographical_topological_sort(self.nx_graph))
+        """Ops in a deterministic topological order; ties are broken by what the ops
+        are (:meth:`structural_key`), so the order does not depend on their names
+        unless two ops are alike in every respect."""
+        return list(nx.lexicographical_topological_sort(self.nx_graph,
+                                                        key=self.structural_key))
+
+    def structural_key(self, name):
+        """A sort key from an op's attributes and degree, its name only last."""
+        attrs = self.nx_graph.nodes[name]
+        cost = attrs.get("cost")
+        return (attrs["op_type"], attrs["flops"], attrs["bytes_accessed"],
+                attrs["param_bytes"], sorted(cost.values()) if cost else [],
+                self.nx_graph.in_degree(name), self.nx_graph.out_degree(name), name)
 
     def colocation_groups(self):
         """Map group id -> sorted list of its ops."""

@@ -29,8 +29,7 @@ def test_precedence_and_transfers_are_respected(case):
     s = simulate(cost, device_of)
     for u, v, edge in graph.nx_graph.edges(data=True):
         i, j = cost.index[u], cost.index[v]
-        delay = cost.transfer_time(edge["bytes"], device_of[i], device_of[j]) \
-            if not edge["control"] else 0.0
+        delay = cost.edge_time(edge, device_of[i], device_of[j]) if not edge["control"] else 0.0
         assert s.start[j] >= s.end[i] + delay - 1e-12
 
 

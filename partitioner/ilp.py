@@ -1,0 +1,231 @@
+"""ILP baseline: optimal placement and schedule of (coarsened) units, in pulp.
+
+Variables: ``x[u, d]`` (unit u on device d), start times ``S[u]``, the makespan ``C``.
+Constraints:
+
+* every unit on exactly one device that has kernels for all its ops, and the units of
+  one colocation group on the same device;
+* precedence with transfer times that depend on both ends' devices:
+  ``S[v] >= S[u] + p[u] + T[u, v]``, ``T[u, v] >= comm[a][b] (x[u, a] + x[v, b] - 1)``;
+* no two units overlap on an executor (a device, or devices sharing a ``core_group``):
+  a big-M disjunction with an order variable for every pair of units no path orders;
+* memory: each device's variables, own outputs and received copies (the bound that
+  ``Plan.check`` holds) within its capacity;
+
+minimising ``C`` (plus the cluster's fixed step overhead). HiGHS (through pulp) is used
+and reports its bound; CBC is the fallback. Graphs larger than ``max_units`` are
+coarsened first and the result mapped back to ops. The plan records the solver's status,
+objective and bound; its predicted step time is, as for every algorithm, the simulator's.
+
+Example
+-------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> for n in "abc": g.add_op(n, op_type="MatMul", flops=1e11)
+>>> g.add_edge("a", "c", bytes=1e3); g.add_edge("b", "c", bytes=1e3)
+>>> cluster = cluster_of_devices(["cpu", "cpu"])
+>>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan.predicted["ilp"]["status"], len(plan.devices_used())
+('optimal', 2)
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+import pulp
+
+from costmodel import CostModel
+from costmodel.memory import new_output_bytes, output_bytes
+from partitioner.coarsen import CoarsenOptions, coarsen
+from partitioner.finish import make_plan
+from partitioner.lower_bound import critical_path_bound
+from tfpart.errors import PlacementError
+
+
+@dataclass(frozen=True)
+class ILPOptions:
+    time_limit: float = 60.0
+    mip_gap: float = 1e-4
+    solver: str = "highs"  # or "cbc"
+    max_units: int = 40
+    coarsen: CoarsenOptions = field(default_factory=CoarsenOptions)
+
+
+@dataclass
+class ILPResult:
+    unit_device: dict
+    status: str
+    objective: float
+    bound: float
+    seconds: float
+
+
+def _solver(options):
+    if options.solver == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
+        return pulp.HiGHS(msg=False, timeLimit=options.time_limit, gapRel=options.mip_gap)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=options.time_limit, gapRel=options.mip_gap)
+
+
+def solve(graph, cost, cluster, options=ILPOptions()):
+    """Solve the placement ILP on ``graph`` as it is (every op a unit)."""
+    nxg = graph.nx_graph
+    units = list(cost.ops)
+    n_dev = len(cluster)
+    executors = cluster.executor_of
+    # Times in units of a thousandth of the serial worst case, so the solver's absolute
+    # tolerances (about 1e-6) are small against every duration.
+    worst = float(np.nansum(np.where(np.isfinite(cost.compute), cost.compute, np.nan)
+                            .max(axis=1)))
+    worst += sum(max(cost.edge_time(e, a, b) for a in range(n_dev) for b in range(n_dev))
+                 for _, _, e in nxg.edges(data=True))
+    unit = worst / 1000 if worst > 0 else 1.0
+    p = cost.compute / unit
+    horizon = 1000.0 + 1e-6
+    prob = pulp.LpProblem("placement", pulp.LpMinimize)
+    x = {(u, d): prob.add_variable(f"x_{i}_{d}", cat="Binary")
+         for i, u in enumerate(units) for d in range(n_dev) if np.isfinite(p[i, d])}
+    start = {u: prob.add_variable(f"s_{i}", lowBound=0) for i, u in enumerate(units)}
+    makespan = prob.add_variable("makespan", lowBound=0)
+    prob += makespan
+    duration = {}
+    for i, u in enumerate(units):
+        on = [d for d in range(n_dev) if (u, d) in x]
+        if not on:
+            raise PlacementError("", f"no device can run {u}")
+        prob += pulp.lpSum(x[u, d] for d in on) == 1
+        duration[u] = pulp.lpSum(float(p[i, d]) * x[u, d] for d in on)
+        prob += makespan >= start[u] + duration[u]
+    for members in graph.colocation_groups().values():
+        for other in members[1:]:
+            for d in range(n_dev):
+                if (members[0], d) in x or (other, d) in x:
+                    prob += x.get((members[0], d), 0) == x.get((other, d), 0)
+    for k, (u, v, edge) in enumerate(nxg.edges(data=True)):
+        transfer = prob.add_variable(f"t_{k}", lowBound=0)
+        for a in range(n_dev):
+            for b in range(n_dev):
+                c = cost.edge_time(edge, a, b) / unit
+                if a != b and c > 0 and (u, a) in x and (v, b) in x:
+                    prob += transfer >= c * (x[u, a] + x[v, b] - 1)
+        prob += start[v] >= start[u] + duration[u] + transfer
+    _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon)
+    # Valid inequalities that tighten the relaxation: no executor can be busier than the
+    # makespan, and no schedule beats the critical path.
+    for e in sorted(set(executors)):
+        prob += makespan >= pulp.lpSum(float(p[i, d]) * x[u, d] for i, u in enumerate(units)
+                                       for d in range(n_dev)
+                                       if executors[d] == e and (u, d) in x)
+    prob += makespan >= critical_path_bound(cost) / unit
+    _memory(prob, graph, units, x, cluster)
+    t0 = time.perf_counter()
+    solver = _solver(options)
+    status = prob.solve(solver)
+    seconds = time.perf_counter() - t0
+    if pulp.LpStatus[status] == "Infeasible":
+        raise _infeasible(graph, cluster)
+    assignment = {u: max(range(n_dev), key=lambda d: (x[u, d].value() or 0) if (u, d) in x
+                         else -1) for u in units}
+    if any(x[u, assignment[u]].value() is None for u in units):
+        raise PlacementError("", f"the ILP found no solution within {options.time_limit} s; "
+                             "raise the time limit or coarsen further")
+    objective = float(pulp.value(prob.objective)) * unit + cluster.step_overhead
+    bound, exact = _bound(prob, solver, float(pulp.value(prob.objective)))
+    bound *= unit
+    return ILPResult(unit_device=assignment, status="optimal" if exact else "time limit",
+                     objective=objective, bound=bound + cluster.step_overhead, seconds=seconds)
+
+
+def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon):
+    counter = itertools.count()
+    reach = nx.transitive_closure_dag(graph.nx_graph)
+    groups = sorted(set(executors))
+    for i, u in enumerate(units):
+        for v in units[i + 1:]:
+            if reach.has_edge(u, v) or reach.has_edge(v, u):
+                continue
+            same = prob.add_variable(f"same_{next(counter)}", lowBound=0, upBound=1)
+            for e in groups:
+                on_e = [d for d in range(n_dev) if executors[d] == e]
+                prob += same >= pulp.lpSum(x[u, d] for d in on_e if (u, d) in x) + \
+                    pulp.lpSum(x[v, d] for d in on_e if (v, d) in x) - 1
+            first = prob.add_variable(f"o_{next(counter)}", cat="Binary")
+            prob += start[v] >= start[u] + duration[u] - horizon * (1 - first) - \
+                horizon * (1 - same)
+            prob += start[u] >= start[v] + duration[v] - horizon * first - horizon * (1 - same)
+
+
+def _memory(prob, graph, units, x, cluster):
+    counter = itertools.count()
+    nxg = graph.nx_graph
+    for d, device in enumerate(cluster.devices):
+        terms = []
+        for u in units:
+            attrs = graph.ops[u]
+            own = attrs["param_bytes"] + new_output_bytes(attrs)
+            if (u, d) in x and own:
+                terms.append(own * x[u, d])
+            received = output_bytes(attrs)
+            readers = [v for v, e in nxg.succ[u].items() if not e["control"] and (v, d) in x]
+            if received and readers:
+                copy = prob.add_variable(f"r_{next(counter)}", lowBound=0, upBound=1)
+                for v in readers:
+                    prob += copy >= x[v, d] - (x[u, d] if (u, d) in x else 0)
+                terms.append(received * copy)
+        if terms:
+            prob += pulp.lpSum(terms) <= device.memory
+
+
+def _bound(prob, solver, objective):
+    model = getattr(solver, "solverModel", None) or getattr(prob, "solverModel", None)
+    if model is not None and hasattr(model, "getInfo"):
+        bound = float(model.getInfo().mip_dual_bound)
+        exact = model.modelStatusToString(model.getModelStatus()) == "Optimal"
+        return min(bound, objective), exact
+    exact = pulp.LpStatus[prob.status] == "Optimal"
+    return (objective if exact else 0.0), exact
+
+
+def _infeasible(graph, cluster):
+    biggest = max(graph.ops, key=lambda o: graph.ops[o]["param_bytes"])
+    need = graph.ops[biggest]["param_bytes"]
+    roomiest = max(cluster.devices, key=lambda d: d.memory)
+    if need > roomiest.memory:
+        return PlacementError("", f"{biggest} needs {need / 1e6:.1f} MB but the largest "
+                              f"device, {roomiest.name}, has {roomiest.memory / 1e6:.1f} MB")
+    tightest = min(cluster.devices, key=lambda d: d.memory)
+    return PlacementError("", f"no placement fits the devices' memory (tightest: "
+                          f"{tightest.name} with {tightest.memory / 1e6:.1f} MB)")
+
+
+def partition(graph, cost, cluster, *, options=ILPOptions()):
+    """Optimal (or best found, with bound) placement. Graphs of more than
+    ``options.max_units`` ops are coarsened first; the result is then optimal for the
+    coarse graph only (status ``coarse ...``), and its bound bounds that graph only."""
+    if len(graph) > options.max_units:
+        target = CoarsenOptions(chains=options.coarsen.chains,
+                                name_scope_depth=options.coarsen.name_scope_depth,
+                                target_units=min(options.max_units,
+                                                 options.coarsen.target_units or 10**9))
+        coarse = coarsen(graph, cost, target)
+        result = solve(coarse.graph, CostModel(coarse.graph, cluster), cluster, options)
+        names = cluster.device_names
+        assignment = coarse.expand({u: names[d] for u, d in result.unit_device.items()})
+        units = len(coarse.graph)
+        result.status = f"coarse {result.status}"
+    else:
+        result = solve(graph, cost, cluster, options)
+        names = cluster.device_names
+        assignment = {u: names[d] for u, d in result.unit_device.items()}
+        units = len(graph)
+    device_of = np.array([names.index(assignment[op]) for op in cost.ops])
+    plan = make_plan(graph, cost, cluster, device_of, "ilp", options)
+    plan.predicted["ilp"] = {"status": result.status, "objective": result.objective,
+                             "bound": result.bound, "units": units,
+                             "solve_seconds": result.seconds}
+    return plan

@@ -1,0 +1,44 @@
+"""Baseline: colocation groups dealt to the devices in turn, in topological order
+(skipping a device that cannot run or hold the group).
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> for i in range(4): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e6)
+>>> cluster = cluster_of_devices(["cpu", "cpu"])
+>>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> [plan.assignment[f"op{i}"][-1] for i in range(4)]
+['0', '1', '0', '1']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partitioner.finish import make_plan
+from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
+
+
+@dataclass(frozen=True)
+class RoundRobinOptions:
+    pass
+
+
+def partition(graph, cost, cluster, *, options=RoundRobinOptions()):
+    units = placement_units(graph, cost)
+    ledger = MemoryLedger(cluster)
+    n, turn, chosen = len(cluster), 0, []
+    for unit in units:
+        for step in range(n):
+            d = (turn + step) % n
+            if ledger.fits(unit, d):
+                break
+        else:
+            raise no_device_error(unit, cost)
+        ledger.take(unit, d)
+        chosen.append(d)
+        turn = d + 1
+    return make_plan(graph, cost, cluster, expand(units, chosen, len(cost.ops)),
+                     "round_robin", options)

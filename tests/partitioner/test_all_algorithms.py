@@ -1,0 +1,90 @@
+"""Properties every placement algorithm must have, on random DAGs and random
+heterogeneous clusters, and the ILP's optimality against all heuristics."""
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import CostModel
+from partitioner import HEURISTICS, ilp
+from partitioner.ilp import ILPOptions
+from tests.random_graphs import random_clusters, random_dags
+from tfpart.cluster import cluster_of_devices
+from tfpart.graph import OpGraph
+
+PROPERTY = settings(max_examples=25, deadline=None)
+EXACT = ILPOptions(time_limit=60, mip_gap=0.0)
+
+
+@PROPERTY
+@given(random_dags(), random_clusters())
+def test_every_heuristic_gives_a_valid_plan_above_the_lower_bound(graph, cluster):
+    cost = CostModel(graph, cluster)
+    for name, algorithm in HEURISTICS.items():
+        plan = algorithm.partition(graph, cost, cluster)
+        plan.check(graph, cluster)
+        assert plan.step_time >= plan.lower_bound * (1 - 1e-9), name
+
+
+@settings(max_examples=12, deadline=None)
+@given(random_dags(min_ops=3, max_ops=8), random_clusters(min_devices=2, max_devices=3))
+def test_the_ilp_optimum_is_at_most_every_heuristic(graph, cluster):
+    cost = CostModel(graph, cluster)
+    plan = ilp.partition(graph, cost, cluster, options=EXACT)
+    plan.check(graph, cluster)
+    result = plan.predicted["ilp"]
+    assert result["status"] == "optimal"
+    assert result["objective"] <= plan.step_time * (1 + 1e-6)
+    assert plan.lower_bound <= result["objective"] * (1 + 1e-6)
+    for name, algorithm in HEURISTICS.items():
+        assert result["objective"] <= algorithm.partition(graph, cost, cluster).step_time * \
+            (1 + 1e-6), name
+
+
+@PROPERTY
+@given(random_dags(), st.sampled_from(["cpu", "T4", "A100-40GB"]))
+def test_on_one_device_every_algorithm_gives_the_sum_of_op_times(graph, kind):
+    cluster = cluster_of_devices([kind])
+    cost = CostModel(graph, cluster)
+    for name, algorithm in dict(HEURISTICS, ilp=ilp).items():
+        plan = algorithm.partition(graph, cost, cluster)
+        assert plan.step_time == pytest.approx(cost.compute.sum()), name
+
+
+def relabelled(graph, permutation):
+    names = {op: f"renamed{permutation[k]}" for k, op in enumerate(graph.ops)}
+    copy = OpGraph(nx.relabel_nodes(graph.nx_graph, names, copy=True))
+    for op in copy.ops:
+        copy.ops[op]["colocation"] = names[copy.ops[op]["colocation"]]
+    return copy
+
+
+@PROPERTY
+@given(random_dags(), random_clusters(), st.randoms())
+def test_results_do_not_depend_on_op_names(graph, cluster, rng):
+    permutation = list(range(len(graph)))
+    rng.shuffle(permutation)
+    other = relabelled(graph, permutation)
+    cost, other_cost = CostModel(graph, cluster), CostModel(other, cluster)
+    for name, algorithm in HEURISTICS.items():
+        assert algorithm.partition(graph, cost, cluster).step_time == pytest.approx(
+            algorithm.partition(other, other_cost, cluster).step_time), name
+
+
+@PROPERTY
+@given(random_dags(), random_clusters())
+def test_same_inputs_same_plan(graph, cluster):
+    cost = CostModel(graph, cluster)
+    for name, algorithm in HEURISTICS.items():
+        assert algorithm.partition(graph, cost, cluster).assignment == \
+            algorithm.partition(graph, cost, cluster).assignment, name
+
+
+def test_ilp_infeasible_memory_names_the_binding_limit():
+    from tfpart.errors import PlacementError
+
+    graph = OpGraph()
+    graph.add_op("big", op_type="MatMul", flops=1e9, param_bytes=5 * 10**6)
+    cluster = cluster_of_devices(["cpu", "cpu"], memory="1MB")
+    with pytest.raises(PlacementError, match="big needs 5.0 MB"):
+        ilp.partition(graph, CostModel(graph, cluster), cluster)
