@@ -97,6 +97,7 @@ class CostModel:
         self.ops = list(graph.ops)
         self.index = {name: i for i, name in enumerate(self.ops)}
         n_dev = len(cluster)
+        self._mean_link = None  # (mean latency, mean 1/bandwidth) over device pairs
         profiles = {p.device_kind: p for p in measured}
         self.compute = np.empty((len(self.ops), n_dev))
         for i, name in enumerate(self.ops):
@@ -156,7 +157,10 @@ class CostModel:
             return float(np.mean(np.asarray(comm)[mask]))
         if edge["bytes"] <= 0:
             return 0.0
-        return float(np.mean(self.latency[mask] + edge["bytes"] * self.inverse_bandwidth[mask]))
+        if self._mean_link is None:
+            self._mean_link = (float(np.mean(self.latency[mask])),
+                               float(np.mean(self.inverse_bandwidth[mask])))
+        return self._mean_link[0] + edge["bytes"] * self._mean_link[1]
 
     def mean_time(self):
         """Each op's time averaged over the devices that can run it (0 if none can)."""

@@ -139,12 +139,14 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_un
         schedule.link_bytes[(src, dst)] = schedule.link_bytes.get((src, dst), 0.0) + nbytes
 
 
-def simulate(cost, device_of, priority=None):
+def simulate(cost, device_of, priority=None, memory=True):
     """Simulate one step with op ``i`` on device index ``device_of[i]``.
 
     Event-driven and work-conserving, like TensorFlow's executor: whenever an executor
     is idle it starts, among the ops whose inputs are on its devices, the one of
-    highest ``priority`` (upward rank by default; ties by what the ops are).
+    highest ``priority`` (upward rank by default; ties by what the ops are). With
+    ``memory=False`` the peak-memory sweep is skipped (for searches that only compare
+    step times).
 
     Examples
     --------
@@ -226,7 +228,8 @@ def simulate(cost, device_of, priority=None):
     schedule.makespan = float(max(end.max(initial=0.0),
                                   max((t[4] for t in schedule.transfers), default=0.0)))
     schedule.makespan += cost.cluster.step_overhead
-    schedule.peak_memory = peak_memory(cost, schedule)
+    if memory:
+        schedule.peak_memory = peak_memory(cost, schedule)
     return schedule
 
 

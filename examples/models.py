@@ -121,3 +121,12 @@ def export_cond_module(path):
     module = Branch()
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
     return path
+
+
+def export_inception_v3(path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    keras.applications.InceptionV3(weights=None, input_shape=(299, 299, 3)).export(
+        str(path), verbose=False)
+    return path

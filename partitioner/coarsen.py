@@ -3,8 +3,9 @@
 Ops are merged when they must share a device anyway (colocation groups), optionally by
 name-scope layer (ops whose names share their first ``name_scope_depth`` components),
 then along chains (a unit whose only successor has it as only predecessor), lightest
-merged pair first, until at most ``target_units`` remain. Any cycle a merge creates is
-collapsed into one unit, so the result is a DAG. A coarse placement maps back to ops
+merged pair first, until at most ``target_units`` remain; if chains are not enough, the
+units' topological order is cut into ``target_units`` contiguous pieces of about equal
+work. Any cycle a merge creates is collapsed into one unit, so the result is a DAG. A coarse placement maps back to ops
 exactly (:meth:`Coarse.expand`).
 
 The coarse graph carries explicit cost tables (each unit's time on each device is the
@@ -147,14 +148,36 @@ def coarsen(graph, cost, options=CoarsenOptions()):
                 part.union(members[0], other)
     units = _collapse_cycles(graph, part)
     mean_time = cost.mean_time()
+    weight = {u: 0.0 for u in units}
+    for op in graph.ops:
+        weight[part.find(op)] += mean_time[cost.index[op]]
     if options.chains:
-        weight = {u: 0.0 for u in units}
-        for op in graph.ops:
-            weight[part.find(op)] += mean_time[cost.index[op]]
         rep = _merge_chains(units, weight, options.target_units)
         for op in graph.ops:
             part.union(rep(part.find(op)), op)
+    if options.target_units and len({part.find(op) for op in graph.ops}) > options.target_units:
+        _merge_segments(graph, part, mean_time, cost, options.target_units)
     return _build(graph, cost, part)
+
+
+def _merge_segments(graph, part, mean_time, cost, target):
+    """Cut the unit DAG's topological order into ``target`` contiguous pieces of about
+    equal work and merge each piece. A contiguous piece of a topological order cannot
+    close a cycle: a path leaving and re-entering it would pass through an op between
+    its ends, which is in the piece."""
+    units = _unit_graph(graph, part)
+    weight = {u: 0.0 for u in units}
+    for op in graph.ops:
+        weight[part.find(op)] += mean_time[cost.index[op]]
+    order = list(nx.lexicographical_topological_sort(units))
+    total = sum(weight.values()) or 1.0
+    share = total / target
+    piece_start, done, pieces = order[0], 0.0, 1
+    for unit in order:
+        if done >= share and pieces < target:
+            piece_start, done, pieces = unit, 0.0, pieces + 1
+        part.union(piece_start, unit)
+        done += weight[unit]
 
 
 def _build(graph, cost, part):

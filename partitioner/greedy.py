@@ -13,6 +13,10 @@ group follows. Groups that cost nothing and read nothing (variables with their r
 constants) are then moved next to their heaviest consumer. If the whole graph on one
 device simulates faster, that placement is taken instead.
 
+On graphs small enough for the local search, the search starts from the better of this
+placement and m-ETF's (Baechi's earliest-start rule does better where transfers
+dominate), so the result is never worse than m-ETF's.
+
 Finally a local search moves the heaviest groups, one at a time, to whichever other
 device lowers the simulated step time, for at most ``refine_evaluations`` simulations
 (graphs above ``refine_max_ops`` ops skip it). Everything is deterministic.
@@ -61,8 +65,8 @@ class GreedyOptions:
 
     memory_headroom: float = 0.0
     insertion: bool = True
-    refine_evaluations: int = 200
-    refine_max_ops: int = 5000
+    refine_evaluations: int = 100
+    refine_max_ops: int = 1500
 
 
 class _Slots:
@@ -170,9 +174,12 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
                 best, best_key, best_need = d, key, need
         if best is None:
             free = max(capacity[d] - used[d] for d in candidates)
+            need = new_params + own_bytes[i]
+            why = (f"the roomiest device that can run it has {free / 1e6:.1f} MB left"
+                   if need > free else "any device it fits on would leave no room for the "
+                   f"{unplaced.total / 1e6:.1f} MB of variables still to place")
             raise PlacementError("", f"out of memory placing {cost.ops[i]}: it needs "
-                                 f"{(new_params + out_bytes[i]) / 1e6:.1f} MB, the roomiest "
-                                 f"device that can run it has {free / 1e6:.1f} MB left")
+                                 f"{need / 1e6:.1f} MB, and {why}")
         if group not in group_device:
             unplaced.remove(group)
         group_device[group] = best
@@ -185,28 +192,44 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-    device_of = _better_than_one_device(graph, cost, cluster, device_of, priority)
+    device_of = _better_than_one_device(graph, cost, cluster, device_of, float(end.max()))
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
+        device_of = _better_start(graph, cost, cluster, device_of, priority)
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
-def _better_than_one_device(graph, cost, cluster, device_of, priority):
+def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan):
     """The list schedule, unless the whole graph on one device is faster (when transfers
     cost more than parallelism gains, a greedy spreads work it should not)."""
     names = cluster.device_names
-    best, best_time = device_of, simulate(cost, device_of, priority).makespan
+    best, best_time = device_of, scheduled_makespan + cluster.step_overhead
     for d, device in enumerate(cluster.devices):
-        if not np.all(np.isfinite(cost.compute[:, d])):
+        # Alone on one device a work-conserving executor never idles: the step is the sum.
+        makespan = cost.compute[:, d].sum() + cluster.step_overhead
+        if makespan >= best_time or not np.isfinite(makespan):
             continue
         if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] > \
                 device.memory:
             continue
-        alone = np.full(len(cost.ops), d)
-        makespan = simulate(cost, alone, priority).makespan
-        if makespan < best_time:
-            best, best_time = alone, makespan
+        best, best_time = np.full(len(cost.ops), d), makespan
     return best
+
+
+def _better_start(graph, cost, cluster, device_of, priority):
+    """For the local search, the better of this schedule and m-ETF's (earliest start
+    rather than earliest finish: better when transfers dominate)."""
+    from partitioner import m_etf
+
+    try:
+        other = m_etf.partition(graph, cost, cluster)
+    except PlacementError:
+        return device_of
+    names = cluster.device_names
+    alternative = np.array([names.index(other.assignment[op]) for op in cost.ops])
+    mine = simulate(cost, device_of, priority, memory=False).makespan
+    theirs = simulate(cost, alternative, priority, memory=False).makespan
+    return alternative if theirs < mine else device_of
 
 
 class _Unplaced:
@@ -241,7 +264,7 @@ def _refine(graph, cost, cluster, device_of, priority, evaluations):
     groups.sort(key=lambda members: -mean_time[members].sum())  # stable: ties keep order
     groups = [m for m in groups if mean_time[m].sum() > 0]
     capacity = {d.name: d.memory for d in cluster.devices}
-    best = simulate(cost, device_of, priority).makespan
+    best = simulate(cost, device_of, priority, memory=False).makespan
     improved = True
     while improved and evaluations > 0:
         improved = False
@@ -255,7 +278,7 @@ def _refine(graph, cost, cluster, device_of, priority, evaluations):
                 trial = device_of.copy()
                 trial[members] = d
                 evaluations -= 1
-                makespan = simulate(cost, trial, priority).makespan
+                makespan = simulate(cost, trial, priority, memory=False).makespan
                 if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
                     memory = device_memory(graph, {op: names[k] for op, k in
                                                    zip(cost.ops, trial)}, names)
@@ -279,13 +302,17 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
     device stays within its memory.
     """
     nxg = graph.nx_graph
+    free = np.all(np.where(np.isfinite(cost.compute), cost.compute, 0.0) == 0, axis=1)
+    position = {name: k for k, name in enumerate(graph.topological_order())}
+    groups = sorted(graph.colocation_groups().values(),
+                    key=lambda members: min(position[m] for m in members))
     moved = device_of.copy()
-    for unit in placement_units(graph, cost):
-        members = [cost.ops[i] for i in unit.members]
-        inside = set(members)
+    for members in groups:
         indices = [cost.index[m] for m in members]
-        if np.any(cost.compute[indices] > 0) or any(
-                p not in inside for m in members for p in nxg.predecessors(m)):
+        if not free[indices].all():
+            continue
+        inside = set(members)
+        if any(p not in inside for m in members for p in nxg.predecessors(m)):
             continue
         uses = [(edge["bytes"], graph.structural_key(succ)) for m in members
                 for succ, edge in nxg.succ[m].items() if succ not in inside]

@@ -76,7 +76,7 @@ def lp_load_bound(cost):
     return max(float(load.value()) - 1e-6, 0.0) * unit
 
 
-LP_BOUND_MAX_OPS = 5000  # above this the LP's model building takes longer than it helps
+LP_BOUND_MAX_OPS = 2000  # above this the LP's model building takes longer than it helps
 
 
 def lower_bound(cost):
