@@ -196,6 +196,9 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
         device_of = _better_start(graph, cost, cluster, device_of, priority)
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
+        # Constants and variables follow their consumers again (TensorFlow's placer puts
+        # a lone generator op beside its consumer anyway).
+        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
