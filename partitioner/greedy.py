@@ -196,9 +196,15 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
         device_of = _better_start(graph, cost, cluster, device_of, priority)
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
-        # Constants and variables follow their consumers again (TensorFlow's placer puts
-        # a lone generator op beside its consumer anyway).
+        # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
+        # its reader whatever the plan says, so the plan must too; other free groups
+        # follow their readers again only if that is no slower.
+        searched = device_of.copy()
         _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+        _move_free_groups_to_consumers(graph, cost, cluster, searched, generators_only=True)
+        if simulate(cost, searched, priority, memory=False).makespan < \
+                simulate(cost, device_of, priority, memory=False).makespan:
+            device_of[:] = searched
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
@@ -295,14 +301,15 @@ def _refine(graph, cost, cluster, device_of, priority, evaluations):
                 break
 
 
-def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
+def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_only=False):
     """Put colocation groups that cost nothing anywhere and read nothing from outside
     (variables with their reads, constants) beside their heaviest outside consumer.
 
     A group's device is fixed by its first op, which for a variable is a free
     ``VarHandleOp`` placed before anything reads it; moving the group to where its
     value is used removes transfers without changing any op time. Kept only if every
-    device stays within its memory.
+    device stays within its memory. With ``generators_only``, only lone ops without
+    inputs read by a single op move.
     """
     nxg = graph.nx_graph
     free = np.all(np.where(np.isfinite(cost.compute), cost.compute, 0.0) == 0, axis=1)
@@ -313,6 +320,9 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of):
     for members in groups:
         indices = [cost.index[m] for m in members]
         if not free[indices].all():
+            continue
+        if generators_only and (len(members) > 1 or nxg.in_degree(members[0]) or
+                                nxg.out_degree(members[0]) != 1):
             continue
         inside = set(members)
         if any(p not in inside for m in members for p in nxg.predecessors(m)):

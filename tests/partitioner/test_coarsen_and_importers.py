@@ -1,0 +1,73 @@
+"""Coarsening maps back exactly; the published benchmark graphs import and place."""
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import CostModel
+from partitioner import HEURISTICS, greedy, ilp
+from partitioner.coarsen import CoarsenOptions, coarsen
+from partitioner.ilp import ILPOptions
+from tests.random_graphs import random_clusters, random_dags
+from tfpart.importers import load_moirai, load_tarnawski
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(min_ops=5, max_ops=30), random_clusters(), st.integers(1, 12),
+       st.booleans())
+def test_coarsening_is_a_dag_partition_that_keeps_groups_and_meets_its_target(
+        graph, cluster, target, chains):
+    cost = CostModel(graph, cluster)
+    coarse = coarsen(graph, cost, CoarsenOptions(chains=chains, target_units=target))
+    members = [op for ops in coarse.members.values() for op in ops]
+    assert sorted(members) == sorted(graph.ops)  # every op in exactly one unit
+    assert nx.is_directed_acyclic_graph(coarse.graph.nx_graph)
+    assert len(coarse.graph) <= max(target, 1)
+    unit_of = {op: unit for unit, ops in coarse.members.items() for op in ops}
+    for group in graph.colocation_groups().values():
+        assert len({unit_of[op] for op in group}) == 1
+    # a coarse placement maps back to every op, with the unit's device
+    names = cluster.device_names
+    assignment = coarse.expand({u: names[k % len(names)] for k, u in enumerate(coarse.members)})
+    assert set(assignment) == set(graph.ops)
+    # unit times are the sums of their ops' times
+    coarse_cost = CostModel(coarse.graph, cluster)
+    for unit, ops in coarse.members.items():
+        expected = cost.compute[[cost.index[o] for o in ops]].sum(axis=0)
+        assert coarse_cost.compute[coarse_cost.index[unit]] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["GoogLeNet", "inceptionv4"])
+def test_moirai_graphs_place_with_every_algorithm(name):
+    graph, cluster = load_moirai(SHARED / "moirai" / f"{name}.json")
+    cost = CostModel(graph, cluster)
+    steps = {}
+    for algorithm, module in HEURISTICS.items():
+        plan = module.partition(graph, cost, cluster)
+        plan.check(graph, cluster)
+        steps[algorithm] = plan.step_time
+    assert steps["greedy"] <= steps["m_etf"] * (1 + 1e-9)
+    assert steps["greedy"] < steps["random"]
+
+
+@pytest.mark.parametrize("path", sorted((SHARED / "tarnawski" / "LayerGraphs").glob(
+    "*_inference.json")), ids=lambda p: p.stem)
+def test_tarnawski_graphs_import_with_colocation_and_kernels(path):
+    graph, cluster = load_tarnawski(path)
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(graph, cost, cluster)
+    plan.check(graph, cluster)
+    assert len(graph) > 10 and plan.step_time >= plan.lower_bound * (1 - 1e-9)
+
+
+def test_ilp_on_a_coarsened_published_graph_finishes_within_its_limit():
+    graph, cluster = load_moirai(SHARED / "moirai" / "GoogLeNet.json")
+    plan = ilp.partition(graph, CostModel(graph, cluster), cluster,
+                         options=ILPOptions(time_limit=20, max_units=25))
+    record = plan.predicted["ilp"]
+    assert record["units"] <= 25 and record["solve_seconds"] < 40
+    assert record["status"].startswith("coarse")
