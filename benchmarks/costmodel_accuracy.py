@@ -92,7 +92,7 @@ class LocalWorkers:
                 except OSError:
                     if time.time() > deadline:
                         self.stop()
-                        raise RuntimeError("workers did not start within 60 s")
+                        raise RuntimeError("workers did not start within 60 s") from None
                     time.sleep(0.2)
 
     def with_link(self, link, call_overhead):

@@ -1,8 +1,6 @@
 """Synthetic graphs and clusters for the partitioning benchmarks (seeded, numpy only)."""
 from __future__ import annotations
 
-import numpy as np
-
 from tfpart.cluster import cluster_from_dict
 from tfpart.graph import OpGraph
 

@@ -60,7 +60,7 @@ def _initialise_variables(tf, graph, rng):
 def random_feeds(graph, inputs, rng):
     """Random values for the flattened signature's placeholders."""
     feeds = {}
-    for placeholder, shape, dtype in inputs.values():
+    for placeholder, shape, _ in inputs.values():
         tensor = graph.get_tensor_by_name(f"{placeholder}:0")
         if tensor.dtype.is_floating:
             value = rng.standard_normal(shape)
