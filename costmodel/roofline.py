@@ -167,7 +167,3 @@ class CostModel:
         runnable = np.isfinite(self.compute)
         total = np.where(runnable, self.compute, 0.0).sum(axis=1)
         return total / np.maximum(runnable.sum(axis=1), 1)
-
-    def runnable(self, i):
-        """Devices with a kernel for op ``i``."""
-        return np.flatnonzero(np.isfinite(self.compute[i]))

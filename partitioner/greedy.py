@@ -53,6 +53,7 @@ import numpy as np
 from costmodel.memory import device_memory, new_output_bytes, output_bytes
 from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
 from partitioner.finish import make_plan
+from partitioner.single_device import fastest_single_device
 from partitioner.units import placement_units
 from tfpart.errors import PlacementError
 
@@ -211,18 +212,10 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
 def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan):
     """The list schedule, unless the whole graph on one device is faster (when transfers
     cost more than parallelism gains, a greedy spreads work it should not)."""
-    names = cluster.device_names
-    best, best_time = device_of, scheduled_makespan + cluster.step_overhead
-    for d, device in enumerate(cluster.devices):
-        # Alone on one device a work-conserving executor never idles: the step is the sum.
-        makespan = cost.compute[:, d].sum() + cluster.step_overhead
-        if makespan >= best_time or not np.isfinite(makespan):
-            continue
-        if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] > \
-                device.memory:
-            continue
-        best, best_time = np.full(len(cost.ops), d), makespan
-    return best
+    alone = fastest_single_device(graph, cost, cluster)
+    if alone is not None and alone[1] < scheduled_makespan + cluster.step_overhead:
+        return np.full(len(cost.ops), alone[0])
+    return device_of
 
 
 def _better_start(graph, cost, cluster, device_of, priority):

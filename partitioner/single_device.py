@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.memory import device_memory
-from costmodel.simulate import simulate
 from partitioner.finish import make_plan
 from tfpart.errors import PlacementError
 
@@ -27,18 +26,24 @@ class SingleDeviceOptions:
     pass
 
 
+def fastest_single_device(graph, cost, cluster):
+    """``(device index, step time)`` of the fastest device that can run and hold the
+    whole graph, or ``None``. Alone on one device a work-conserving executor never
+    idles, so the step time is the sum of the op times (plus the step overhead)."""
+    names = cluster.device_names
+    totals = cost.compute.sum(axis=0) + cluster.step_overhead
+    for d in np.argsort(totals, kind="stable"):
+        if not np.isfinite(totals[d]):
+            break
+        device = cluster.devices[d]
+        if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] \
+                <= device.memory:
+            return int(d), float(totals[d])
+    return None
+
+
 def partition(graph, cost, cluster, *, options=SingleDeviceOptions()):
-    best, best_time = None, np.inf
-    for d, device in enumerate(cluster.devices):
-        device_of = np.full(len(cost.ops), d)
-        if not np.all(np.isfinite(cost.compute[:, d])):
-            continue
-        assignment = dict.fromkeys(cost.ops, device.name)
-        if device_memory(graph, assignment, [device.name])[device.name] > device.memory:
-            continue
-        makespan = simulate(cost, device_of).makespan
-        if makespan < best_time:
-            best, best_time = device_of, makespan
+    best = fastest_single_device(graph, cost, cluster)
     if best is None:
         raise PlacementError(cluster.source, "no single device can hold and run the model")
-    return make_plan(graph, cost, cluster, best, "single", options)
+    return make_plan(graph, cost, cluster, np.full(len(cost.ops), best[0]), "single", options)
