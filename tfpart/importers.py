@@ -82,3 +82,114 @@ def load_tarnawski(path, accelerators=None, cpus=None):
         graph.nx_graph.edges[u, v]["comm"] = [[0.0 if a == b else float(edge["cost"])
                                                for b in range(n)] for a in range(n)]
     return graph, cluster
+
+
+def load_tarnawski_stages(path):
+    """A Tarnawski et al. graph as a pipeline-stage problem with their max-load objective.
+
+    Returns ``(problem, members)``: a :class:`partitioner.stage_dp.StageProblem` over
+    two device kinds (0: the ``maxFPGAs`` accelerators, 1: the ``maxCPUs`` CPUs, which
+    pay no transfer costs) and, per unit, the file's node ids it holds. The graph is
+    reduced as their DP reduces it: a colour class's forward nodes form one unit and its
+    backward nodes travel with it; a backward-only class gets an empty forward unit
+    mirroring its backward edges; forward cycles between classes are merged; and an
+    empty forward unit with a single forward neighbour and no backward one joins it.
+    """
+    import networkx as nx
+    import numpy as np
+
+    from partitioner.stage_dp import StageProblem
+
+    data = _read(path)
+    nodes = {n["id"]: n for n in data["nodes"]}
+    cls = {i: n.get("colorClass", ("own", i)) for i, n in nodes.items()}
+    backward = {i for i, n in nodes.items() if n["isBackwardNode"]}
+    edges = [(e["sourceId"], e["destId"]) for e in data["edges"]]
+    out_cost = {e["sourceId"]: float(e["cost"]) for e in data["edges"]}
+    forward_classes = {cls[i] for i in nodes if i not in backward}
+    artificial = set()
+    for u, v in edges:  # mirror backward edges that touch a backward-only class
+        if u in backward and v in backward and not (
+                cls[u] in forward_classes and cls[v] in forward_classes):
+            artificial.add((cls[v], cls[u]))
+    unit_of = _UnionFind()
+
+    def forward_graph():
+        graph = nx.DiGraph()
+        for c in set(cls.values()):
+            graph.add_node(unit_of.find(c))
+        for u, v in edges:
+            if u not in backward and v not in backward:
+                graph.add_edge(unit_of.find(cls[u]), unit_of.find(cls[v]))
+        for a, b in artificial:
+            graph.add_edge(unit_of.find(a), unit_of.find(b))
+        graph.remove_edges_from(nx.selfloop_edges(graph))
+        return graph
+
+    for component in nx.strongly_connected_components(forward_graph()):
+        for c in component:
+            unit_of.union(c, next(iter(component)))
+    _merge_empty_forward_units(nodes, cls, backward, edges, unit_of, forward_graph)
+
+    units = sorted({unit_of.find(c) for c in cls.values()}, key=str)
+    index = {u: k for k, u in enumerate(units)}
+    unit = {i: index[unit_of.find(cls[i])] for i in nodes}
+    graph = forward_graph()
+    preds = [sorted({index[p] for p in graph.predecessors(u)}) for u in units]
+    members = [[] for _ in units]
+    for i in sorted(nodes):
+        members[unit[i]].append(i)
+    fpga = [sum(nodes[i]["fpgaLatency"] for i in m) if all(
+        nodes[i]["supportedOnFpga"] for i in m) else np.inf for m in members]
+    cpu = [sum(nodes[i]["cpuLatency"] for i in m) for m in members]
+    consumers = {}
+    for u, v in edges:
+        consumers.setdefault(u, set()).add(unit[v])
+    groups = [(unit[u], *sorted(c - {unit[u]})) for u, c in sorted(consumers.items())
+              if c - {unit[u]}]
+    costs = [out_cost[u] for u, c in sorted(consumers.items()) if c - {unit[u]}]
+    problem = StageProblem(
+        preds=preds, time=np.array([fpga, cpu], dtype=float),
+        size=np.array([sum(nodes[i].get("size", 0.0) for i in m) for m in members]),
+        groups=groups, comm=np.array([costs, [0.0] * len(costs)]).reshape(2, len(costs)),
+        capacity=np.array([float(data["maxSizePerFPGA"]), np.inf]),
+        count=(int(data["maxFPGAs"]), int(data["maxCPUs"])))
+    return problem, members
+
+
+def _merge_empty_forward_units(nodes, cls, backward, edges, unit_of, forward_graph):
+    """Join each zero-latency forward unit with one forward neighbour and no backward
+    neighbour (and no backward work) to that neighbour, until none is left."""
+    while True:
+        forward_latency, backward_latency = {}, {}
+        for i, n in nodes.items():
+            table = backward_latency if i in backward else forward_latency
+            c = unit_of.find(cls[i])
+            table[c] = table.get(c, 0.0) + n["cpuLatency"] + n["fpgaLatency"]
+        touches_backward = set()
+        for u, v in edges:
+            if (u in backward) != (v in backward):
+                touches_backward.update(unit_of.find(cls[w]) for w in (u, v)
+                                        if w not in backward)
+        graph = forward_graph()
+        for c in sorted(graph, key=str):
+            neighbours = set(graph.predecessors(c)) | set(graph.successors(c))
+            if (c in forward_latency and forward_latency[c] < 1e-6
+                    and backward_latency.get(c, 0.0) < 1e-6 and len(neighbours) == 1
+                    and c not in touches_backward):
+                unit_of.union(c, neighbours.pop())
+                break
+        else:
+            return
+
+
+class _UnionFind(dict):
+    def find(self, x):
+        self.setdefault(x, x)
+        while self[x] != x:
+            self[x] = self[self[x]]
+            x = self[x]
+        return x
+
+    def union(self, a, b):
+        self[self.find(a)] = self.find(b)
