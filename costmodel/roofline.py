@@ -94,6 +94,7 @@ class CostModel:
     def __init__(self, graph, cluster, measured=()):
         self.graph = graph
         self.cluster = cluster
+        self.measured = tuple(measured)
         self.ops = list(graph.ops)
         self.index = {name: i for i, name in enumerate(self.ops)}
         n_dev = len(cluster)

@@ -58,17 +58,27 @@ def write_saved_model(proto, source_dir, out, force=False, extra_files=None):
 
     ``extra_files`` maps a file name to the text written beside ``saved_model.pb``.
     """
-    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
-
-    out = Path(out)
-    staging = prepare_output(out, force)
-    try:
+    def fill(staging):
         for item in Path(source_dir).iterdir():
             if item.name in ("saved_model.pb", "fingerprint.pb"):
                 continue
             target = staging / item.name
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
         (staging / "saved_model.pb").write_bytes(proto.SerializeToString(deterministic=True))
+
+    return write_output(fill, out, force, extra_files)
+
+
+def write_output(fill, out, force=False, extra_files=None):
+    """Call ``fill(staging)`` to write a SavedModel into a fresh folder beside ``out``,
+    add a fingerprint and ``extra_files``, then rename it to ``out`` (nothing is left
+    behind if anything fails)."""
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    out = Path(out)
+    staging = prepare_output(out, force)
+    try:
+        fill(staging)
         (staging / "fingerprint.pb").write_bytes(
             fingerprinting.CreateFingerprintDef(str(staging)))
         for name, text in (extra_files or {}).items():

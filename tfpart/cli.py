@@ -33,14 +33,24 @@ def _seconds(s):
 
 def plan_table(plan):
     """A rich Table: one row per device with the plan's predicted figures."""
+    ops, params = {}, {}
+    for op, device in plan.assignment.items():
+        ops[device] = ops.get(device, 0) + 1
+    pipelined = bool(plan.stages)
+    stage_of_device = {plan.assignment[op]: stage for op, stage in (plan.stages or {}).items()}
     table = Table(title="Placement per device (predicted)")
-    for column in ("device", "kind", "ops", "parameters", "busy", "peak memory", "of memory"):
+    columns = ["device", "kind", "ops", "busy", "memory bound", "of memory"]
+    if pipelined:
+        columns.insert(2, "stage")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("device", "kind") else "right")
     for name, figures in plan.predicted["devices"].items():
-        table.add_row(name, figures["kind"], str(figures["ops"]),
-                      _bytes(figures["param_bytes"]), _seconds(figures["busy_s"]),
-                      _bytes(figures["peak_memory_bytes"]),
-                      f"{100 * figures['peak_memory_bytes'] / figures['memory_bytes']:.1f}%")
+        memory = figures.get("peak_memory_bytes", figures["memory_bound_bytes"])
+        row = [name, figures["kind"], str(ops.get(name, 0)), _seconds(figures["busy_s"]),
+               _bytes(memory), f"{100 * memory / figures['memory_bytes']:.1f}%"]
+        if pipelined:
+            row.insert(2, str(stage_of_device.get(name, "-")))
+        table.add_row(*row)
     return table
 
 
@@ -53,6 +63,14 @@ def print_plan(result, default_cluster):
                   f"cluster '{result.cluster.name}' ({len(result.cluster)} devices)")
     console.print(plan_table(plan))
     gap = plan.gap
+    if plan.stages:
+        p = plan.predicted
+        console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "
+                      f"{plan.microbatches} micro-batches (bubble "
+                      f"{100 * p['bubble_fraction']:.0f}%); predicted throughput "
+                      f"{p['throughput']:.1f} samples/s, first result after "
+                      f"{_seconds(p['first_result'])}, one micro-batch every "
+                      f"{_seconds(p['interval'])}")
     console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
                   f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
@@ -92,7 +110,8 @@ def cmd_compile(args):
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
                                signature=args.signature, algorithm=args.algorithm,
-                               profiles=args.profile, force=args.force, progress=progress)
+                               profiles=args.profile, force=args.force, progress=progress,
+                               pipeline=args.pipeline, microbatches=args.microbatches)
     print_plan(result, default_cluster=args.cluster is None)
     if args.verify:
         return cmd_verify(argparse.Namespace(model=model, compiled=args.output))
@@ -211,6 +230,10 @@ def build_parser():
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
     compile_.add_argument("--algorithm", default="greedy", choices=sorted(ALGORITHMS))
+    compile_.add_argument("--pipeline", action="store_true", help="cut the model into "
+                          "pipeline stages run over micro-batches (for throughput)")
+    compile_.add_argument("--microbatches", type=int, help="micro-batches per batch "
+                          "(implies --pipeline; default: chosen by simulation)")
     compile_.add_argument("--force", action="store_true", help="replace an existing output")
     compile_.add_argument("--profile", action="append", help="measured profile "
                           "(tfpart profile output) of a device kind; repeatable")
@@ -252,7 +275,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    for option in ("batch_size", "repeats", "intra_threads", "inter_threads"):
+    for option in ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches"):
         if getattr(args, option, None) is not None and getattr(args, option) <= 0:
             print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
                   file=sys.stderr)

@@ -47,8 +47,12 @@ def load_profiles(paths):
 
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
-               profiles=(), progress=None):
-    """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings)."""
+               profiles=(), progress=None, pipeline=False, microbatches=None):
+    """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
+
+    With ``pipeline`` (implied by ``microbatches``) the graph is cut into pipeline
+    stages run over micro-batches (:mod:`partitioner.pipeline`) instead of placed for
+    the latency of one batch by ``algorithm``."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
 
@@ -62,10 +66,18 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     _check_fits(graph, cluster, cluster.source or model_dir)
 
     t0 = time.perf_counter()
-    step(f"partitioning {len(graph)} ops with {algorithm}")
+    pipeline = pipeline or microbatches is not None
+    step(f"partitioning {len(graph)} ops into "
+         f"{'pipeline stages' if pipeline else f'a placement with {algorithm}'}")
     cost = CostModel(graph, cluster, measured=load_profiles(profiles))
     try:
-        plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
+        if pipeline:
+            from partitioner.pipeline import PipelineOptions, partition
+
+            plan = partition(graph, cost, cluster, options=PipelineOptions(
+                batch_size=info.batch_size, microbatches=microbatches))
+        else:
+            plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
     except PlacementError as exc:
         raise PlacementError(exc.path or cluster.source, exc.problem) from None
     timings["partition"] = time.perf_counter() - t0
@@ -79,10 +91,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
-                  algorithm="greedy", profiles=(), force=False, progress=None):
+                  algorithm="greedy", profiles=(), force=False, progress=None,
+                  pipeline=False, microbatches=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``."""
+    from rewriters.pipeline import write_pipelined
     from rewriters.placement import place_devices
-    from rewriters.savedmodel_io import prepare_output, write_saved_model
+    from rewriters.savedmodel_io import prepare_output, write_output, write_saved_model
 
     cluster = load_cluster(cluster_file)
     source, target = Path(model_dir).resolve(), Path(out).resolve()
@@ -91,13 +105,17 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     prepare_output(out, force).rmdir()  # fail on an existing output before any work
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
-        algorithm=algorithm, profiles=profiles, progress=progress)
+        algorithm=algorithm, profiles=profiles, progress=progress, pipeline=pipeline,
+        microbatches=microbatches)
     t0 = time.perf_counter()
     (progress or (lambda name: None))("writing the compiled SavedModel")
-    rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
-    write_saved_model(rewritten, model_dir, out, force=force,
-                      extra_files={"plan.json": json.dumps(plan.to_dict(), indent=1,
-                                                           sort_keys=True)})
+    extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
+    if plan.stages:
+        write_output(lambda staging: write_pipelined(model_dir, proto, plan, staging), out,
+                     force=force, extra_files=extra)
+    else:
+        rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
+        write_saved_model(rewritten, model_dir, out, force=force, extra_files=extra)
     timings["write"] = time.perf_counter() - t0
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings)

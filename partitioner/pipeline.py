@@ -1,0 +1,176 @@
+"""Pipeline partitioner: convex stages on (heterogeneous) devices, and a micro-batch
+count.
+
+The graph is coarsened to at most ``target_units`` units (colocation groups, chains,
+then contiguous topological pieces), devices are grouped into kinds (same device kind
+and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
+each runs on that minimise the largest stage load: compute plus the transfers into
+and out of the stage. A stage's memory is its variables plus its activations at the
+full batch (M micro-batches in flight hold at most that much).
+
+The micro-batch count M (``options.microbatches`` overrides) is the one whose
+simulated batch time is least among 1, 2, 4, … up to the batch size: more micro-batches
+shrink the pipeline bubble (K - 1) / (M + K - 1) but make every op run at a smaller
+batch, which pays its launch overhead and weight reads M times
+(:mod:`costmodel.pipeline`).
+
+Examples
+--------
+A chain of eight equal ops on two devices: two stages of four, and as many
+micro-batches as the batch of 8 allows.
+
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> for i in range(8):
+...     g.add_op(f"op{i}", op_type="Relu", bytes_accessed=4e9,
+...              input_shapes=[(8, 1000)], outputs=[((8, 1000), "float32")])
+>>> for i in range(7): g.add_edge(f"op{i}", f"op{i + 1}", bytes=32000)
+>>> cluster = cluster_of_devices(["cpu", "cpu"])
+>>> plan = partition(g, CostModel(g, cluster), cluster,
+...                  options=PipelineOptions(batch_size=8))
+>>> sorted(set(plan.stages.values())), plan.microbatches
+([0, 1], 8)
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from costmodel.memory import device_memory, new_output_bytes
+from costmodel.pipeline import microbatch_graph, simulate_pipeline
+from costmodel.roofline import CostModel
+from partitioner.coarsen import CoarsenOptions, coarsen
+from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
+from tfpart.errors import PlacementError
+from tfpart.plan import Plan
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    batch_size: int = 1
+    microbatches: int | None = None  # None: chosen by simulation
+    max_microbatches: int = 32
+    target_units: int = 64
+    ideal_limit: int = IDEAL_LIMIT
+
+
+def partition(graph, cost, cluster, *, options=PipelineOptions()):
+    """A pipelined plan: ``plan.stages`` (op -> stage), ``plan.microbatches``."""
+    if options.microbatches is not None and not 1 <= options.microbatches:
+        raise PlacementError("", f"--microbatches must be at least 1, not "
+                             f"{options.microbatches}")
+    coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units))
+    units = list(coarse.graph.ops)
+    kinds = device_kinds(cluster)
+    problem = stage_problem(graph, cost, kinds, units, coarse.members)
+    solution = solve(problem, ideal_limit=options.ideal_limit)
+    free = {k: list(devices) for k, devices in enumerate(kinds)}
+    device_of, stage_of = {}, {}
+    for stage, (kind, members) in enumerate(solution.stages):
+        device = free[kind].pop(0)
+        for u in members:
+            for op in coarse.members[units[u]]:
+                device_of[op], stage_of[op] = device, stage
+    runs = [simulate_pipeline(microbatch_graph(graph, m), cluster, device_of, stage_of, m,
+                              cost.measured)
+            for m in microbatch_candidates(options)]
+    best = min(runs, key=lambda run: (run.batch_time, run.microbatches))
+    names = cluster.device_names
+    assignment = {op: names[d] for op, d in device_of.items()}
+    memory = device_memory(graph, assignment, names)
+    plan = Plan(
+        assignment=assignment, algorithm="pipeline", options=asdict(options),
+        stages=stage_of, microbatches=best.microbatches,
+        predicted={
+            "step_time": best.batch_time,
+            "throughput": options.batch_size / best.batch_time if best.batch_time else 0.0,
+            "first_result": best.first_result,
+            "interval": best.interval,
+            "bubble_fraction": best.bubble_fraction,
+            "stage_max_load": solution.max_load,
+            "stage_search": {"exact": solution.exact, "ideals": solution.ideals,
+                             "units": len(units)},
+            "stages": [{"device": names[device_of[coarse.members[units[m[0]]][0]]],
+                        "units": len(m), "load": load}
+                       for (_, m), load in zip(solution.stages, solution.loads)],
+            "microbatch_choices": {str(r.microbatches): {
+                "batch_time": r.batch_time, "first_result": r.first_result,
+                "bubble_fraction": r.bubble_fraction} for r in runs},
+            "devices": {name: {"kind": cluster.devices[d].kind.name,
+                               "busy_s": best.busy[name],
+                               "memory_bound_bytes": float(memory[name]),
+                               "memory_bytes": float(cluster.devices[d].memory)}
+                        for d, name in enumerate(names)},
+        },
+        lower_bound=pipeline_lower_bound(graph, cluster, best.microbatches, cost.measured))
+    plan.check(graph, cluster)
+    return plan
+
+
+def microbatch_candidates(options):
+    """1, 2, 4, … up to the batch size and ``max_microbatches`` (or the override)."""
+    if options.microbatches is not None:
+        return [options.microbatches]
+    limit = max(1, min(options.batch_size, options.max_microbatches))
+    return [2 ** i for i in range(int(np.log2(limit)) + 1)]
+
+
+def device_kinds(cluster):
+    """Device indices grouped by (kind, memory), in cluster order."""
+    groups = {}
+    for d, device in enumerate(cluster.devices):
+        groups.setdefault((device.kind.name, device.memory), []).append(d)
+    return list(groups.values())
+
+
+def stage_problem(graph, cost, kinds, units, members):
+    """The :class:`StageProblem` of ``graph`` grouped into ``units``.
+
+    A tensor leaving its unit costs, on a device of each kind, its mean transfer time
+    from that device to the others; each stage holding some but not all of the units
+    that produce and consume it pays it once.
+    """
+    unit_of = {op: u for u, name in enumerate(units) for op in members[name]}
+    first = [devices[0] for devices in kinds]
+    time = np.zeros((len(kinds), len(units)))
+    size = np.zeros(len(units))
+    for op, u in unit_of.items():
+        time[:, u] += cost.compute[cost.index[op], first]
+        size[u] += graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+    preds = [set() for _ in units]
+    tensors = {}
+    others = [[d for d in range(len(cost.cluster)) if d != f] for f in first]
+    for src, dst, edge in graph.nx_graph.edges(data=True):
+        a, b = unit_of[src], unit_of[dst]
+        if a == b:
+            continue
+        preds[b].add(a)
+        per_kind = [float(np.mean([cost.edge_time(edge, f, d) for d in rest])) if rest else 0.0
+                    for f, rest in zip(first, others)]
+        consumers, price = tensors.setdefault(src, ({a}, np.zeros(len(kinds))))
+        consumers.add(b)
+        np.maximum(price, per_kind, out=price)
+    groups = {}
+    for src, (touched, price) in tensors.items():
+        key = (unit_of[src], *sorted(touched - {unit_of[src]}))
+        groups[key] = groups.get(key, 0.0) + price
+    capacity = np.array([cost.cluster.devices[devices[0]].memory for devices in kinds],
+                        dtype=float)
+    return StageProblem(preds=[sorted(p) for p in preds], time=time, size=size,
+                        groups=list(groups),
+                        comm=np.array(list(groups.values())).T.reshape(len(kinds), -1),
+                        capacity=capacity, count=tuple(len(d) for d in kinds))
+
+
+def pipeline_lower_bound(graph, cluster, microbatches, measured=()):
+    """No schedule of M micro-batches beats the fastest total work spread over every
+    executor, nor one micro-batch's critical path (a valid bound on the batch time)."""
+    from partitioner.lower_bound import critical_path_bound
+
+    micro = CostModel(microbatch_graph(graph, microbatches), cluster, measured=measured)
+    fastest = np.where(np.isfinite(micro.compute), micro.compute, np.inf).min(axis=1)
+    work = float(fastest.sum()) * microbatches / len(set(cluster.executor_of))
+    return max(work, critical_path_bound(micro)) + cluster.step_overhead
