@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from tfpart.dtypes import tensor_bytes
 
-
 ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
                 "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
 

@@ -111,14 +111,20 @@ def solve(problem, *, ideal_limit=IDEAL_LIMIT):
     chain_ideals = [0]
     for u in order:
         chain_ideals.append(chain_ideals[-1] | (1 << u))
-    best = _run(problem, chain_ideals, upper_bound=np.inf)
+    try:
+        best = _run(problem, chain_ideals, upper_bound=np.inf)
+    except PlacementError:
+        best = None  # no chain split fits; a non-chain one still may
     ideals = _enumerate_ideals(problem.preds, order, ideal_limit)
     if ideals is None:
+        if best is None:
+            raise PlacementError("stage graph", "no split into stages fits the devices' "
+                                 "memory (searched the chain splits only)")
         best.exact = False
         best.ideals = len(chain_ideals)
         return best
-    exact = _run(problem, ideals, upper_bound=best.max_load)
-    if exact is not None and exact.max_load <= best.max_load:
+    exact = _run(problem, ideals, upper_bound=np.inf if best is None else best.max_load)
+    if exact is not None and (best is None or exact.max_load <= best.max_load):
         best = exact
     best.exact, best.ideals = True, len(ideals)
     return best
@@ -185,18 +191,24 @@ def _run(problem, ideals, upper_bound):
     weights = members.astype(float)
     runnable = np.isfinite(problem.time)
     prefix_time = np.where(runnable, problem.time, 0.0) @ weights.T
-    prefix_time[(~runnable).astype(float) @ weights.T > 0] = np.inf
+    blocked = np.rint((~runnable).astype(float) @ weights.T).astype(np.int64)
     prefix_size = weights @ problem.size
-    order = np.lexsort((members.sum(axis=1), prefix_time.min(axis=0)))
+    # The sum of each unit's fastest time is a lower bound on any stage's compute on any
+    # kind, so it both orders ideals (subsets first) and bounds the search window.
+    unit_fastest = np.where(runnable, problem.time, np.inf).min(axis=0)
+    fastest = weights @ np.where(np.isfinite(unit_fastest), unit_fastest, 0.0)
+    order = np.lexsort((members.sum(axis=1), fastest))
+    fastest = fastest[order]
     ideals = [ideals[i] for i in order]
     members, packed = members[order], packed[order]
     prefix_time, prefix_size = prefix_time[:, order], prefix_size[order]
+    blocked = np.ascontiguousarray(blocked[:, order])
     incidence = np.zeros((problem.n, len(problem.groups)), dtype=np.int32)
     for g, units in enumerate(problem.groups):
         incidence[list(set(units)), g] = 1
     touched = np.rint(members.astype(np.float32) @ incidence.astype(np.float32)).astype(np.int32)
     radix = np.array(problem.count, dtype=np.int64) + 1
-    tables = (packed, prefix_time, prefix_size, touched, incidence.sum(axis=0).astype(np.int32),
+    tables = (packed, fastest, prefix_time, blocked, prefix_size, touched, incidence.sum(axis=0).astype(np.int32),
               np.ascontiguousarray(problem.comm, dtype=float),
               np.asarray(problem.capacity, dtype=float), radix, float(upper_bound))
     dp = _dp(*tables)
@@ -217,17 +229,12 @@ def _run(problem, ideals, upper_bound):
 
 
 @numba.njit(cache=True)
-def _window_start(prefix_time, outer, upper_bound):
-    fastest = prefix_time[0, outer]
-    for k in range(1, prefix_time.shape[0]):
-        fastest = min(fastest, prefix_time[k, outer])
+def _window_start(fastest, outer, upper_bound):
+    """First ideal (in order) whose stage up to ``outer`` could fit in the bound."""
     lo, hi = 0, outer
-    while lo < hi:  # first ideal whose fastest time is within the bound
+    while lo < hi:
         mid = (lo + hi) // 2
-        t = prefix_time[0, mid]
-        for k in range(1, prefix_time.shape[0]):
-            t = min(t, prefix_time[k, mid])
-        if t < fastest - upper_bound - 1e-9:
+        if fastest[mid] < fastest[outer] - upper_bound - 1e-9:
             lo = mid + 1
         else:
             hi = mid
@@ -243,10 +250,12 @@ def _is_subset(packed, inner, outer):
 
 
 @numba.njit(cache=True)
-def _stage_cost(outer, inner, kind, prefix_time, prefix_size, touched, group_size, comm,
-                capacity, bound=np.inf):
+def _stage_cost(outer, inner, kind, prefix_time, blocked, prefix_size, touched, group_size,
+                comm, capacity, bound=np.inf):
     """Load of the stage ``I \\ J`` on ``kind``, or any value above ``bound`` when its
     compute alone exceeds it."""
+    if blocked[kind, outer] != blocked[kind, inner]:
+        return np.inf  # a unit the kind cannot run
     if prefix_size[outer] - prefix_size[inner] > capacity[kind] * (1 + 1e-12):
         return np.inf
     cost = prefix_time[kind, outer] - prefix_time[kind, inner]
@@ -260,7 +269,7 @@ def _stage_cost(outer, inner, kind, prefix_time, prefix_size, touched, group_siz
 
 
 @numba.njit(cache=True)
-def _dp(packed, prefix_time, prefix_size, touched, group_size, comm, capacity, radix,
+def _dp(packed, fastest, prefix_time, blocked, prefix_size, touched, group_size, comm, capacity, radix,
         upper_bound):
     """dp[state, I]: least max load covering ideal I with the devices counted by state
     (mixed radix over kinds), using only stages whose compute fits in ``upper_bound``."""
@@ -284,7 +293,7 @@ def _dp(packed, prefix_time, prefix_size, touched, group_size, comm, capacity, r
             for k in range(kinds):
                 if digits[s, k] > 0:
                     dp[s, outer] = min(dp[s, outer], dp[s - stride[k], outer])
-        for inner in range(_window_start(prefix_time, outer, upper_bound), outer):
+        for inner in range(_window_start(fastest, outer, upper_bound), outer):
             if not _is_subset(packed, inner, outer):
                 continue
             best_before = np.inf
@@ -293,8 +302,8 @@ def _dp(packed, prefix_time, prefix_size, touched, group_size, comm, capacity, r
             if best_before >= upper_bound * (1 + 1e-12) and upper_bound < np.inf:
                 continue
             for k in range(kinds):
-                costs[k] = _stage_cost(outer, inner, k, prefix_time, prefix_size, touched,
-                                       group_size, comm, capacity, upper_bound)
+                costs[k] = _stage_cost(outer, inner, k, prefix_time, blocked, prefix_size,
+                                       touched, group_size, comm, capacity, upper_bound)
             for s in range(1, n_states):
                 for k in range(kinds):
                     if digits[s, k] > 0:
@@ -304,8 +313,8 @@ def _dp(packed, prefix_time, prefix_size, touched, group_size, comm, capacity, r
 
 
 @numba.njit(cache=True)
-def _backtrack(dp, state, outer, packed, prefix_time, prefix_size, touched, group_size,
-               comm, capacity, radix, upper_bound):
+def _backtrack(dp, state, outer, packed, fastest, prefix_time, blocked, prefix_size, touched,
+               group_size, comm, capacity, radix, upper_bound):
     """(inner, outer, kind, load) of each stage, last stage first."""
     kinds = len(radix)
     stride = np.ones(kinds, dtype=np.int64)
@@ -328,8 +337,8 @@ def _backtrack(dp, state, outer, packed, prefix_time, prefix_size, touched, grou
             for k in range(kinds):
                 if (state // stride[k]) % radix[k] == 0:
                     continue
-                cost = _stage_cost(outer, inner, k, prefix_time, prefix_size, touched,
-                                   group_size, comm, capacity)
+                cost = _stage_cost(outer, inner, k, prefix_time, blocked, prefix_size,
+                                   touched, group_size, comm, capacity)
                 if max(dp[state - stride[k], inner], cost) <= target:
                     steps.append((inner, outer, k, cost))
                     state -= stride[k]

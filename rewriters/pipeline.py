@@ -193,7 +193,8 @@ def _stage_graphs(flat, plan, stage_of):
             device = next(plan.assignment[n.name] for n in flat.graph_def.node
                           if stage_of[n.name] == k and n.name in plan.assignment)
         new.device = device
-        if not any(stage_of.get(s.lstrip("^").split(":")[0]) == k for s in node.input):
+        sources = [s.lstrip("^").split(":")[0] for s in node.input]
+        if not any(stage_of[s] == k and s not in skip for s in sources):
             new.input.append(f"^{GATE}")
     return stages
 

@@ -1,4 +1,5 @@
-"""Command line: ``tfpart compile``, ``verify``, ``profile`` and ``simulate``.
+"""Command line: ``tfpart compile``, ``verify``, ``run``, ``profile``, ``simulate`` and
+``worker``.
 
 Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
 with code 2. Tables and progress use ``rich`` (a well-kept terminal library, rather
@@ -7,6 +8,7 @@ than hand-aligned columns and spinners).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from contextlib import contextmanager
 
@@ -114,7 +116,8 @@ def cmd_compile(args):
                                pipeline=args.pipeline, microbatches=args.microbatches)
     print_plan(result, default_cluster=args.cluster is None)
     if args.verify:
-        return cmd_verify(argparse.Namespace(model=model, compiled=args.output))
+        return cmd_verify(argparse.Namespace(model=model, compiled=args.output, cluster=None,
+                                             batch_size=None))
     return 0
 
 
@@ -206,14 +209,48 @@ def cmd_worker(args):
     return 0
 
 
+def _run_cluster(args):
+    """The cluster named by ``--cluster`` (tasks to connect to), or None (run here)."""
+    if not getattr(args, "cluster", None):
+        return None
+    from tfpart.cluster import load_cluster
+    from tfpart.runtime import cluster_spec
+
+    cluster = load_cluster(args.cluster)
+    cluster_spec(cluster)  # a cluster block is required to connect
+    return cluster
+
+
 def cmd_verify(args):
     from tfpart.runtime import verify
 
+    cluster = _run_cluster(args)
     with progress_display() as progress:
-        progress("running original and compiled models")
-        report = verify(args.model, args.compiled)
+        progress("running original and compiled models" +
+                 (f" (compiled across {cluster.source})" if cluster else ""))
+        report = verify(args.model, args.compiled, cluster=cluster, watch=True,
+                        batch_size=args.batch_size)
     print_verify(report)
     return 0 if report.ok else 1
+
+
+def cmd_run(args):
+    from tfpart.runtime import time_model
+
+    cluster = _run_cluster(args)
+    with progress_display() as progress:
+        progress(f"timing {args.compiled}" + (f" across {cluster.source}" if cluster else ""))
+        result = time_model(args.compiled, cluster=cluster, batch_size=args.batch_size,
+                            repeats=args.repeats, warmup=args.warmup, watch=True)
+    predicted = result["predicted_s"]
+    console.print(f"{args.compiled}: batch {result['batch_size']} in "
+                  f"{_seconds(result['median_s'])} (median of {result['repeats']}; predicted "
+                  f"{_seconds(predicted) if predicted else 'n/a'}), "
+                  f"{result['samples_per_s']:.1f} samples/s, "
+                  f"{result['microbatches']} micro-batch(es)")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    return 0
 
 
 def build_parser():
@@ -269,7 +306,20 @@ def build_parser():
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")
     verify_.add_argument("compiled")
+    verify_.add_argument("--cluster", help="cluster.json whose running `tfpart worker` "
+                         "tasks run the compiled model (default: local logical CPUs)")
+    verify_.add_argument("--batch-size", type=int, help="batch size of the random inputs "
+                         "(default: the compile batch size)")
     verify_.set_defaults(run=cmd_verify)
+    run = commands.add_parser("run", help="time a compiled model (here or on a cluster)")
+    run.add_argument("compiled")
+    run.add_argument("--cluster", help="cluster.json whose running `tfpart worker` tasks "
+                     "run the model (default: local logical CPUs)")
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--repeats", type=int, default=20)
+    run.add_argument("--warmup", type=int, default=3)
+    run.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    run.set_defaults(run=cmd_run)
     return parser
 
 

@@ -12,8 +12,14 @@ reads, from TensorFlow's own run metadata, on which device every op ran.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 import tempfile
+import threading
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +82,8 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
     job = job or sorted(cluster.tf_cluster)[0]
     if job not in cluster.tf_cluster or not 0 <= task < len(cluster.tf_cluster[job]):
         raise TfpartError(cluster.source, f"has no task {task} in job {job!r}")
+    address = cluster.tf_cluster[job][task]
+    _check_port_free(cluster, job, task, address)
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra_threads or 0,
                                       inter_op_parallelism_threads=inter_threads or 0)
     try:
@@ -83,13 +91,90 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
                                     start=True)
     except (tf.errors.OpError, ValueError) as exc:
         raise TfpartError(cluster.source, f"cannot start {job} task {task} at "
-                          f"{cluster.tf_cluster[job][task]}: {str(exc).splitlines()[0]}") \
+                          f"{address}: {str(exc).splitlines()[0]}") from None
+
+
+def _split_address(address):
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "localhost", int(port)
+
+
+def _check_port_free(cluster, job, task, address):
+    """gRPC may share a port with another server (SO_REUSEPORT); refuse instead."""
+    host, port = _split_address(address)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("" if host in ("localhost", "0.0.0.0") else host, port))
+        except OSError as exc:
+            raise TfpartError(cluster.source, f"cannot start {job} task {task}: port {port} "
+                              f"of {address} is already in use ({exc.strerror})") from None
+
+
+def task_addresses(cluster):
+    """(job, task, address) of every task in the cluster block."""
+    return [(job, task, address) for job, addresses in sorted(cluster.tf_cluster.items())
+            for task, address in enumerate(addresses)]
+
+
+def check_workers(cluster, timeout=3.0):
+    """Fail with a one-line error naming the first task whose server is not reachable."""
+    for job, task, address in task_addresses(cluster):
+        host, port = _split_address(address)
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            raise TfpartError(cluster.source, f"{job} task {task} at {address} is not "
+                              f"reachable ({reason}); start it with `tfpart worker "
+                              f"--cluster {cluster.source} --task {task}`") from None
+
+
+def watch_workers(cluster, interval=0.5, on_lost=None):
+    """Check the tasks every ``interval`` seconds in a daemon thread; when one stops
+    accepting connections, call ``on_lost(message)`` (default: print the one-line
+    error and exit with code 2, since a TensorFlow call waiting on a dead worker may
+    not return for minutes)."""
+    def default(message):
+        print(f"tfpart: error: {message}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    def loop():
+        while True:
+            time.sleep(interval)
+            try:
+                check_workers(cluster, timeout=max(interval, 1.0))
+            except TfpartError as exc:
+                (on_lost or default)(f"{exc} (lost while running)")
+                return
+
+    thread = threading.Thread(target=loop, name="tfpart-worker-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+@contextmanager
+def cluster_errors(cluster):
+    """Turn TensorFlow's errors from a run across ``cluster`` into one-line errors that
+    name the task that went away, when one did."""
+    tf = tensorflow()
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        if cluster is None:
+            raise
+        check_workers(cluster, timeout=1.0)  # names the lost task, if one is gone
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TfpartError(cluster.source, f"the run across the cluster failed: {first}") \
             from None
 
 
-def connect(cluster):
-    """Make this process a client of ``cluster``'s TensorFlow servers."""
+def connect(cluster, watch=False):
+    """Make this process a client of ``cluster``'s TensorFlow servers, after checking
+    that every task is up; with ``watch``, exit cleanly if one goes away later."""
+    check_workers(cluster)
     tensorflow().config.experimental_connect_to_cluster(cluster_spec(cluster))
+    if watch:
+        watch_workers(cluster)
 
 
 def random_inputs(signature_fn, batch_size, seed=0):
@@ -162,8 +247,15 @@ def _variable_devices(obj):
                   if isinstance(v, tf.Variable))
 
 
-def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None):
-    """Run both models on the same random inputs; compare outputs and placement."""
+def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None,
+           cluster=None, watch=False):
+    """Run both models on the same random inputs; compare outputs and placement.
+
+    Without ``cluster`` the compiled model's devices are mapped onto local logical CPUs
+    (one per cluster device). With a :class:`~tfpart.cluster.Cluster` whose ``cluster``
+    block names running ``tfpart worker`` tasks, this process connects to them and runs
+    the compiled model as it is, across the tasks (the original runs here).
+    """
     from rewriters.pipeline import original_op_name
     from rewriters.remap import local_device_map, remap_devices
     from rewriters.savedmodel_io import read_saved_model, write_saved_model
@@ -174,20 +266,27 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
     plan = json.loads(plan_file.read_text())
     devices = plan["context"].get("devices") or sorted(set(plan["assignment"].values()))
-    device_map = local_device_map(devices)
-    ensure_local_cpus(len(devices))
-    original = tensorflow().saved_model.load(str(original_dir))
-    proto = remap_devices(read_saved_model(compiled_dir), device_map)
     with tempfile.TemporaryDirectory(prefix="tfpart-verify-") as tmp:
-        local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
-        compiled = load(local_dir)
+        if cluster is not None:
+            _check_plan_devices(plan, cluster, plan_file)
+            device_map = {d: d for d in devices}
+            connect(cluster, watch=watch)
+            proto, local_dir = read_saved_model(compiled_dir), compiled_dir
+        else:
+            device_map = local_device_map(devices)
+            ensure_local_cpus(len(devices))
+            proto = remap_devices(read_saved_model(compiled_dir), device_map)
+            local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
+        original = tensorflow().saved_model.load(str(original_dir))
         signature = plan["context"]["signature"]
         batch = batch_size or plan["context"]["batch_size"]
         inputs = random_inputs(original.signatures[signature], batch, seed)
         expected = _as_arrays(original.signatures[signature](**inputs))
-        outputs, placed = run_with_placement(compiled.signatures[signature], inputs)
-        actual = _as_arrays(outputs)
-        variables = _variable_devices(compiled)
+        with cluster_errors(cluster):
+            compiled = load(local_dir)
+            outputs, placed = run_with_placement(compiled.signatures[signature], inputs)
+            actual = _as_arrays(outputs)
+            variables = _variable_devices(compiled)
     diffs = [float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
              for a, e in zip(actual, expected)]
     equal = len(actual) == len(expected) and all(
@@ -209,6 +308,14 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         placement=placed)
 
 
+def _check_plan_devices(plan, cluster, plan_file):
+    names = {_canonical(d) for d in cluster.device_names}
+    unknown = sorted(d for d in set(plan["assignment"].values()) if _canonical(d) not in names)
+    if unknown:
+        raise TfpartError(cluster.source, f"has no device {unknown[0]}, which "
+                          f"{plan_file} places ops on")
+
+
 def _saved_variable_devices(proto):
     return [(obj.variable.name, obj.variable.device)
             for obj in proto.meta_graphs[0].object_graph_def.nodes
@@ -223,3 +330,51 @@ def _canonical(device):
 
 def _same_device(a, b):
     return _canonical(a) == _canonical(b)
+
+
+def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmup=3,
+               watch=False, seed=0):
+    """Median wall time of calls to a compiled model's signature, and samples/s.
+
+    Runs on ``cluster``'s servers when given (see :func:`verify`), else on local
+    logical CPUs standing in for the plan's devices.
+    """
+    import statistics
+
+    from rewriters.remap import local_device_map, remap_devices
+    from rewriters.savedmodel_io import read_saved_model, write_saved_model
+
+    compiled_dir = Path(compiled_dir)
+    plan_file = compiled_dir / "plan.json"
+    if not plan_file.is_file():
+        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
+    plan = json.loads(plan_file.read_text())
+    with tempfile.TemporaryDirectory(prefix="tfpart-run-") as tmp:
+        if cluster is not None:
+            _check_plan_devices(plan, cluster, plan_file)
+            connect(cluster, watch=watch)
+            local_dir = compiled_dir
+        else:
+            devices = plan["context"]["devices"]
+            ensure_local_cpus(len(devices))
+            proto = remap_devices(read_saved_model(compiled_dir), local_device_map(devices))
+            local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
+        with cluster_errors(cluster):
+            signature = load(local_dir).signatures[plan["context"]["signature"]]
+            batch = batch_size or plan["context"]["batch_size"]
+            inputs = random_inputs(signature, batch, seed)
+
+            def call():
+                return [t.numpy() for t in tensorflow().nest.flatten(signature(**inputs))]
+            for _ in range(warmup):
+                call()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,
+            "min_s": min(times), "repeats": repeats,
+            "predicted_s": plan["predicted"].get("step_time"),
+            "microbatches": plan.get("microbatches", 1)}
