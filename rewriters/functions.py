@@ -68,3 +68,49 @@ def topological_nodes(node_defs):
     if len(order) != len(node_defs):
         raise ValueError("function body has a cycle")
     return order
+
+
+def private_library(nodes, library):
+    """The functions ``nodes`` reach, renamed ``<name>_<hash of its definition>``.
+
+    Importing a library into a process that already holds a different function of the
+    same name fails; names derived from the definitions make equal functions share a
+    name and different ones never collide. ``nodes`` (NodeDefs) are updated in place;
+    the pruned, renamed FunctionDefList is returned.
+    """
+    import hashlib
+
+    from tensorflow.core.framework import function_pb2
+
+    functions = library_index(library)
+    reached, stack = [], [name for node in nodes for name in body_functions(node)]
+    while stack:
+        name = stack.pop()
+        if name in functions and name not in reached:
+            reached.append(name)
+            stack.extend(n for node in functions[name].node_def for n in body_functions(node)
+                         + ([node.op] if node.op in functions else []))
+    digest = {name: hashlib.sha1(functions[name].SerializeToString(deterministic=True))
+              .hexdigest()[:10] for name in reached}
+    rename = {name: f"{name}_{digest[name]}" for name in reached}
+    pruned = function_pb2.FunctionDefLibrary()
+    for name in sorted(reached):
+        fdef = pruned.function.add()
+        fdef.CopyFrom(functions[name])
+        fdef.signature.name = rename[name]
+        _rename_calls(fdef.node_def, rename)
+    _rename_calls(nodes, rename)
+    return pruned
+
+
+def _rename_calls(nodes, rename):
+    for node in nodes:
+        if node.op in rename:
+            node.op = rename[node.op]
+        for value in node.attr.values():
+            if value.HasField("func") and value.func.name in rename:
+                value.func.name = rename[value.func.name]
+            elif value.HasField("list"):
+                for func in value.list.func:
+                    if func.name in rename:
+                        func.name = rename[func.name]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
 from rewriters.tf_import import tensorflow
 from tfpart.errors import ModelError, PlacementError
@@ -106,9 +107,8 @@ class _PipelineBody:
                     env[f"{placeholder}:0"] = value[m * size:(m + 1) * size]
             ops_of = {}
             for k in self.order:
-                with tf.device(self.device[k]):
-                    with tf.control_dependencies(done.get(k, [])):
-                        gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}")
+                with tf.device(self.device[k]), tf.control_dependencies(done.get(k, [])):
+                    gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}")
                 imported = self._import(k, m, env, ops_of, gate)
                 done[k] = [imported[name] for name in self.sinks[k]]
             for key, tensor in self.outputs.items():
@@ -183,7 +183,6 @@ def _stage_graphs(flat, plan, stage_of):
         k = stage_of[node.name]
         if k not in stages:
             stages[k] = tf.compat.v1.GraphDef()
-            stages[k].library.CopyFrom(flat.graph_def.library)
             stages[k].versions.CopyFrom(flat.graph_def.versions)
         new = stages[k].node.add()
         new.CopyFrom(node)
@@ -196,6 +195,8 @@ def _stage_graphs(flat, plan, stage_of):
         sources = [s.lstrip("^").split(":")[0] for s in node.input]
         if not any(stage_of[s] == k and s not in skip for s in sources):
             new.input.append(f"^{GATE}")
+    for stage in stages.values():
+        stage.library.CopyFrom(private_library(stage.node, flat.graph_def.library))
     return stages
 
 

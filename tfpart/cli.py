@@ -35,8 +35,8 @@ def _seconds(s):
 
 def plan_table(plan):
     """A rich Table: one row per device with the plan's predicted figures."""
-    ops, params = {}, {}
-    for op, device in plan.assignment.items():
+    ops = {}
+    for device in plan.assignment.values():
         ops[device] = ops.get(device, 0) + 1
     pipelined = bool(plan.stages)
     stage_of_device = {plan.assignment[op]: stage for op, stage in (plan.stages or {}).items()}

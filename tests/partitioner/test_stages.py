@@ -16,6 +16,7 @@ from partitioner.pipeline import PipelineOptions, partition
 from partitioner.stage_dp import StageProblem, load_of, solve
 from partitioner.stage_ilp import solve_ilp
 from tests.random_graphs import random_clusters, random_dags
+from tfpart.errors import PlacementError
 from tfpart.importers import load_tarnawski_stages
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
@@ -53,8 +54,8 @@ def is_convex(preds, units):
 def test_dp_is_exact_convex_and_reports_true_loads(problem):
     try:
         solution = solve(problem)
-    except Exception as exc:  # infeasible instances must be infeasible for the ILP too
-        with pytest.raises(Exception):
+    except PlacementError as exc:  # infeasible instances must be infeasible for the ILP too
+        with pytest.raises(PlacementError):
             solve_ilp(problem, time_limit=30)
         assert "memory" in str(exc)
         return
@@ -75,7 +76,7 @@ def test_dp_is_exact_convex_and_reports_true_loads(problem):
 def test_chain_fallback_is_valid_and_never_better_than_exact(problem):
     try:
         exact = solve(problem)
-    except Exception:
+    except PlacementError:
         return
     chain = solve(problem, ideal_limit=1)
     assert not chain.exact
@@ -107,7 +108,7 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
     cost = CostModel(graph, cluster)
     try:
         plan = partition(graph, cost, cluster, options=PipelineOptions(batch_size=batch))
-    except Exception as exc:
+    except PlacementError as exc:
         assert "memory" in str(exc) or "fits" in str(exc), exc
         return
     plan.check(graph, cluster)  # every op placed, groups kept, memory within bounds

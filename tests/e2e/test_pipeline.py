@@ -1,0 +1,89 @@
+"""Pipelined compiled models (stages over micro-batches) compute the original's outputs
+on several logical CPU devices, for several micro-batch counts and batch sizes that
+the micro-batch count does not divide, with every copy of every op where the plan
+says."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from examples import models
+from tests.conftest import local_cluster
+from tfpart.compile import compile_model
+from tfpart.runtime import verify
+
+pytestmark = pytest.mark.slow
+
+# Links fast enough that splitting these small models into stages pays off.
+FAST_LINKS = {"same_host": {"bandwidth": "50GB/s", "latency": "1us"}}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
+@pytest.mark.parametrize("name,devices", [("mlp_module", 2), ("residual_cnn", 3),
+                                          ("transformer_encoder", 4)])
+def test_pipelined_model_matches_original(name, devices, microbatches, exported, local_cpus,
+                                          write_cluster, tmp_path):
+    model = exported(name)
+    cluster = dict(local_cluster(devices), links=FAST_LINKS)
+    out = tmp_path / "out"
+    result = compile_model(model, write_cluster(cluster), out, batch_size=16,
+                           microbatches=microbatches)
+    plan = result.plan
+    assert plan.microbatches == microbatches
+    assert len(set(plan.stages.values())) >= 2  # really split into stages
+    for batch in (7, 16):  # 7 is not divisible by 2, 4 or 8: a smaller last micro-batch
+        report = verify(model, out, batch_size=batch)
+        assert report.outputs_equal, (batch, report.max_abs_diff)
+        assert report.op_mismatches == []
+        assert report.variable_mismatches == []
+        # each micro-batch runs its own copy of the planned ops
+        assert report.ops_checked >= microbatches * len(set(plan.stages.values()))
+    stage_devices = {plan.assignment[op] for op in plan.stages}
+    assert len(stage_devices) == len(set(plan.stages.values()))
+
+
+def test_batch_smaller_than_the_microbatch_count_still_matches(exported, local_cpus,
+                                                               write_cluster, tmp_path):
+    model = exported("mlp_module")
+    out = tmp_path / "out"
+    compile_model(model, write_cluster(dict(local_cluster(2), links=FAST_LINKS)), out,
+                  batch_size=16, microbatches=8)
+    report = verify(model, out, batch_size=3)  # five of the eight micro-batches are empty
+    assert report.outputs_equal, report.max_abs_diff
+
+
+def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster, tmp_path):
+    model = exported("residual_cnn")
+    out = tmp_path / "out"
+    cluster = write_cluster(dict(local_cluster(3), links=FAST_LINKS))
+    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", str(model),
+                           "--cluster", str(cluster), "--pipeline", "--batch-size", "32",
+                           "-o", str(out)], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Pipeline:" in done.stdout and "samples/s" in done.stdout
+    plan = json.loads((out / "plan.json").read_text())
+    choices = plan["predicted"]["microbatch_choices"]
+    assert set(choices) == {"1", "2", "4", "8", "16", "32"}
+    best = min(choices, key=lambda m: (choices[m]["batch_time"], int(m)))
+    assert plan["microbatches"] == int(best)
+    assert plan["predicted"]["throughput"] == pytest.approx(
+        32 / plan["predicted"]["step_time"])
+    run = subprocess.run([sys.executable, "-m", "tfpart.cli", "run", str(out), "--repeats",
+                          "3", "--json"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["samples_per_s"] > 0 and figures["microbatches"] == int(best)
