@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from examples import models as example_models
+from tfpart.local_workers import LocalWorkers
 
 MODELS = {  # name -> (exporter, batch size)
     "mlp": (example_models.export_mlp_module, 256),
@@ -53,12 +53,6 @@ def tfpart_command():
     return shutil.which("tfpart", path=os.path.dirname(PYTHON)) or "tfpart"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def run_json(args, timeout=900):
     done = subprocess.run([PYTHON, "-m", "benchmarks.run_compiled", *args], capture_output=True,
                           text=True, timeout=timeout)
@@ -67,33 +61,11 @@ def run_json(args, timeout=900):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-class LocalWorkers:
+class AccuracyWorkers(LocalWorkers):
     """Two ``tfpart worker`` processes on loopback, each pinned to its own core."""
 
     def __init__(self, directory):
-        ports = [free_port(), free_port()]
-        self.cluster = {"name": "2 local workers",
-                        "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                        "devices": [{"name": f"/job:worker/task:{k}/device:CPU:0", "kind": "cpu"}
-                                    for k in range(2)]}
-        self.path = Path(directory) / "workers.json"
-        self.path.write_text(json.dumps(self.cluster))
-        tfpart = tfpart_command()
-        self.processes = [subprocess.Popen(
-            ["taskset", "-c", str(k % os.cpu_count()), tfpart, "worker", "--cluster",
-             str(self.path), "--task", str(k), "--intra-threads", "1", "--inter-threads", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for k in range(2)]
-        deadline = time.time() + 60
-        for port in ports:
-            while True:
-                try:
-                    socket.create_connection(("localhost", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        self.stop()
-                        raise RuntimeError("workers did not start within 60 s") from None
-                    time.sleep(0.2)
+        super().__init__(2, directory, extra={"name": "2 local workers"})
 
     def with_link(self, link, call_overhead):
         data = dict(self.cluster, step_overhead=call_overhead + link["step_overhead_s"],
@@ -102,12 +74,6 @@ class LocalWorkers:
         path = self.path.with_name("workers_measured.json")
         path.write_text(json.dumps(data))
         return path
-
-    def stop(self):
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=30)
 
 
 def logical_cluster(directory, n, call_overhead):
@@ -130,7 +96,7 @@ def main(argv=None):
 
     console = Console(width=150)
     work = Path(tempfile.mkdtemp(prefix="tfpart-accuracy-"))
-    workers = LocalWorkers(work)
+    workers = AccuracyWorkers(work)
     rows = []
     try:
         call = run_json(["--measure-call", "--repeats", "200"])["call_overhead_s"]

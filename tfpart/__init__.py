@@ -2,7 +2,9 @@
 
 The Python API: ``compile_model`` (the whole pipeline), ``plan_model`` (read and
 partition without writing), ``load`` (load a compiled model with its variable devices),
-``verify`` (compare original and compiled), ``load_cluster``, ``Plan``, ``Cluster``.
+``connect`` (become a client of a cluster's ``tfpart worker`` tasks), ``verify``
+(compare original and compiled), ``time_model``, ``LocalWorkers`` (a multi-host cluster
+on this machine), ``load_cluster``, ``Plan``, ``Cluster``.
 Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
 import cycles with the packages below it.
 
@@ -15,7 +17,8 @@ from importlib import import_module
 _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "Plan": "tfpart.plan", "TfpartError": "tfpart.errors",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
-        "load": "tfpart.runtime", "verify": "tfpart.runtime"}
+        "load": "tfpart.runtime", "verify": "tfpart.runtime", "connect": "tfpart.runtime",
+        "time_model": "tfpart.runtime", "LocalWorkers": "tfpart.local_workers"}
 
 __all__ = sorted(_API)
 

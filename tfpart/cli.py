@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from contextlib import contextmanager
 
@@ -176,9 +177,6 @@ def cmd_simulate(args):
 
 
 def cmd_worker(args):
-    import json as json_module
-    import os
-
     from tfpart.cluster import cluster_from_dict, load_cluster
     from tfpart.runtime import start_server
 
@@ -190,7 +188,7 @@ def cmd_worker(args):
             print("tfpart: error: give --cluster and --task, or set TF_CONFIG", file=sys.stderr)
             return 2
         try:
-            config = json_module.loads(raw)
+            config = json.loads(raw)
             spec = config["cluster"]
             devices = [{"name": f"/job:{j}/task:{k}/device:CPU:0", "kind": "cpu"}
                        for j, addresses in spec.items() for k in range(len(addresses))]
@@ -334,6 +332,12 @@ def main(argv=None):
         return args.run(args)
     except TfpartError as exc:
         print(f"tfpart: error: {exc}", file=sys.stderr)
+        runtime = sys.modules.get("tfpart.runtime")
+        if runtime is not None and runtime.connected:
+            # TensorFlow's teardown of a broken cluster connection logs more lines.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         return 2
     except KeyboardInterrupt:
         print("tfpart: interrupted", file=sys.stderr)

@@ -28,6 +28,7 @@ import numpy as np
 from rewriters.tf_import import tensorflow
 from tfpart.errors import ModelError, TfpartError
 
+connected = False  # set once this process is a client of a cluster (see connect)
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
                "_DeviceArg", "_DeviceRetval", "NoOp"}
 
@@ -171,8 +172,10 @@ def cluster_errors(cluster):
 def connect(cluster, watch=False):
     """Make this process a client of ``cluster``'s TensorFlow servers, after checking
     that every task is up; with ``watch``, exit cleanly if one goes away later."""
+    global connected  # noqa: PLW0603 - process-wide, as TensorFlow's own context is
     check_workers(cluster)
     tensorflow().config.experimental_connect_to_cluster(cluster_spec(cluster))
+    connected = True
     if watch:
         watch_workers(cluster)
 

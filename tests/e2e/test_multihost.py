@@ -1,0 +1,168 @@
+"""Compiled (pipelined) models run across real ``tfpart worker`` processes on loopback,
+through TensorFlow's distributed runtime; a worker that is absent, dies mid-run, or
+cannot get its port ends the run with a one-line error and exit code 2, quickly."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from examples import models
+from tfpart.compile import compile_model
+from tfpart.local_workers import LocalWorkers, free_port, worker_command
+
+pytestmark = pytest.mark.slow
+FAST_LINKS = {"cross_host": {"bandwidth": "50GB/s", "latency": "1us"}}
+FAULT_LIMIT_S = 60
+
+
+def tfpart(*args, timeout=300, **kwargs):
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tfpart.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+    return done, time.monotonic() - start
+
+
+def one_line_error(stderr):
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("tfpart: error: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    with LocalWorkers(2, tmp_path_factory.mktemp("two"), links=FAST_LINKS) as workers:
+        yield workers
+
+
+@pytest.fixture(scope="module")
+def three_workers(tmp_path_factory):
+    with LocalWorkers(3, tmp_path_factory.mktemp("three"), links=FAST_LINKS) as workers:
+        yield workers
+
+
+def check_verified(done):
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "Outputs equal" in done.stdout
+    assert ", 0 on another device; 0 variables misplaced" in done.stdout
+
+
+@pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
+def test_pipelined_mlp_runs_across_two_servers(microbatches, exported, two_workers, tmp_path):
+    model, out = exported("mlp_module"), tmp_path / "out"
+    result = compile_model(model, two_workers.path, out, batch_size=16,
+                           microbatches=microbatches)
+    tasks = {device.split("/device")[0] for device in result.plan.assignment.values()}
+    assert len(tasks) == 2  # both tasks hold stages
+    done, _ = tfpart("verify", model, out, "--cluster", two_workers.path, "--batch-size", 7)
+    check_verified(done)
+    assert "/job:worker/replica:0/task:0" in done.stdout
+    assert "/job:worker/replica:0/task:1" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["residual_cnn", "transformer_encoder"])
+def test_pipelined_models_run_across_three_servers(name, exported, three_workers, tmp_path):
+    model, out = exported(name), tmp_path / "out"
+    result = compile_model(model, three_workers.path, out, batch_size=16, microbatches=4)
+    assert len(set(result.plan.stages.values())) >= 2
+    for batch in (7, 16):
+        done, _ = tfpart("verify", model, out, "--cluster", three_workers.path,
+                         "--batch-size", batch)
+        check_verified(done)
+    done, _ = tfpart("run", out, "--cluster", three_workers.path, "--repeats", 3, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"] > 0
+
+
+def test_absent_worker_is_a_clean_error(exported, tmp_path):
+    with LocalWorkers(1, tmp_path) as one:
+        cluster = dict(one.cluster)
+        missing = free_port()
+        cluster["cluster"] = {"worker": [*cluster["cluster"]["worker"], f"localhost:{missing}"]}
+        cluster["devices"] = [*cluster["devices"],
+                              {"name": "/job:worker/task:1/device:CPU:0", "kind": "cpu"}]
+        cluster["links"] = FAST_LINKS
+        path = tmp_path / "absent.json"
+        path.write_text(json.dumps(cluster))
+        model, out = exported("mlp_module"), tmp_path / "out"
+        compile_model(model, path, out, batch_size=16, microbatches=2)
+        done, seconds = tfpart("verify", model, out, "--cluster", path)
+    assert done.returncode == 2
+    line = one_line_error(done.stderr)
+    assert f"task 1 at localhost:{missing} is not reachable" in line and str(path) in line
+    assert seconds < FAULT_LIMIT_S
+    print(f"absent worker: exit 2 after {seconds:.1f} s")
+
+
+def test_worker_killed_mid_run_is_a_clean_error(exported, tmp_path):
+    with LocalWorkers(2, tmp_path, links=FAST_LINKS) as workers:
+        model, out = exported("mlp_module"), tmp_path / "out"
+        compile_model(model, workers.path, out, batch_size=16, microbatches=2)
+        run = subprocess.Popen([sys.executable, "-m", "tfpart.cli", "run", str(out),
+                                "--cluster", str(workers.path), "--repeats", "10000000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(12)  # past start-up: the model is loaded and being called
+        assert run.poll() is None, run.communicate()
+        workers.kill(1)
+        killed = time.monotonic()
+        try:
+            stdout, stderr = run.communicate(timeout=FAULT_LIMIT_S)
+        finally:
+            run.kill()
+        seconds = time.monotonic() - killed
+    assert run.returncode == 2
+    line = one_line_error(stderr)
+    assert "task 1" in line
+    assert seconds < FAULT_LIMIT_S
+    print(f"worker killed mid-run: exit 2 {seconds:.1f} s after the kill")
+
+
+def test_port_already_taken_is_a_clean_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({"cluster": {"worker": [f"localhost:{port}"]}, "devices": [
+            {"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}))
+        done, seconds = tfpart("worker", "--cluster", path, "--task", 0, timeout=FAULT_LIMIT_S)
+    assert done.returncode == 2
+    assert "already in use" in one_line_error(done.stderr)
+    assert seconds < FAULT_LIMIT_S
+
+
+def test_worker_started_from_tf_config(tmp_path):
+    port = free_port()
+    config = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker",
+                                                                    "index": 0}}
+    command = worker_command("unused", 0)[:4]  # python -m tfpart.cli worker
+    process = subprocess.Popen(command, env={**os.environ, "TF_CONFIG": json.dumps(config)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("localhost", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.communicate()[1]
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

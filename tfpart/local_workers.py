@@ -1,0 +1,110 @@
+"""Local ``tfpart worker`` processes on loopback: a multi-host cluster on one machine.
+
+Each task is a separate process running its own ``tf.distribute.Server`` (TensorFlow's
+distributed runtime), optionally pinned to its own core with ``taskset`` and given one
+intra-op and one inter-op thread, so that each task is one real, parallel device. Used
+by the multi-host tests, the benchmarks and the notebooks.
+
+Example (not run here: it starts processes)::
+
+    with LocalWorkers(2, directory) as workers:
+        compile_model(model, workers.path, out, microbatches=4)
+        verify(model, out, cluster=load_cluster(workers.path))
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port():
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def worker_command(cluster_file, task, *, threads=1):
+    """The command line that starts ``task`` of ``cluster_file``."""
+    return [sys.executable, "-m", "tfpart.cli", "worker", "--cluster", str(cluster_file),
+            "--task", str(task), "--intra-threads", str(threads), "--inter-threads",
+            str(threads)]
+
+
+class LocalWorkers:
+    """``count`` worker tasks on free loopback ports, described by ``self.path``.
+
+    Parameters
+    ----------
+    count : int
+    directory : path
+        Where the cluster file (``workers.json``) is written.
+    links : dict, optional
+        The cluster file's ``links`` block (the cost model's view of loopback).
+    pin : bool
+        Pin task ``k`` to core ``k mod cores`` with ``taskset``, when it exists.
+    extra : dict, optional
+        More top-level cluster-file fields (``step_overhead``, ``name``).
+    """
+
+    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=60):
+        self.ports = [free_port() for _ in range(count)]
+        self.cluster = {"name": f"{count} local workers",
+                        "cluster": {"worker": [f"localhost:{p}" for p in self.ports]},
+                        "devices": [{"name": f"/job:worker/task:{k}/device:CPU:0",
+                                     "kind": "cpu"} for k in range(count)],
+                        **(extra or {})}
+        if links:
+            self.cluster["links"] = links
+        self.path = Path(directory) / "workers.json"
+        self.path.write_text(json.dumps(self.cluster))
+        pin = pin and shutil.which("taskset") is not None
+        self.processes = [self._start(k, pin) for k in range(count)]
+        deadline = time.time() + timeout
+        for port in self.ports:
+            while not _accepts(port):
+                if time.time() > deadline or any(p.poll() is not None for p in self.processes):
+                    self.stop()
+                    raise RuntimeError(f"local workers did not start within {timeout} s")
+                time.sleep(0.2)
+
+    def _start(self, task, pin):
+        command = worker_command(self.path, task)
+        if pin:
+            command = ["taskset", "-c", str(task % os.cpu_count()), *command]
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill(self, task):
+        """Kill one task abruptly (as a crashed host would go)."""
+        self.processes[task].kill()
+        self.processes[task].wait(timeout=30)
+
+    def stop(self):
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _accepts(port):
+    try:
+        socket.create_connection(("localhost", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
