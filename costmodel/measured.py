@@ -102,8 +102,14 @@ class MeasuredProfile:
         overhead), else the fitted roofline; ops removed before running cost nothing."""
         dispatch = self.fitted.get("dispatch_overhead_s", 0.0)
         measured = self._table.get(shape_key(attrs["op_type"], attrs["input_shapes"]))
+        if measured is not None and measured > 0:
+            # A micro-batch (costmodel.pipeline) keeps its full-batch shapes: its time is
+            # the measured one with all but the fixed per-op overhead scaled down.
+            fraction = attrs.get("batch_fraction", 1.0)
+            overhead = min(self.fitted["op_overhead_s"], measured)
+            return dispatch + overhead + (measured - overhead) * fraction
         if measured is not None:
-            return measured + dispatch if measured > 0 else 0.0
+            return 0.0
         if attrs["op_type"] in FREE_OPS:
             return 0.0
         return dispatch + roofline_time(attrs["op_type"], attrs["flops"],

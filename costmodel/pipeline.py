@@ -43,7 +43,8 @@ def microbatch_graph(graph, microbatches):
 
     FLOPs and activation bytes shrink by the factor; bytes read from weights (inputs
     coming from variables and constants) do not. Explicit ``cost`` tables (imported
-    graphs) are scaled as a whole.
+    graphs) are scaled as a whole; times from measured profiles keep their fixed per-op
+    overhead and scale the rest (``batch_fraction``).
     """
     if microbatches == 1:
         return graph
@@ -55,6 +56,7 @@ def microbatch_graph(graph, microbatches):
                            if nx_graph.nodes[src]["op_type"] in WEIGHT_SOURCES)
         weight_bytes = min(weight_bytes, attrs["bytes_accessed"])
         new = dict(attrs)
+        new["batch_fraction"] = fraction  # measured profiles scale their full-batch times
         new["flops"] = attrs["flops"] * fraction
         new["bytes_accessed"] = weight_bytes + (attrs["bytes_accessed"] - weight_bytes) * fraction
         if attrs.get("cost") is not None:

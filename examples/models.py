@@ -130,3 +130,19 @@ def export_inception_v3(path):
     keras.applications.InceptionV3(weights=None, input_shape=(299, 299, 3)).export(
         str(path), verbose=False)
     return path
+
+
+def export_conv_tower(path, layers=8, width=32, size=32, seed=0):
+    """A plain tower of 3x3 convolutions (equal layers, small weights, much arithmetic
+    per sample): the pipeline throughput benchmark's model."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((size, size, 3), name="image")
+    x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(inputs)
+    for _ in range(layers - 1):
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(10)(x)
+    keras.Model(inputs, outputs, name="conv_tower").export(str(path), verbose=False)
+    return path
