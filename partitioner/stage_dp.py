@@ -16,10 +16,10 @@ Kernel inputs are plain arrays (:class:`StageProblem`), so it is tested with ran
 costs and no model, and used both on Tarnawski's published graphs and on OpGraphs.
 
 Speed: an upper bound ``UB`` from the same DP restricted to the prefixes of one
-topological order (a chain, ``n + 1`` ideals, PipeDream's setting) prunes every
-stage whose fastest compute time alone exceeds ``UB``; crossing costs are computed in
-blocks with one matrix product. When a graph has more than ``ideal_limit`` ideals the
-chain solution is returned, marked not exact.
+topological order (a chain, ``n + 1`` ideals, PipeDream's setting) prunes every stage
+whose compute, at each unit's fastest kind, already exceeds ``UB``; subset tests and
+crossing costs run in compiled loops (numba). When a graph has more than
+``ideal_limit`` ideals the chain solution is returned, marked not exact.
 
 Examples
 --------
@@ -206,9 +206,10 @@ def _run(problem, ideals, upper_bound):
     incidence = np.zeros((problem.n, len(problem.groups)), dtype=np.int32)
     for g, units in enumerate(problem.groups):
         incidence[list(set(units)), g] = 1
-    touched = np.rint(members.astype(np.float32) @ incidence.astype(np.float32)).astype(np.int32)
+    touched = np.rint(members.astype(np.float32) @ incidence.astype(np.float32))
     radix = np.array(problem.count, dtype=np.int64) + 1
-    tables = (packed, fastest, prefix_time, blocked, prefix_size, touched, incidence.sum(axis=0).astype(np.int32),
+    tables = (packed, fastest, prefix_time, blocked, prefix_size, touched.astype(np.int32),
+              incidence.sum(axis=0).astype(np.int32),
               np.ascontiguousarray(problem.comm, dtype=float),
               np.asarray(problem.capacity, dtype=float), radix, float(upper_bound))
     dp = _dp(*tables)
@@ -269,8 +270,8 @@ def _stage_cost(outer, inner, kind, prefix_time, blocked, prefix_size, touched, 
 
 
 @numba.njit(cache=True)
-def _dp(packed, fastest, prefix_time, blocked, prefix_size, touched, group_size, comm, capacity, radix,
-        upper_bound):
+def _dp(packed, fastest, prefix_time, blocked, prefix_size, touched, group_size, comm,
+        capacity, radix, upper_bound):
     """dp[state, I]: least max load covering ideal I with the devices counted by state
     (mixed radix over kinds), using only stages whose compute fits in ``upper_bound``."""
     n_states = 1
