@@ -21,6 +21,20 @@ def test_simulate_prints_figures_and_draws_a_gantt_chart(tmp_path, capsys, write
     assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_simulate_replays_a_pipelined_plan(tmp_path, capsys, write_cluster):
+    out = tmp_path / "out"
+    cluster = dict(local_cluster(3), links={"same_host": {"bandwidth": "50GB/s",
+                                                          "latency": "1us"}})
+    result = compile_model(DEFAULT_MODEL_DIR, write_cluster(cluster), out, batch_size=16,
+                           microbatches=4)
+    assert main(["simulate", str(DEFAULT_MODEL_DIR), str(out / "plan.json")]) == 0
+    printed = capsys.readouterr().out
+    predicted = result.plan.predicted
+    assert f"Predicted batch time {predicted['step_time'] * 1e3:.3f} ms" in printed
+    assert f"{predicted['throughput']:.1f} samples/s" in printed
+    assert predicted["first_result"] < predicted["step_time"]
+
+
 def test_simulate_rejects_a_plan_of_another_model(tmp_path, capsys, write_cluster):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"assignment": {"x": "/job:localhost/replica:0/task:0/device:CPU:0"},

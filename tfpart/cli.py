@@ -150,6 +150,8 @@ def cmd_simulate(args):
         progress("reading the model and simulating the plan")
         schedule, cost, plan = simulate_model(args.model, args.plan, cluster_file=args.cluster,
                                               profiles=args.profile)
+    if plan.stages:
+        return print_pipeline_run(schedule, plan)
     names = cost.cluster.device_names
     table = Table(title="Simulated step per device")
     for column in ("device", "ops", "busy", "idle", "peak memory"):
@@ -173,6 +175,22 @@ def cmd_simulate(args):
 
         write_gantt(schedule, cost, args.gantt)
         console.print(f"Wrote {args.gantt}")
+    return 0
+
+
+def print_pipeline_run(run, plan):
+    table = Table(title=f"Simulated pipeline: {plan.microbatches} micro-batches")
+    for column in ("device", "stage", "busy"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    stage_of_device = {plan.assignment[op]: stage for op, stage in plan.stages.items()}
+    for name, busy in run.busy.items():
+        table.add_row(name, str(stage_of_device.get(name, "-")), _seconds(busy))
+    console.print(table)
+    batch = plan.context.get("batch_size", 1)
+    console.print(f"Predicted batch time {_seconds(run.batch_time)} "
+                  f"({batch / run.batch_time:.1f} samples/s); first result after "
+                  f"{_seconds(run.first_result)}; one micro-batch every "
+                  f"{_seconds(run.interval)}; bubble {100 * run.bubble_fraction:.0f}%")
     return 0
 
 

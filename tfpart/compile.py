@@ -122,7 +122,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
 
 
 def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
-    """Read a model and a plan.json and simulate the plan; (schedule, cost, plan)."""
+    """Read a model and a plan.json and simulate the plan; (schedule, cost, plan), or
+    (PipelineRun, cost, plan) for a pipelined plan."""
     from costmodel.simulate import simulate_plan
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
@@ -141,6 +142,14 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
         raise PlacementError(plan_file, f"places ops on {unknown[0]}, not in {cluster_file}")
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
     cost = CostModel(graph, cluster, measured=load_profiles(profiles))
+    if plan.stages:  # a pipeline: M micro-batches through the stages
+        from costmodel.pipeline import microbatch_graph, simulate_pipeline
+
+        index = {name: d for d, name in enumerate(cluster.device_names)}
+        device_of = {op: index[d] for op, d in plan.assignment.items() if op in graph.ops}
+        run = simulate_pipeline(microbatch_graph(graph, plan.microbatches), cluster, device_of,
+                                plan.stages, plan.microbatches, cost.measured)
+        return run, cost, plan
     try:
         schedule = simulate_plan(plan, cost)
     except PlacementError as exc:
