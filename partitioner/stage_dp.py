@@ -118,7 +118,7 @@ def solve(problem, *, ideal_limit=IDEAL_LIMIT):
     ideals = _enumerate_ideals(problem.preds, order, ideal_limit)
     if ideals is None:
         if best is None:
-            raise PlacementError("stage graph", "no split into stages fits the devices' "
+            raise PlacementError("", "no split into stages fits the devices' "
                                  "memory (searched the chain splits only)")
         best.exact = False
         best.ideals = len(chain_ideals)
@@ -146,7 +146,7 @@ def _topological_order(preds):
             if indegree[v] == 0:
                 ready.append(v)
     if len(order) != len(preds):
-        raise PlacementError("stage graph", "the unit graph has a cycle")
+        raise PlacementError("", "the unit graph has a cycle")
     return order
 
 
@@ -218,7 +218,8 @@ def _run(problem, ideals, upper_bound):
     if not np.isfinite(dp[top, full]):
         if np.isfinite(upper_bound):
             return None
-        raise PlacementError("stage graph", "no split into stages fits the devices' memory")
+        raise PlacementError("", "no split into pipeline stages fits the devices' memory "
+                             "(each stage holds its variables and its activations)")
     steps = _backtrack(dp, top, full, *tables)
     stages, loads = [], []
     for inner, outer, kind, load in steps[::-1]:

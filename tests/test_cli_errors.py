@@ -97,6 +97,23 @@ def test_model_larger_than_the_whole_cluster(capsys, tmp_path, write_cluster):
     assert_clean_failure(code, err, str(path), "whole cluster", out=tmp_path / "out")
 
 
+def test_pipeline_stages_that_fit_no_device(capsys, tmp_path, write_cluster):
+    # The variables fit the cluster in total, but no split gives every stage room for
+    # its variables and activations.
+    path = write_cluster(local_cluster(2, memory="500KB"))
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "compile", str(DEFAULT_MODEL_DIR), "--cluster", str(path),
+                        "--pipeline", "-o", str(out))
+    assert_clean_failure(code, err, str(path), "no split into pipeline stages fits",
+                         out=out)
+
+
+def test_microbatches_must_be_positive(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, "compile", "--microbatches", "0", "-o", str(out))
+    assert_clean_failure(code, err, "--microbatches must be positive", out=out)
+
+
 def test_existing_output_needs_force(capsys, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
