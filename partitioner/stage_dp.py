@@ -289,7 +289,6 @@ def _dp(packed, fastest, prefix_time, blocked, prefix_size, touched, group_size,
         for k in range(kinds):
             digits[s, k] = (s // stride[k]) % radix[k]
         dp[s, 0] = 0.0
-    costs = np.empty(kinds)
     for outer in range(1, n_ideals):
         for s in range(1, n_states):  # a device may stay unused
             for k in range(kinds):
@@ -304,13 +303,21 @@ def _dp(packed, fastest, prefix_time, blocked, prefix_size, touched, group_size,
             if best_before >= upper_bound * (1 + 1e-12) and upper_bound < np.inf:
                 continue
             for k in range(kinds):
-                costs[k] = _stage_cost(outer, inner, k, prefix_time, blocked, prefix_size,
-                                       touched, group_size, comm, capacity, upper_bound)
-            for s in range(1, n_states):
-                for k in range(kinds):
+                # The compute alone bounds the load from below: skip the crossing costs
+                # when even that cannot improve any state.
+                compute = prefix_time[k, outer] - prefix_time[k, inner]
+                useful = False
+                for s in range(1, n_states):
+                    if digits[s, k] > 0 and max(dp[s - stride[k], inner], compute) < dp[s, outer]:
+                        useful = True
+                        break
+                if not useful:
+                    continue
+                cost = _stage_cost(outer, inner, k, prefix_time, blocked, prefix_size, touched,
+                                   group_size, comm, capacity, upper_bound)
+                for s in range(1, n_states):
                     if digits[s, k] > 0:
-                        candidate = max(dp[s - stride[k], inner], costs[k])
-                        dp[s, outer] = min(dp[s, outer], candidate)
+                        dp[s, outer] = min(dp[s, outer], max(dp[s - stride[k], inner], cost))
     return dp
 
 
