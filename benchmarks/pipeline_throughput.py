@@ -64,8 +64,11 @@ def main(argv=None):
                         help="fixed micro-batch counts to time beside the chosen one")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--client", help=argparse.SUPPRESS)  # internal: the timing process
+    parser.add_argument("--reference", type=int, help=argparse.SUPPRESS)  # its M
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.client and args.reference:
+        return time_reference(args.client, args.repeats, args.batch_size, args.reference)
     if args.client:
         return time_batches(args.client, args.out, args.repeats)
     console = Console(width=150)
@@ -97,13 +100,20 @@ def main(argv=None):
                 tfpart_json("compile", model, "--cluster", cluster_file, "-o", out,
                             "--batch-size", args.batch_size, "--profile", profile, *options)
                 outs.append(out)
-        samples = {out: [] for out in outs}
+        samples = {out: [] for out in [*outs, "ref-one", "ref-two"]}
         for _ in range(args.rounds):
-            for out in outs:  # fresh workers too: they keep state from earlier clients
+            for out in [*outs, "ref"]:  # fresh workers too: they keep earlier clients' state
                 with LocalWorkers(2, work) as timing:
                     cluster_file.write_text(json.dumps(dict(cluster, cluster=timing.cluster[
                         "cluster"])))
-                    samples[out] += time_in_fresh_client(cluster_file, out, args.repeats)
+                    if out == "ref":
+                        one, two = time_in_fresh_client(
+                            cluster_file, "--reference", args.repeats,
+                            ["--reference", "8", "--batch-size", str(args.batch_size)])
+                        samples["ref-one"] += one
+                        samples["ref-two"] += two
+                    else:
+                        samples[out] += time_in_fresh_client(cluster_file, out, args.repeats)
         for (label, _), out in zip(variants, outs):
             median = statistics.median(samples[out])
             plan = json.loads((out / "plan.json").read_text())
@@ -113,15 +123,22 @@ def main(argv=None):
                          "microbatches": plan.get("microbatches", 1),
                          "measured": args.batch_size / median,
                          "predicted": args.batch_size / plan["predicted"]["step_time"]})
+        reference = [statistics.median(samples["ref-one"]),
+                     statistics.median(samples["ref-two"])]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(console, rows, args)
+    console.print(f"Reference, hand-written plain TensorFlow (same layers, no tfpart): one "
+                  f"worker {args.batch_size / reference[0]:.1f} samples/s, two workers "
+                  f"pipelined over 8 micro-batches {args.batch_size / reference[1]:.1f} "
+                  f"samples/s ({reference[0] / reference[1]:.2f}x)")
     return 0
 
 
-def time_in_fresh_client(cluster_file, out, repeats):
+def time_in_fresh_client(cluster_file, out, repeats, extra=()):
+    arguments = list(extra) if out == "--reference" else [str(out)]
     done = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_throughput", "--client",
-                           str(cluster_file), "--repeats", str(repeats), str(out)],
+                           str(cluster_file), "--repeats", str(repeats), *arguments],
                           capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
@@ -144,6 +161,57 @@ def time_batches(cluster_file, out, repeats):
         if k >= 3:
             times.append(time.perf_counter() - start)
     print(json.dumps(times))
+    return 0
+
+
+def time_reference(cluster_file, repeats, batch_size, microbatches):
+    """Seconds per batch of a hand-written plain-TensorFlow pipeline of the same layers
+    (the first half on task 0, the rest on task 1; no tfpart, no control edges), and of
+    the same layers all on task 0: what TensorFlow itself reaches on these workers."""
+    import tensorflow as tf
+
+    import tfpart
+
+    cluster = tfpart.load_cluster(cluster_file)
+    tfpart.connect(cluster, watch=True)
+    first, second = cluster.device_names[:2]
+    rng = tf.random.Generator.from_seed(0)
+    shapes = [(3, 3, 3, 64)] + [(3, 3, 64, 64)] * 7
+    kernels = []
+    for k, shape in enumerate(shapes):
+        with tf.device(first if k < len(shapes) // 2 else second):
+            kernels.append((tf.Variable(rng.normal(shape) * 0.05), tf.Variable(tf.zeros(64))))
+
+    def layers(x, chosen):
+        for kernel, bias in chosen:
+            x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, kernel, 1, "SAME"), bias))
+        return x
+
+    def build(split, m_count):
+        @tf.function
+        def run(x):
+            size = batch_size // m_count
+            outs = []
+            for m in range(m_count):
+                with tf.device(first):
+                    h = layers(x[m * size:(m + 1) * size], kernels[:4])
+                with tf.device(second if split else first):
+                    outs.append(tf.reduce_mean(layers(h, kernels[4:]), axis=[1, 2]))
+            return tf.concat(outs, 0)
+        return run
+
+    with tf.device(first):
+        x = tf.random.normal([batch_size, 16, 16, 3])
+    results = []
+    for fn in (build(False, 1), build(True, microbatches)):
+        times = []
+        for k in range(3 + repeats):
+            start = time.perf_counter()
+            fn(x).numpy()
+            if k >= 3:
+                times.append(time.perf_counter() - start)
+        results.append(times)
+    print(json.dumps(results))
     return 0
 
 
