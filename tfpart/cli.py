@@ -66,6 +66,9 @@ def print_plan(result, default_cluster):
                   f"cluster '{result.cluster.name}' ({len(result.cluster)} devices)")
     console.print(plan_table(plan))
     gap = plan.gap
+    if plan.context.get("samples_mixed_by"):
+        console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
+                      "batch: the stages run whole batches (no micro-batches)")
     if plan.stages:
         p = plan.predicted
         console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "

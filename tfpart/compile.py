@@ -19,7 +19,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner import ALGORITHMS
 from tfpart.cluster import load_cluster
-from tfpart.errors import OutputError, PlacementError
+from tfpart.errors import ModelError, OutputError, PlacementError
 
 
 @dataclass
@@ -37,6 +37,22 @@ def _check_fits(graph, cluster, source):
     if params > cluster.total_memory():
         raise PlacementError(source, f"the model's variables need {params / 1e6:.1f} MB but "
                              f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
+
+
+def _samples_mixed_by(proto, model_dir, info, microbatches):
+    """Ops that mix a batch's samples, which forbid micro-batches (see
+    :mod:`rewriters.batch_check`): an error if micro-batches were asked for, else the
+    pipeline keeps whole batches."""
+    from rewriters.batch_check import batch_mixing_ops
+
+    if microbatches == 1:
+        return []
+    mixing = batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
+    if mixing and microbatches is not None:
+        raise ModelError(model_dir, f"op {mixing[0]} mixes the samples of a batch, so "
+                         f"{microbatches} micro-batches would change the outputs; use "
+                         "--microbatches 1 (stages without micro-batches)")
+    return mixing
 
 
 def load_profiles(paths):
@@ -70,12 +86,14 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     step(f"partitioning {len(graph)} ops into "
          f"{'pipeline stages' if pipeline else f'a placement with {algorithm}'}")
     cost = CostModel(graph, cluster, measured=load_profiles(profiles))
+    mixing = []
     try:
         if pipeline:
             from partitioner.pipeline import PipelineOptions, partition
 
+            mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
             plan = partition(graph, cost, cluster, options=PipelineOptions(
-                batch_size=info.batch_size, microbatches=microbatches))
+                batch_size=info.batch_size, microbatches=1 if mixing else microbatches))
         else:
             plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
     except PlacementError as exc:
@@ -87,6 +105,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                     "batch_size": info.batch_size,
                     "profiles": [str(p) for p in profiles or ()], "inputs": {
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
+    if mixing:
+        plan.context["samples_mixed_by"] = mixing[:10]
     return plan, graph, info, proto, timings
 
 

@@ -87,3 +87,23 @@ def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster
     assert run.returncode == 0, run.stderr[-2000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures["samples_per_s"] > 0 and figures["microbatches"] == int(best)
+
+
+def test_a_model_that_mixes_samples_is_not_micro_batched(exported, local_cpus, write_cluster,
+                                                         tmp_path, capsys):
+    from tfpart.cli import main
+
+    model = exported("cond_module")  # branches on the sum of the whole batch
+    cluster = write_cluster(dict(local_cluster(3), links=FAST_LINKS))
+    refused = tmp_path / "refused"
+    assert main(["compile", str(model), "--cluster", str(cluster), "--microbatches", "4",
+                 "--batch-size", "8", "-o", str(refused)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mixes the samples of a batch" in err
+    assert not refused.exists()
+    out = tmp_path / "out"
+    result = compile_model(model, cluster, out, batch_size=8, pipeline=True)
+    assert result.plan.microbatches == 1
+    assert result.plan.context["samples_mixed_by"]
+    report = verify(model, out, batch_size=7)
+    assert report.outputs_equal and report.op_mismatches == []
