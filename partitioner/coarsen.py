@@ -160,6 +160,16 @@ def coarsen(graph, cost, options=CoarsenOptions()):
     return _build(graph, cost, part)
 
 
+def regroup(graph, cost, members):
+    """The coarse graph of ``graph`` for a given grouping (unit -> ops), e.g. the same
+    units costed at another batch size."""
+    unit_of = {op: unit for unit, ops in members.items() for op in ops}
+
+    class _Fixed:
+        find = staticmethod(unit_of.__getitem__)
+    return _build(graph, cost, _Fixed)
+
+
 def _merge_segments(graph, part, mean_time, cost, target):
     """Cut the unit DAG's topological order into ``target`` contiguous pieces of about
     equal work and merge each piece. A contiguous piece of a topological order cannot

@@ -12,7 +12,9 @@ The micro-batch count M (``options.microbatches`` overrides) is the one whose
 simulated batch time is least among 1, 2, 4, … up to the batch size: more micro-batches
 shrink the pipeline bubble (K - 1) / (M + K - 1) but make every op run at a smaller
 batch, which pays its launch overhead and weight reads M times
-(:mod:`costmodel.pipeline`).
+(:mod:`costmodel.pipeline`). The candidates are simulated on the coarse units (each
+unit's ops back to back, its tensors sent when it ends); the chosen M is then simulated
+op by op for the figures in the plan.
 
 Examples
 --------
@@ -42,7 +44,7 @@ import numpy as np
 from costmodel.memory import device_memory, new_output_bytes
 from costmodel.pipeline import microbatch_graph, simulate_pipeline
 from costmodel.roofline import CostModel
-from partitioner.coarsen import CoarsenOptions, coarsen
+from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from tfpart.errors import PlacementError
 from tfpart.plan import Plan
@@ -74,10 +76,11 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
         for u in members:
             for op in coarse.members[units[u]]:
                 device_of[op], stage_of[op] = device, stage
-    runs = [simulate_pipeline(microbatch_graph(graph, m), cluster, device_of, stage_of, m,
-                              cost.measured)
-            for m in microbatch_candidates(options)]
-    best = min(runs, key=lambda run: (run.batch_time, run.microbatches))
+    runs = [_simulate_units(graph, cluster, coarse.members, device_of, stage_of, m,
+                            cost.measured) for m in microbatch_candidates(options)]
+    chosen = min(runs, key=lambda run: (run.batch_time, run.microbatches)).microbatches
+    best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
+                             chosen, cost.measured)
     names = cluster.device_names
     assignment = {op: names[d] for op, d in device_of.items()}
     memory = device_memory(graph, assignment, names)
@@ -108,6 +111,16 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
         lower_bound=pipeline_lower_bound(graph, cluster, best.microbatches, cost.measured))
     plan.check(graph, cluster)
     return plan
+
+
+def _simulate_units(graph, cluster, members, device_of, stage_of, microbatches, measured):
+    """Pipelined simulation of the coarse units (fast enough to try every M)."""
+    micro = microbatch_graph(graph, microbatches)
+    units = regroup(micro, CostModel(micro, cluster, measured=measured), members)
+    first = {unit: ops[0] for unit, ops in members.items()}
+    return simulate_pipeline(units.graph, cluster,
+                             {u: device_of[first[u]] for u in members},
+                             {u: stage_of[first[u]] for u in members}, microbatches)
 
 
 def microbatch_candidates(options):
