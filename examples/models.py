@@ -132,7 +132,7 @@ def export_inception_v3(path):
     return path
 
 
-def export_conv_tower(path, layers=8, width=64, size=16, seed=0):
+def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
     """A plain tower of 3x3 convolutions (equal layers, small weights, much arithmetic
     per sample): the pipeline throughput benchmark's model."""
     import keras

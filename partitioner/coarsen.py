@@ -38,11 +38,15 @@ from costmodel.memory import ALIASING_OPS
 from tfpart.graph import OpGraph
 
 
+WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
+
+
 @dataclass(frozen=True)
 class CoarsenOptions:
     chains: bool = True
     name_scope_depth: int | None = None
     target_units: int | None = None
+    weights_with_reader: bool = False  # a weight read by one op joins that op's unit
 
 
 @dataclass
@@ -146,6 +150,8 @@ def coarsen(graph, cost, options=CoarsenOptions()):
         for members in scopes.values():
             for other in members[1:]:
                 part.union(members[0], other)
+    if options.weights_with_reader:
+        _join_weights_to_readers(graph, part)
     units = _collapse_cycles(graph, part)
     mean_time = cost.mean_time()
     weight = {u: 0.0 for u in units}
@@ -158,6 +164,24 @@ def coarsen(graph, cost, options=CoarsenOptions()):
     if options.target_units and len({part.find(op) for op in graph.ops}) > options.target_units:
         _merge_segments(graph, part, mean_time, cost, options.target_units)
     return _build(graph, cost, part)
+
+
+def _join_weights_to_readers(graph, part):
+    """Put each op computed from weights alone (variables, their reads, constants, and
+    ops whose data inputs are all such ops) whose value one op uses (by data edges) in
+    that op's unit, so a weight lives where it is used rather than with the other
+    weights, which lead every topological order."""
+    nxg = graph.nx_graph
+    weight_only = set()
+    for op in graph.topological_order():
+        sources = [u for u, _, edge in nxg.in_edges(op, data=True) if not edge["control"]]
+        if graph.ops[op]["op_type"] in WEIGHT_OPS or (
+                sources and all(u in weight_only for u in sources)):
+            weight_only.add(op)
+    for op in weight_only:
+        readers = {v for _, v, edge in nxg.out_edges(op, data=True) if not edge["control"]}
+        if len(readers) == 1:
+            part.union(op, readers.pop())
 
 
 def regroup(graph, cost, members):

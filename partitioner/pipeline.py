@@ -1,8 +1,9 @@
 """Pipeline partitioner: convex stages on (heterogeneous) devices, and a micro-batch
 count.
 
-The graph is coarsened to at most ``target_units`` units (colocation groups, chains,
-then contiguous topological pieces), devices are grouped into kinds (same device kind
+The graph is coarsened to at most ``target_units`` units (colocation groups, each
+weight with the one op that reads it, chains, then contiguous topological pieces),
+devices are grouped into kinds (same device kind
 and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
 each runs on that minimise the largest stage load: compute plus the transfers into
 and out of the stage. A stage's memory is its variables plus its activations at the
@@ -64,7 +65,8 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
     if options.microbatches is not None and not 1 <= options.microbatches:
         raise PlacementError("", f"--microbatches must be at least 1, not "
                              f"{options.microbatches}")
-    coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units))
+    coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
+                                                 weights_with_reader=True))
     units = list(coarse.graph.ops)
     kinds = device_kinds(cluster)
     problem = stage_problem(graph, cost, kinds, units, coarse.members)
