@@ -87,13 +87,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from tfpart.cluster import load_cluster
-    from tfpart.runtime import (
-        connect,
-        ensure_local_cpus,
-        load,
-        random_inputs,
-        set_threads,
-    )
+    from tfpart.runtime import connect, ensure_local_cpus, load, random_inputs, set_threads
 
     set_threads(args.intra, args.inter)
     from rewriters.tf_import import tensorflow

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tfpart.dtypes import tensor_bytes
 
+
 ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
                 "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
 

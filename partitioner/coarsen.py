@@ -46,7 +46,7 @@ class CoarsenOptions:
     chains: bool = True
     name_scope_depth: int | None = None
     target_units: int | None = None
-    weights_with_reader: bool = False  # a weight read by one op joins that op's unit
+    weights_with_reader: bool = False  # a weight joins the unit of its first reader
 
 
 @dataclass
@@ -168,9 +168,10 @@ def coarsen(graph, cost, options=CoarsenOptions()):
 
 def _join_weights_to_readers(graph, part):
     """Put each op computed from weights alone (variables, their reads, constants, and
-    ops whose data inputs are all such ops) whose value one op uses (by data edges) in
-    that op's unit, so a weight lives where it is used rather than with the other
-    weights, which lead every topological order."""
+    ops whose data inputs are all such ops) in the unit of the first op that reads it
+    (by data edges), so a weight lives where it is used rather than with the other
+    weights, which lead every topological order, and independent constants do not
+    multiply the pipeline DP's ideals."""
     nxg = graph.nx_graph
     weight_only = set()
     for op in graph.topological_order():
@@ -178,10 +179,11 @@ def _join_weights_to_readers(graph, part):
         if graph.ops[op]["op_type"] in WEIGHT_OPS or (
                 sources and all(u in weight_only for u in sources)):
             weight_only.add(op)
+    position = {op: k for k, op in enumerate(graph.topological_order())}
     for op in weight_only:
-        readers = {v for _, v, edge in nxg.out_edges(op, data=True) if not edge["control"]}
-        if len(readers) == 1:
-            part.union(op, readers.pop())
+        readers = [v for _, v, edge in nxg.out_edges(op, data=True) if not edge["control"]]
+        if readers:
+            part.union(op, min(readers, key=position.__getitem__))
 
 
 def regroup(graph, cost, members):

@@ -27,7 +27,7 @@ def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None
         mine = np.flatnonzero(device_of == d)
         per_device[name] = {
             "kind": cluster.devices[d].kind.name,
-            "ops": len(mine),
+            "ops": int(len(mine)),
             "param_bytes": int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
             "busy_s": float(schedule.busy[d]),
             "idle_s": float(schedule.idle[d]),

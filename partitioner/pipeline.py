@@ -2,7 +2,7 @@
 count.
 
 The graph is coarsened to at most ``target_units`` units (colocation groups, each
-weight with the one op that reads it, chains, then contiguous topological pieces),
+weight with the first op that reads it, chains, then contiguous topological pieces),
 devices are grouped into kinds (same device kind
 and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
 each runs on that minimise the largest stage load: compute plus the transfers into
@@ -67,7 +67,8 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
                              f"{options.microbatches}")
     coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
                                                  weights_with_reader=True))
-    units = list(coarse.graph.ops)
+    unit_graph = coarse.graph.nx_graph
+    units = [u for u in coarse.graph.ops if unit_graph.degree(u)] or list(coarse.graph.ops)
     kinds = device_kinds(cluster)
     problem = stage_problem(graph, cost, kinds, units, coarse.members)
     solution = solve(problem, ideal_limit=options.ideal_limit)
@@ -78,6 +79,7 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
         for u in members:
             for op in coarse.members[units[u]]:
                 device_of[op], stage_of[op] = device, stage
+    _place_unconnected(graph, cluster, coarse, set(units), device_of, stage_of)
     runs = [_simulate_units(graph, cluster, coarse.members, device_of, stage_of, m,
                             cost.measured) for m in microbatch_candidates(options)]
     chosen = min(runs, key=lambda run: (run.batch_time, run.microbatches)).microbatches
@@ -123,6 +125,22 @@ def _simulate_units(graph, cluster, members, device_of, stage_of, microbatches, 
     return simulate_pipeline(units.graph, cluster,
                              {u: device_of[first[u]] for u in members},
                              {u: stage_of[first[u]] for u in members}, microbatches)
+
+
+def _place_unconnected(graph, cluster, coarse, staged, device_of, stage_of):
+    """Units with no edges (variables the signature never reads, which still hold
+    memory) go to the stage device with the most memory left; they would only multiply
+    the DP's ideals."""
+    stage_device = {stage: device_of[op] for op, stage in stage_of.items()}
+    left = {d: cluster.devices[d].memory for d in stage_device.values()}
+    for op, device in device_of.items():
+        left[device] -= graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+    lonely = [u for u in coarse.graph.ops if u not in staged]
+    for unit in sorted(lonely, key=lambda u: -coarse.graph.ops[u]["param_bytes"]):
+        stage, device = max(stage_device.items(), key=lambda item: (left[item[1]], -item[0]))
+        for op in coarse.members[unit]:
+            device_of[op], stage_of[op] = device, stage
+            left[device] -= graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
 
 
 def microbatch_candidates(options):

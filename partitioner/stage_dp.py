@@ -118,8 +118,8 @@ def solve(problem, *, ideal_limit=IDEAL_LIMIT):
     ideals = _enumerate_ideals(problem.preds, order, ideal_limit)
     if ideals is None:
         if best is None:
-            raise PlacementError("", "no split into stages fits the devices' "
-                                 "memory (searched the chain splits only)")
+            raise PlacementError("", "no split into pipeline stages fits the devices' "
+                                 "memory (among the splits of one topological order)")
         best.exact = False
         best.ideals = len(chain_ideals)
         return best

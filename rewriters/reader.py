@@ -17,14 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rewriters.flops import op_flops
-from rewriters.functions import (
-    CONTROL_FLOW_OPS,
-    body_functions,
-    callee,
-    library_index,
-    split_input,
-    topological_nodes,
-)
+from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee,
+                                 library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
@@ -215,8 +209,7 @@ class _Inliner:
         """(GraphDef with flat tensor names, list of flat output tensor names)."""
         if fname not in self._flat_cache:
             from tensorflow.python.framework.function_def_to_graph import (
-                function_def_to_graph_def,
-            )
+                function_def_to_graph_def)
 
             tf = tensorflow()
             fdef = self.functions[fname]
@@ -369,10 +362,9 @@ class _BodyCost:
         self.batch_size = batch_size
 
     def flops(self, op, in_shapes):
+        from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
         from tensorflow.core.framework.function_pb2 import FunctionDef
-        from tensorflow.python.framework.function_def_to_graph import (
-            function_def_to_graph,
-        )
 
         tf = tensorflow()
         per_body = []

@@ -3,6 +3,6 @@
 
 def tensorflow():
     """The ``tensorflow`` module (imported on first use: 2-5 s of start-up)."""
-    import tensorflow as tf
+    import tensorflow as tf  # noqa: PLC0415 - deliberately lazy
 
     return tf

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 
 import jsonschema
@@ -142,7 +142,7 @@ _KIND_FIELDS = ("peak_flops", "memory_bandwidth", "memory", "host_link_bandwidth
                 "peer_link_bandwidth", "efficiency", "op_overhead_s", "source")
 
 
-@cache
+@lru_cache(maxsize=None)
 def load_device_kinds(path=DEVICE_KINDS_FILE):
     """Read the device-kind profiles; raise ProfileError naming the bad entry."""
     try:

@@ -43,7 +43,7 @@ def parse_size(value):
 def parse_rate(value):
     """Bytes per second from a number or a string such as '16GB/s' or '100Gbit/s'."""
     number, unit = _split(value, "rate")
-    unit = unit.removesuffix("/s")
+    unit = unit[:-2] if unit.endswith("/s") else unit
     if unit in _SIZE:
         return number * _SIZE[unit]
     if unit in _BITS:
