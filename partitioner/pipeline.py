@@ -2,7 +2,8 @@
 count.
 
 The graph is coarsened to at most ``target_units`` units (colocation groups, each
-weight with the first op that reads it, chains, then contiguous topological pieces),
+weight with the first op that reads it, ops Grappler fuses kept together, chains, then
+contiguous topological pieces),
 devices are grouped into kinds (same device kind
 and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
 each runs on that minimise the largest stage load: compute plus the transfers into
@@ -66,7 +67,8 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
         raise PlacementError("", f"--microbatches must be at least 1, not "
                              f"{options.microbatches}")
     coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
-                                                 weights_with_reader=True))
+                                                 weights_with_reader=True,
+                                                 keep_fusable=True))
     unit_graph = coarse.graph.nx_graph
     units = [u for u in coarse.graph.ops if unit_graph.degree(u)] or list(coarse.graph.ops)
     kinds = device_kinds(cluster)

@@ -107,3 +107,19 @@ def test_a_model_that_mixes_samples_is_not_micro_batched(exported, local_cpus, w
     assert result.plan.context["samples_mixed_by"]
     report = verify(model, out, batch_size=7)
     assert report.outputs_equal and report.op_mismatches == []
+
+
+def test_resnet50_pipelined_on_a_heterogeneous_cluster(exported, local_cpus, tmp_path):
+    from profiles import CLUSTERS_DIR
+
+    model, out = exported("resnet50"), tmp_path / "out"
+    result = compile_model(model, CLUSTERS_DIR / "a100_l4_one_host.json", out, batch_size=32,
+                           pipeline=True)
+    plan = result.plan
+    kinds = {result.cluster.devices[result.cluster.device_names.index(plan.assignment[op])]
+             .kind.name for op in plan.stages}
+    assert len(set(plan.stages.values())) >= 2 and {"A100-40GB", "L4"} <= kinds
+    assert plan.predicted["stage_search"]["exact"]
+    report = verify(model, out, batch_size=10)
+    assert report.outputs_equal, report.max_abs_diff
+    assert report.op_mismatches == [] and report.variable_mismatches == []
