@@ -146,21 +146,12 @@ def time_in_fresh_client(cluster_file, out, repeats, extra=()):
 
 
 def time_batches(cluster_file, out, repeats):
-    """Seconds of each of ``repeats`` batches of a compiled model, after a warm-up."""
+    """Print the seconds of each of ``repeats`` batches of a compiled model."""
     import tfpart
-    from tfpart.runtime import random_inputs
 
-    tfpart.connect(tfpart.load_cluster(cluster_file), watch=True)
-    plan = json.loads((Path(out) / "plan.json").read_text())
-    signature = tfpart.load(out).signatures[plan["context"]["signature"]]
-    inputs = random_inputs(signature, plan["context"]["batch_size"])
-    times = []
-    for k in range(3 + repeats):
-        start = time.perf_counter()
-        [t.numpy() for t in signature(**inputs).values()]
-        if k >= 3:
-            times.append(time.perf_counter() - start)
-    print(json.dumps(times))
+    timed = tfpart.time_model(out, cluster=tfpart.load_cluster(cluster_file), repeats=repeats,
+                              warmup=3, watch=True)
+    print(json.dumps(timed["times_s"]))
     return 0
 
 

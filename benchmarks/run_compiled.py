@@ -14,20 +14,15 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import numpy as np
 
+from tfpart.runtime import timed_calls
+
 
 def time_calls(fn, repeats, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of a call (see :func:`tfpart.runtime.timed_calls`)."""
+    return statistics.median(timed_calls(fn, repeats, warmup))
 
 
 def measure_link(tf, cluster, repeats):

@@ -137,10 +137,10 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches):
                and not any((u, op) in same_stage for u in nx_graph.predecessors(op)
                            if u not in shared)]
     zero = {d: 0.0 for d in cluster_names}
+    stage_device = {stage_of[op]: device_of[op] for op in graph.ops if op in stage_of}
     for m in range(1, microbatches):
-        for stage in sorted(set(stage_of.values())):
+        for stage, device in sorted(stage_device.items()):
             barrier = f"mb{m}/stage{stage}-waits"
-            device = next(device_of[op] for op in graph.ops if stage_of.get(op) == stage)
             replicated.add_op(barrier, op_type="NoOp", cost=zero)
             placement[barrier] = device
             for op in sinks:

@@ -22,7 +22,7 @@ from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee,
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
-from tfpart.graph import OpGraph
+from tfpart.graph import OpGraph, UnionFind
 
 HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
                  "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
@@ -294,21 +294,9 @@ def _plain_attrs(op):
     return attrs
 
 
-class _UnionFind(dict):
-    def find(self, x):
-        self.setdefault(x, x)
-        while self[x] != x:
-            self[x] = self[self[x]]
-            x = self[x]
-        return x
-
-    def union(self, a, b):
-        self[self.find(a)] = self.find(b)
-
-
 def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
     opgraph = OpGraph()
-    groups = _UnionFind()
+    groups = UnionFind()
     variables = {name: node_id for node_id, name in variable_ops.items()}
     body_cost = _BodyCost(functions, batch_size)
     for op in graph.get_operations():

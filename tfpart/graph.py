@@ -109,3 +109,23 @@ class OpGraph:
 
     def total_param_bytes(self):
         return sum(b for _, b in self.nx_graph.nodes(data="param_bytes"))
+
+
+class UnionFind(dict):
+    """Disjoint sets over hashable items, created on first sight (path halving).
+
+    >>> groups = UnionFind()
+    >>> groups.union("a", "b"); groups.union("c", "b")
+    >>> groups.find("a") == groups.find("c") != groups.find("d")
+    True
+    """
+
+    def find(self, x):
+        self.setdefault(x, x)
+        while self[x] != x:
+            self[x] = self[self[x]]
+            x = self[x]
+        return x
+
+    def union(self, a, b):
+        self[self.find(a)] = self.find(b)

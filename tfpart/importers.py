@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tfpart.cluster import cluster_from_dict
 from tfpart.errors import ModelError
-from tfpart.graph import OpGraph
+from tfpart.graph import OpGraph, UnionFind
 
 
 def _read(path):
@@ -112,7 +112,7 @@ def load_tarnawski_stages(path):
         if u in backward and v in backward and not (
                 cls[u] in forward_classes and cls[v] in forward_classes):
             artificial.add((cls[v], cls[u]))
-    unit_of = _UnionFind()
+    unit_of = UnionFind()
 
     def forward_graph():
         graph = nx.DiGraph()
@@ -181,15 +181,3 @@ def _merge_empty_forward_units(nodes, cls, backward, edges, unit_of, forward_gra
                 break
         else:
             return
-
-
-class _UnionFind(dict):
-    def find(self, x):
-        self.setdefault(x, x)
-        while self[x] != x:
-            self[x] = self[self[x]]
-            x = self[x]
-        return x
-
-    def union(self, a, b):
-        self[self.find(a)] = self.find(b)

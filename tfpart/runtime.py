@@ -172,7 +172,7 @@ def cluster_errors(cluster):
 def connect(cluster, watch=False):
     """Make this process a client of ``cluster``'s TensorFlow servers, after checking
     that every task is up; with ``watch``, exit cleanly if one goes away later."""
-    global connected  # noqa: PLW0603 - process-wide, as TensorFlow's own context is
+    global connected  # process-wide, as TensorFlow's own context is
     check_workers(cluster)
     tensorflow().config.experimental_connect_to_cluster(cluster_spec(cluster))
     connected = True
@@ -260,26 +260,8 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     the compiled model as it is, across the tasks (the original runs here).
     """
     from rewriters.pipeline import original_op_name
-    from rewriters.remap import local_device_map, remap_devices
-    from rewriters.savedmodel_io import read_saved_model, write_saved_model
 
-    compiled_dir = Path(compiled_dir)
-    plan_file = compiled_dir / "plan.json"
-    if not plan_file.is_file():
-        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
-    plan = json.loads(plan_file.read_text())
-    devices = plan["context"].get("devices") or sorted(set(plan["assignment"].values()))
-    with tempfile.TemporaryDirectory(prefix="tfpart-verify-") as tmp:
-        if cluster is not None:
-            _check_plan_devices(plan, cluster, plan_file)
-            device_map = {d: d for d in devices}
-            connect(cluster, watch=watch)
-            proto, local_dir = read_saved_model(compiled_dir), compiled_dir
-        else:
-            device_map = local_device_map(devices)
-            ensure_local_cpus(len(devices))
-            proto = remap_devices(read_saved_model(compiled_dir), device_map)
-            local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
+    with _runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
         original = tensorflow().saved_model.load(str(original_dir))
         signature = plan["context"]["signature"]
         batch = batch_size or plan["context"]["batch_size"]
@@ -311,6 +293,33 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         placement=placed)
 
 
+@contextmanager
+def _runnable(compiled_dir, cluster, watch):
+    """``(plan, proto, directory to load, device map)`` of a compiled model, made
+    runnable here. With ``cluster``, this process connects to its tasks and the model
+    runs as it is; without, its devices are mapped onto local logical CPUs in a
+    temporary copy (removed on exit)."""
+    from rewriters.remap import local_device_map, remap_devices
+    from rewriters.savedmodel_io import read_saved_model, write_saved_model
+
+    compiled_dir = Path(compiled_dir)
+    plan_file = compiled_dir / "plan.json"
+    if not plan_file.is_file():
+        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
+    plan = json.loads(plan_file.read_text())
+    devices = plan["context"].get("devices") or sorted(set(plan["assignment"].values()))
+    if cluster is not None:
+        _check_plan_devices(plan, cluster, plan_file)
+        connect(cluster, watch=watch)
+        yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
+        return
+    device_map = local_device_map(devices)
+    ensure_local_cpus(len(devices))
+    proto = remap_devices(read_saved_model(compiled_dir), device_map)
+    with tempfile.TemporaryDirectory(prefix="tfpart-local-") as tmp:
+        yield plan, proto, write_saved_model(proto, compiled_dir, Path(tmp) / "local"), device_map
+
+
 def _check_plan_devices(plan, cluster, plan_file):
     names = {_canonical(d) for d in cluster.device_names}
     unknown = sorted(d for d in set(plan["assignment"].values()) if _canonical(d) not in names)
@@ -335,49 +344,39 @@ def _same_device(a, b):
     return _canonical(a) == _canonical(b)
 
 
+def timed_calls(fn, repeats, warmup=0):
+    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmup=3,
                watch=False, seed=0):
-    """Median wall time of calls to a compiled model's signature, and samples/s.
+    """Median wall time of calls to a compiled model's signature, samples/s, and each
+    timed call (``times_s``).
 
     Runs on ``cluster``'s servers when given (see :func:`verify`), else on local
     logical CPUs standing in for the plan's devices.
     """
     import statistics
 
-    from rewriters.remap import local_device_map, remap_devices
-    from rewriters.savedmodel_io import read_saved_model, write_saved_model
+    with _runnable(compiled_dir, cluster, watch) as (plan, _, local_dir, _), \
+            cluster_errors(cluster):
+        signature = load(local_dir).signatures[plan["context"]["signature"]]
+        batch = batch_size or plan["context"]["batch_size"]
+        inputs = random_inputs(signature, batch, seed)
 
-    compiled_dir = Path(compiled_dir)
-    plan_file = compiled_dir / "plan.json"
-    if not plan_file.is_file():
-        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
-    plan = json.loads(plan_file.read_text())
-    with tempfile.TemporaryDirectory(prefix="tfpart-run-") as tmp:
-        if cluster is not None:
-            _check_plan_devices(plan, cluster, plan_file)
-            connect(cluster, watch=watch)
-            local_dir = compiled_dir
-        else:
-            devices = plan["context"]["devices"]
-            ensure_local_cpus(len(devices))
-            proto = remap_devices(read_saved_model(compiled_dir), local_device_map(devices))
-            local_dir = write_saved_model(proto, compiled_dir, Path(tmp) / "local")
-        with cluster_errors(cluster):
-            signature = load(local_dir).signatures[plan["context"]["signature"]]
-            batch = batch_size or plan["context"]["batch_size"]
-            inputs = random_inputs(signature, batch, seed)
-
-            def call():
-                return [t.numpy() for t in tensorflow().nest.flatten(signature(**inputs))]
-            for _ in range(warmup):
-                call()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - start)
+        times = timed_calls(
+            lambda: [t.numpy() for t in tensorflow().nest.flatten(signature(**inputs))],
+            repeats, warmup)
     median = statistics.median(times)
     return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,
-            "min_s": min(times), "repeats": repeats,
+            "min_s": min(times), "repeats": repeats, "times_s": times,
             "predicted_s": plan["predicted"].get("step_time"),
             "microbatches": plan.get("microbatches", 1)}

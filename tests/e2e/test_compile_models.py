@@ -6,23 +6,11 @@ import sys
 
 import pytest
 
-from examples import models
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
 from tfpart.runtime import verify
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
-        return cache[name]
-    return get
 
 
 def compile_and_verify(model, cluster_file, out, batch_size=None):

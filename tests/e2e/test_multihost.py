@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from examples import models
 from tfpart.compile import compile_model
 from tfpart.local_workers import LocalWorkers, free_port, worker_command
 
@@ -31,17 +30,6 @@ def one_line_error(stderr):
     assert len(lines) == 1, stderr[-3000:]
     assert lines[0].startswith("tfpart: error: ")
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
-        return cache[name]
-    return get
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +109,7 @@ def test_worker_killed_mid_run_is_a_clean_error(exported, tmp_path):
         workers.kill(1)
         killed = time.monotonic()
         try:
-            stdout, stderr = run.communicate(timeout=FAULT_LIMIT_S)
+            _, stderr = run.communicate(timeout=FAULT_LIMIT_S)
         finally:
             run.kill()
         seconds = time.monotonic() - killed

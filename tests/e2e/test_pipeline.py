@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from examples import models
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
 from tfpart.runtime import verify
@@ -17,17 +16,6 @@ pytestmark = pytest.mark.slow
 
 # Links fast enough that splitting these small models into stages pays off.
 FAST_LINKS = {"same_host": {"bandwidth": "50GB/s", "latency": "1us"}}
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
-        return cache[name]
-    return get
 
 
 @pytest.mark.parametrize("microbatches", [1, 2, 4, 8])
