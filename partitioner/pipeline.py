@@ -179,8 +179,8 @@ def stage_problem(graph, cost, kinds, units, members):
     tensors = {}
     others = [[d for d in range(len(cost.cluster)) if d != f] for f in first]
     for src, dst, edge in graph.nx_graph.edges(data=True):
-        a, b = unit_of[src], unit_of[dst]
-        if a == b:
+        a, b = unit_of.get(src), unit_of.get(dst)
+        if a is None or a == b:  # inside one unit, or inside a unit left out (no edges out)
             continue
         preds[b].add(a)
         per_kind = [float(np.mean([cost.edge_time(edge, f, d) for d in rest])) if rest else 0.0

@@ -126,6 +126,25 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
     assert plan.microbatches == int(best)
 
 
+def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
+    from tfpart.cluster import cluster_of_devices
+    from tfpart.graph import OpGraph
+
+    graph = OpGraph()
+    for i in range(4):  # op0 -> op1 between units; op2 -> op3 inside one colocation group
+        graph.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e9,
+                     outputs=[((8, 10), "float32")], colocation="g" if i >= 2 else f"op{i}")
+    graph.add_edge("op0", "op1", bytes=8)
+    graph.add_edge("op2", "op3", bytes=8)
+    cluster = cluster_of_devices(["cpu", "cpu"])
+    plan = partition(graph, CostModel(graph, cluster), cluster,
+                     options=PipelineOptions(batch_size=4))
+    assert set(plan.stages) == set(graph.ops)
+    assert plan.stages["op2"] == plan.stages["op3"]
+    assert plan.predicted["stage_search"]["units"] == 2  # op0 and op1 only
+    plan.check(graph, cluster)
+
+
 def test_pipelining_beats_one_batch_when_stages_balance():
     from tfpart.cluster import cluster_of_devices
     from tfpart.graph import OpGraph
