@@ -78,7 +78,11 @@ def test_chain_fallback_is_valid_and_never_better_than_exact(problem):
         exact = solve(problem)
     except PlacementError:
         return
-    chain = solve(problem, ideal_limit=1)
+    try:
+        chain = solve(problem, ideal_limit=1)
+    except PlacementError as exc:  # the chain's fewer splits can all overflow memory
+        assert "among the splits of one topological order" in str(exc)
+        return
     assert not chain.exact
     assert chain.max_load >= exact.max_load - 1e-9
     for (kind, units), load in zip(chain.stages, chain.loads):
