@@ -5,9 +5,16 @@ OpGraph), imported into a TensorFlow session with one inter-op thread (ops run o
 time, as the simulator assumes) and ``intra_threads`` intra-op threads, its variables
 set to random values, and run on random inputs: ``warmup`` untimed runs, then
 ``repeats`` runs traced with ``RunOptions.FULL_TRACE``. Each op's time is the median of
-its traced durations. Grappler's remapper (op fusion) is turned off so that every op
-is measured as itself; ops Grappler still removes (constant folding, pruning) are
-recorded as taking no time, as they do at run time.
+its traced durations.
+
+Grappler runs as it does in production, so what is timed is what TensorFlow runs: a
+fused kernel (``_FusedConv2D`` standing for Conv2D + BiasAdd + Relu) reports its time
+under one member's name, and that time is shared among the members of its fusion
+group (:mod:`rewriters.fusion`) in proportion to their roofline times, so no compute op
+of a group is recorded at zero. Ops Grappler removes for other reasons (constant
+folding, pruning) are recorded as taking no time, as they do at run time. The profile
+records whether oneDNN was on and the CPU's instruction-set flags, which decide what
+Grappler fuses and how fast the kernels are.
 """
 from __future__ import annotations
 
@@ -22,27 +29,100 @@ import numpy as np
 from costmodel.measured import MeasuredProfile, shape_key
 
 
-def hardware_description(intra_threads):
-    model = platform.processor() or platform.machine()
+# Instruction sets that change which kernels TensorFlow picks (and oneDNN's default).
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def cpu_model_and_flags():
+    """The CPU's model name and the :data:`ISA_FLAGS` it has (from /proc/cpuinfo)."""
+    model, flags = None, set()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
     except OSError:
         pass
-    return {"cpu": model, "logical_cores": os.cpu_count(), "intra_op_threads": intra_threads,
+    model = model or platform.processor() or platform.machine()
+    return model, sorted(f for f in ISA_FLAGS if f in flags)
+
+
+def onednn_enabled():
+    """Whether TensorFlow runs with its oneDNN optimisations in this process."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def hardware_description(intra_threads):
+    model, flags = cpu_model_and_flags()
+    return {"cpu": model, "cpu_flags": flags, "onednn": onednn_enabled(),
+            "logical_cores": os.cpu_count(), "intra_op_threads": intra_threads,
             "inter_op_threads": 1, "platform": platform.platform()}
 
 
-def session_config(intra_threads, fuse=False):
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+def hardware_mismatch(profile):
+    """One sentence saying how the machine a profile was measured on differs from this
+    one in what decides TensorFlow's kernels (oneDNN, instruction sets), or None."""
+    measured = profile.meta.get("hardware", {})
+    here = {"onednn": onednn_enabled(), "cpu_flags": cpu_model_and_flags()[1]}
+    differences = []
+    if "onednn" in measured and measured["onednn"] != here["onednn"]:
+        differences.append(f"oneDNN {'on' if measured['onednn'] else 'off'} there, "
+                           f"{'on' if here['onednn'] else 'off'} here")
+    if "cpu_flags" in measured and set(measured["cpu_flags"]) != set(here["cpu_flags"]):
+        only_there = sorted(set(measured["cpu_flags"]) - set(here["cpu_flags"]))
+        only_here = sorted(set(here["cpu_flags"]) - set(measured["cpu_flags"]))
+        differences.append("CPU flags " + "; ".join(
+            part for part in (f"{' '.join(only_there)} only there" if only_there else "",
+                              f"{' '.join(only_here)} only here" if only_here else "")
+            if part))
+    if not differences:
+        return None
+    return (f"measured on another kind of CPU setup ({', '.join(differences)}); its times "
+            "may not hold here")
 
-    config = config_pb2.ConfigProto(intra_op_parallelism_threads=intra_threads,
-                                    inter_op_parallelism_threads=1)
-    if not fuse:
-        config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
-    return config
+
+def session_config(intra_threads):
+    from tensorflow.core.protobuf import config_pb2
+
+    return config_pb2.ConfigProto(intra_op_parallelism_threads=intra_threads,
+                                  inter_op_parallelism_threads=1)
+
+
+def attribute_fused_times(per_op, fusion_groups, opgraph, kind):
+    """Share each fusion group's measured time (its fused kernel reports under one
+    member's name) among its members in proportion to their roofline times on
+    ``kind``; returns a new op -> seconds dict.
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import load_device_kinds
+    >>> g = OpGraph()
+    >>> g.add_op("conv", op_type="Conv2D", flops=9e6, bytes_accessed=1e5)
+    >>> g.add_op("bias", op_type="BiasAdd", flops=1e4, bytes_accessed=8e4)
+    >>> times = attribute_fused_times({"bias": 1e-3}, [["bias", "conv"]], g,
+    ...                               load_device_kinds()["cpu"])
+    >>> times["conv"] > times["bias"] > 0, round(sum(times.values()), 9)
+    (True, 0.001)
+    """
+    from costmodel.roofline import roofline_time
+
+    times = dict(per_op)
+    for members in fusion_groups:
+        measured = sum(per_op.get(m, 0.0) for m in members)
+        weights = {m: roofline_time(opgraph.ops[m]["op_type"], opgraph.ops[m]["flops"],
+                                    opgraph.ops[m]["bytes_accessed"], kind, overhead=0.0)
+                   for m in members if m in opgraph}
+        total = sum(weights.values())
+        if measured <= 0 or total <= 0:
+            continue
+        for member, weight in weights.items():
+            times[member] = measured * weight / total
+    return times
 
 
 def _initialise_variables(tf, graph, rng):
@@ -141,10 +221,10 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     t0 = time.perf_counter()
     per_op, step_time = measure_ops(flat, import_flat(flat, model_dir), repeats=repeats,
                                     warmup=warmup, intra_threads=intra_threads)
+    kind = load_device_kinds()[device_kind]
+    per_op = attribute_fused_times(per_op, info.fusion_groups, opgraph, kind)
     by_key = defaultdict(list)
     for name, attrs in opgraph.ops.items():
-        if attrs["op_type"] == "VarHandleOp" and name not in per_op:
-            continue  # variables the signature does not read
         key = shape_key(attrs["op_type"], attrs["input_shapes"])
         by_key[key].append((per_op.get(name, 0.0), attrs))
     ops = [{"op_type": entries[0][1]["op_type"],
@@ -152,7 +232,6 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
             "time_s": statistics.median(t for t, _ in entries), "count": len(entries),
             "flops": entries[0][1]["flops"], "bytes_accessed": entries[0][1]["bytes_accessed"]}
            for _, entries in sorted(by_key.items())]
-    kind = load_device_kinds()[device_kind]
     return MeasuredProfile.from_measurements(
         device_kind, ops, kind, model=str(model_dir), signature=info.signature,
         batch_size=info.batch_size, tensorflow=tensorflow().__version__,

@@ -146,3 +146,50 @@ def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
     outputs = keras.layers.Dense(10)(x)
     keras.Model(inputs, outputs, name="conv_tower").export(str(path), verbose=False)
     return path
+
+
+def export_stacked_lstm(path, seq=12, features=16, units=32):
+    """Two stacked LSTM layers and a Dense+ReLU head (a recurrent model: While loops)."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((seq, features), name="sequence")
+    x = keras.layers.LSTM(units, return_sequences=True)(inputs)
+    x = keras.layers.LSTM(units)(x)
+    x = keras.layers.Dense(units, activation="relu")(x)
+    outputs = keras.layers.Dense(4)(x)
+    keras.Model(inputs, outputs, name="stacked_lstm").export(str(path), verbose=False)
+    return path
+
+
+def export_parallel_dense(path, branches=6, width=128):
+    """Parallel Dense+ReLU branches over one input, concatenated (MatMul+BiasAdd+Relu
+    patterns that Grappler fuses, with nothing forcing them onto one device)."""
+    import keras
+
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((64,), name="features")
+    towers = [keras.layers.Dense(width, activation="relu")(
+        keras.layers.Dense(width, activation="relu")(inputs)) for _ in range(branches)]
+    outputs = keras.layers.Dense(10)(keras.layers.Concatenate()(towers))
+    keras.Model(inputs, outputs, name="parallel_dense").export(str(path), verbose=False)
+    return path
+
+
+def export_conv_batchnorm(path):
+    """Convolutions each followed by BatchNormalization and ReLU (Conv2D +
+    FusedBatchNormV3 + Relu, fused by Grappler at inference), with a residual add."""
+    import keras
+
+    keras.utils.set_random_seed(6)
+    inputs = keras.Input((24, 24, 3), name="image")
+    x = inputs
+    for width in (16, 32):
+        x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(x)
+        x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    y = keras.layers.Conv2D(32, 3, padding="same", use_bias=False)(x)
+    y = keras.layers.BatchNormalization()(y)
+    x = keras.layers.ReLU()(keras.layers.Add()([x, y]))
+    outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(x))
+    keras.Model(inputs, outputs, name="conv_batchnorm").export(str(path), verbose=False)
+    return path

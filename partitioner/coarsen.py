@@ -39,12 +39,6 @@ from tfpart.graph import OpGraph
 
 
 WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
-# Grappler's remapper fuses these into the first op (on its device) when they follow it.
-FUSED_INTO = {"BiasAdd": {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"},
-              "FusedBatchNormV3": {"Conv2D", "DepthwiseConv2dNative"},
-              **{act: {"BiasAdd", "FusedBatchNormV3", "Conv2D", "MatMul", "AddV2", "Add"}
-                 for act in ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")}}
-
 
 @dataclass(frozen=True)
 class CoarsenOptions:
@@ -52,7 +46,6 @@ class CoarsenOptions:
     name_scope_depth: int | None = None
     target_units: int | None = None
     weights_with_reader: bool = False  # a weight joins the unit of its first reader
-    keep_fusable: bool = False  # ops Grappler fuses (Conv2D + BiasAdd + Relu) stay together
 
 
 @dataclass
@@ -158,8 +151,6 @@ def coarsen(graph, cost, options=CoarsenOptions()):
                 part.union(members[0], other)
     if options.weights_with_reader:
         _join_weights_to_readers(graph, part)
-    if options.keep_fusable:
-        _join_fusable(graph, part)
     units = _collapse_cycles(graph, part)
     mean_time = cost.mean_time()
     weight = {u: 0.0 for u in units}
@@ -192,18 +183,6 @@ def _join_weights_to_readers(graph, part):
         readers = [v for _, v, edge in nxg.out_edges(op, data=True) if not edge["control"]]
         if readers:
             part.union(op, min(readers, key=position.__getitem__))
-
-
-def _join_fusable(graph, part):
-    """Keep an op with the op Grappler's remapper would fuse it into (a bias add or an
-    activation after a convolution or matmul): fused, it runs on the first op's device
-    whatever the plan says."""
-    nxg = graph.nx_graph
-    for op, op_type in graph.ops(data="op_type"):
-        for source, _, edge in nxg.in_edges(op, data=True):
-            if not edge["control"] and graph.ops[source]["op_type"] in FUSED_INTO.get(
-                    op_type, ()):
-                part.union(source, op)
 
 
 def regroup(graph, cost, members):

@@ -67,8 +67,7 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
         raise PlacementError("", f"--microbatches must be at least 1, not "
                              f"{options.microbatches}")
     coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
-                                                 weights_with_reader=True,
-                                                 keep_fusable=True))
+                                                 weights_with_reader=True))
     unit_graph = coarse.graph.nx_graph
     units = [u for u in coarse.graph.ops if unit_graph.degree(u)] or list(coarse.graph.ops)
     kinds = device_kinds(cluster)

@@ -11,8 +11,9 @@ Mechanism only; the policy is the Plan. The rewritten proto carries
   (other signatures, restored methods, saver functions), ops that use a variable on
   that variable's device and the rest on the cluster's first device, keeping a device
   already set (the savers' CPU ops);
-* ``SavedVariable.device`` for every variable, and the top-level ``VarHandleOp``s on
-  the same devices;
+* ``SavedVariable.device`` for every variable (those the signature does not read on
+  the plan's host device, ``plan.context["unread_variables"]["device"]``), and the
+  top-level ``VarHandleOp``s on the same devices;
 * ``_class`` colocation attributes only where both ends share a device.
 
 Examples
@@ -46,10 +47,11 @@ def place_devices(proto, plan, default_device=None):
 
     objects = meta.object_graph_def
     variable_device = {}
+    host = plan.context.get("unread_variables", {}).get("device", default_device)
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable"):
             name = variable_op_name(node_id, node.variable)
-            device = plan.assignment.get(name, default_device)
+            device = plan.assignment.get(name, host)
             node.variable.device = device
             variable_device[node_id] = device
     for fname in sorted(objects.concrete_functions):

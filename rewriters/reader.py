@@ -9,14 +9,19 @@ stay single ops. The signature's captured variables become ``VarHandleOp`` ops n
 ``tf.Graph`` with the inputs fixed at the compile batch size, so TensorFlow's shape
 inference gives every tensor a concrete shape, hence FLOPs and bytes.
 
-Variables the signature does not read still occupy memory once loaded; they appear as
-isolated ``VarHandleOp`` ops so the partitioner places (and counts) them too.
+Ops that TensorFlow runs as one fused kernel (:mod:`rewriters.fusion`) share a
+colocation group, so every algorithm places them as one unit.
+
+Variables the signature does not read (Keras 3 exports a second, unread copy of every
+variable) are not ops of the graph: ``ModelInfo.unread_variables`` lists them, and the
+placement rewriter puts them on the host, where they take no accelerator memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from rewriters.flops import op_flops
+from rewriters.fusion import fusion_groups
 from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
@@ -43,6 +48,8 @@ class ModelInfo:
     inputs: dict  # signature input name -> (shape at batch size, dtype)
     variable_ops: dict = field(default_factory=dict)  # object-graph node id -> op name
     signatures: list = field(default_factory=list)
+    fusion_groups: list = field(default_factory=list)  # lists of ops run as one kernel
+    unread_variables: dict = field(default_factory=dict)  # node id -> (op name, bytes)
 
 
 def variable_op_name(node_id, saved_variable):
@@ -165,13 +172,29 @@ def read_model(proto, path="", batch_size=None, signature=None):
     with graph.as_default():
         opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
                               library_index(meta.graph_def.library))
+    flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
+    _colocate_fused(opgraph, flat.info.fusion_groups)
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
-            name = variable_op_name(node_id, node.variable)
-            opgraph.add_op(name, op_type="VarHandleOp", stateful=True,
-                           param_bytes=_variable_bytes(node.variable))
-            flat.variable_ops[node_id] = name
+            flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),
+                                                   _variable_bytes(node.variable))
     return opgraph, flat.info
+
+
+def _colocate_fused(opgraph, groups):
+    """Merge the colocation groups of ops that run as one fused kernel."""
+    labels = UnionFind()
+    for members in groups:
+        for other in members[1:]:
+            labels.union(opgraph.ops[members[0]]["colocation"], opgraph.ops[other]["colocation"])
+    merged = {}
+    for label in list(labels):
+        merged.setdefault(labels.find(label), []).append(label)
+    new_label = {label: min(same, key=lambda n: (not n.startswith("variables/"), n))
+                 for same in merged.values() for label in same}
+    for name in opgraph.ops:
+        attrs = opgraph.ops[name]
+        attrs["colocation"] = new_label.get(attrs["colocation"], attrs["colocation"])
 
 
 def _signature_batch(signature_def):

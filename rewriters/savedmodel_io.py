@@ -15,10 +15,9 @@ from google.protobuf.message import DecodeError
 from tfpart.errors import ModelError, OutputError
 
 
-def read_saved_model(path):
-    """The ``SavedModel`` proto of the folder ``path``; ModelError if it is not one."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
+def check_model_dir(path):
+    """``path/saved_model.pb`` if ``path`` looks like a SavedModel folder, else a
+    ModelError (without starting TensorFlow)."""
     path = Path(path)
     if not path.exists():
         raise ModelError(path, "no such directory")
@@ -27,6 +26,14 @@ def read_saved_model(path):
     pb = path / "saved_model.pb"
     if not pb.is_file():
         raise ModelError(path, "not a SavedModel: saved_model.pb is missing")
+    return pb
+
+
+def read_saved_model(path):
+    """The ``SavedModel`` proto of the folder ``path``; ModelError if it is not one."""
+    pb = check_model_dir(path)
+    from tensorflow.core.protobuf import saved_model_pb2
+
     proto = saved_model_pb2.SavedModel()
     try:
         proto.ParseFromString(pb.read_bytes())
@@ -53,10 +60,11 @@ def prepare_output(out, force):
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
 
 
-def write_saved_model(proto, source_dir, out, force=False, extra_files=None):
+def write_saved_model(proto, source_dir, out, force=False, extra_files=None, check=None):
     """Write ``proto`` with ``source_dir``'s variables and assets to ``out``.
 
-    ``extra_files`` maps a file name to the text written beside ``saved_model.pb``.
+    ``extra_files`` maps a file name to the text written beside ``saved_model.pb``;
+    ``check`` is passed to :func:`write_output`.
     """
     def fill(staging):
         for item in Path(source_dir).iterdir():
@@ -66,13 +74,13 @@ def write_saved_model(proto, source_dir, out, force=False, extra_files=None):
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
         (staging / "saved_model.pb").write_bytes(proto.SerializeToString(deterministic=True))
 
-    return write_output(fill, out, force, extra_files)
+    return write_output(fill, out, force, extra_files, check)
 
 
-def write_output(fill, out, force=False, extra_files=None):
+def write_output(fill, out, force=False, extra_files=None, check=None):
     """Call ``fill(staging)`` to write a SavedModel into a fresh folder beside ``out``,
-    add a fingerprint and ``extra_files``, then rename it to ``out`` (nothing is left
-    behind if anything fails)."""
+    add a fingerprint and ``extra_files``, call ``check(staging)`` if given (it may
+    raise), then rename it to ``out`` (nothing is left behind if anything fails)."""
     from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
     out = Path(out)
@@ -83,6 +91,8 @@ def write_output(fill, out, force=False, extra_files=None):
             fingerprinting.CreateFingerprintDef(str(staging)))
         for name, text in (extra_files or {}).items():
             (staging / name).write_text(text)
+        if check is not None:
+            check(staging)
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

@@ -2,8 +2,10 @@
 ``worker``.
 
 Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
-with code 2. Tables and progress use ``rich`` (a well-kept terminal library, rather
-than hand-aligned columns and spinners).
+with code 2. Arguments and input files are checked before TensorFlow is imported, so
+such errors come at once; TensorFlow's own logging is kept out of the output
+(:mod:`tfpart.quiet`). Tables and progress use ``rich`` (a well-kept terminal library,
+rather than hand-aligned columns and spinners).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-from partitioner import ALGORITHMS
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
-from tfpart.errors import TfpartError
+from tfpart.errors import OutputError, PlacementError, TfpartError
+from tfpart.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
@@ -109,23 +111,53 @@ def progress_display():
 
 
 def cmd_compile(args):
-    from tfpart.compile import compile_model
-
     model = args.model or str(DEFAULT_MODEL_DIR)
     cluster = args.cluster or str(DEFAULT_CLUSTER_FILE)
+    _check_inputs(models=[model], cluster=cluster, profiles=args.profile)
+    if os.path.exists(args.output) and not args.force:
+        raise OutputError(args.output, "already exists (use --force to replace it)")
+    from partitioner import ALGORITHMS
+    from tfpart.compile import compile_model
+
+    if args.algorithm not in ALGORITHMS:
+        raise PlacementError("", f"no algorithm {args.algorithm!r} (choose from "
+                             f"{', '.join(sorted(ALGORITHMS))})")
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
                                signature=args.signature, algorithm=args.algorithm,
                                profiles=args.profile, force=args.force, progress=progress,
-                               pipeline=args.pipeline, microbatches=args.microbatches)
+                               pipeline=args.pipeline, microbatches=args.microbatches,
+                               verify=args.verify)
+    for note in result.notes:
+        console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
-    if args.verify:
-        return cmd_verify(argparse.Namespace(model=model, compiled=args.output, cluster=None,
-                                             batch_size=None))
+    if result.verification is not None:
+        print_verify(result.verification)
+        return 0 if result.verification.ok else 1
     return 0
 
 
+def _check_inputs(models=(), cluster=None, profiles=(), files=()):
+    """Fail early, before TensorFlow starts, on input paths that cannot be read."""
+    from rewriters.savedmodel_io import check_model_dir
+    from tfpart.cluster import load_cluster
+
+    for model in models:
+        check_model_dir(model)
+    if cluster:
+        load_cluster(cluster)
+    for path in files:
+        if not os.path.isfile(path):
+            raise TfpartError(path, "no such file")
+    if profiles:
+        from costmodel.measured import MeasuredProfile
+
+        for path in profiles:
+            MeasuredProfile.load(path)
+
+
 def cmd_profile(args):
+    _check_inputs(models=[args.model])
     from costmodel.profiler import profile_model
 
     with progress_display() as progress:
@@ -147,6 +179,8 @@ def cmd_profile(args):
 
 
 def cmd_simulate(args):
+    _check_inputs(models=[args.model], cluster=args.cluster, profiles=args.profile,
+                  files=[args.plan])
     from tfpart.compile import simulate_model
 
     with progress_display() as progress:
@@ -206,8 +240,7 @@ def cmd_worker(args):
     else:
         raw = os.environ.get("TF_CONFIG")
         if not raw:
-            print("tfpart: error: give --cluster and --task, or set TF_CONFIG", file=sys.stderr)
-            return 2
+            raise TfpartError("", "give --cluster and --task, or set TF_CONFIG")
         try:
             config = json.loads(raw)
             spec = config["cluster"]
@@ -217,11 +250,9 @@ def cmd_worker(args):
                                         source="TF_CONFIG")
             task, job = int(config["task"]["index"]), config["task"]["type"]
         except (ValueError, KeyError, TypeError) as exc:
-            print(f"tfpart: error: TF_CONFIG: not a valid TF_CONFIG ({exc})", file=sys.stderr)
-            return 2
+            raise TfpartError("TF_CONFIG", f"not a valid TF_CONFIG ({exc})") from None
     if task is None:
-        print("tfpart: error: --task is required with --cluster", file=sys.stderr)
-        return 2
+        raise TfpartError("", "--task is required with --cluster")
     server = start_server(cluster, task, job, args.intra_threads, args.inter_threads)
     console.print(f"tfpart worker: {server.target} serving task {task}; Ctrl-C stops it")
     server.join()
@@ -241,6 +272,8 @@ def _run_cluster(args):
 
 
 def cmd_verify(args):
+    _check_inputs(models=[args.model, args.compiled], files=[
+        os.path.join(args.compiled, "plan.json")])
     from tfpart.runtime import verify
 
     cluster = _run_cluster(args)
@@ -254,6 +287,7 @@ def cmd_verify(args):
 
 
 def cmd_run(args):
+    _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
     from tfpart.runtime import time_model
 
     cluster = _run_cluster(args)
@@ -272,8 +306,16 @@ def cmd_run(args):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error."""
+
+    def error(self, message):
+        print(f"tfpart: error: {message} (see {self.prog} --help)", file=user_stderr())
+        raise SystemExit(2)
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="tfpart", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="tfpart", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     compile_ = commands.add_parser("compile", help="place a SavedModel on a cluster")
     compile_.add_argument("model", nargs="?", help="SavedModel directory "
@@ -285,7 +327,8 @@ def build_parser():
                           "(default: from the signature, else 1)")
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
-    compile_.add_argument("--algorithm", default="greedy", choices=sorted(ALGORITHMS))
+    compile_.add_argument("--algorithm", default="greedy",
+                          help="placement algorithm (see the README's table)")
     compile_.add_argument("--pipeline", action="store_true", help="cut the model into "
                           "pipeline stages run over micro-batches (for throughput)")
     compile_.add_argument("--microbatches", type=int, help="micro-batches per batch "
@@ -343,27 +386,39 @@ def build_parser():
 
 
 def main(argv=None):
+    """Run one command; returns the exit code (0 done, 1 verification found a
+    difference, 2 bad input or a failed run)."""
     args = build_parser().parse_args(argv)
     for option in ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches"):
         if getattr(args, option, None) is not None and getattr(args, option) <= 0:
             print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
-                  file=sys.stderr)
+                  file=user_stderr())
             return 2
     try:
         return args.run(args)
     except TfpartError as exc:
-        print(f"tfpart: error: {exc}", file=sys.stderr)
+        print(f"tfpart: error: {exc}", file=user_stderr())
         runtime = sys.modules.get("tfpart.runtime")
         if runtime is not None and runtime.connected:
-            # TensorFlow's teardown of a broken cluster connection logs more lines.
+            # TensorFlow's teardown of a broken cluster connection may hang or log.
             sys.stdout.flush()
-            sys.stderr.flush()
+            user_stderr().flush()
             os._exit(2)
         return 2
     except KeyboardInterrupt:
-        print("tfpart: interrupted", file=sys.stderr)
+        print("tfpart: interrupted", file=user_stderr())
         return 130
 
 
+def entry(argv=None):
+    """The ``tfpart`` command: :func:`main` with TensorFlow's logging kept out of the
+    terminal (:mod:`tfpart.quiet`)."""
+    try:
+        with library_output_captured():
+            return main(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        return exc.code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -30,6 +30,18 @@ class CompileResult:
     info: object
     out: Path | None
     timings: dict = field(default_factory=dict)  # step -> seconds
+    notes: list = field(default_factory=list)  # one-line remarks for the user
+    verification: object = None  # VerifyReport of the output, when asked for
+
+
+def unread_variables(info, cluster):
+    """Where the variables the signature never reads go (the first device's host CPU,
+    off every accelerator) and what they hold."""
+    from tfpart.cluster import host_of
+
+    return {"device": f"{host_of(cluster.device_names[0])}/device:CPU:0",
+            "count": len(info.unread_variables),
+            "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
 
 
 def _check_fits(graph, cluster, source):
@@ -60,6 +72,19 @@ def load_profiles(paths):
     from costmodel.measured import MeasuredProfile
 
     return [MeasuredProfile.load(path) for path in paths or ()]
+
+
+def profile_notes(paths):
+    """A line for each profile measured where oneDNN or the CPU's instruction sets
+    differ from this machine's."""
+    from costmodel.profiler import hardware_mismatch
+
+    notes = []
+    for path, profile in zip(paths or (), load_profiles(paths)):
+        mismatch = hardware_mismatch(profile)
+        if mismatch:
+            notes.append(f"profile {path}: {mismatch}")
+    return notes
 
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
@@ -100,6 +125,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         raise PlacementError(exc.path or cluster.source, exc.problem) from None
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
+                    "fusion_groups": info.fusion_groups,
+                    "unread_variables": unread_variables(info, cluster),
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature,
                     "batch_size": info.batch_size,
@@ -112,8 +139,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm="greedy", profiles=(), force=False, progress=None,
-                  pipeline=False, microbatches=None):
-    """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``."""
+                  pipeline=False, microbatches=None, verify=False):
+    """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
+
+    With ``verify`` the compiled model is run against the original
+    (:func:`tfpart.runtime.verify`) before it is moved into place, so an error there
+    leaves no output behind; the report is ``result.verification``."""
     from rewriters.pipeline import write_pipelined
     from rewriters.placement import place_devices
     from rewriters.savedmodel_io import prepare_output, write_output, write_saved_model
@@ -128,17 +159,32 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         algorithm=algorithm, profiles=profiles, progress=progress, pipeline=pipeline,
         microbatches=microbatches)
     t0 = time.perf_counter()
-    (progress or (lambda name: None))("writing the compiled SavedModel")
+    step = progress or (lambda name: None)
+    step("writing the compiled SavedModel")
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
+    reports = []
+
+    def check(staging):
+        if verify:
+            from tfpart.runtime import verify as run_and_compare
+
+            timings["write"] = time.perf_counter() - t0
+            step("running the original and compiled models")
+            reports.append(run_and_compare(model_dir, staging))
+
     if plan.stages:
         write_output(lambda staging: write_pipelined(model_dir, proto, plan, staging), out,
-                     force=force, extra_files=extra)
+                     force=force, extra_files=extra, check=check)
     else:
         rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
-        write_saved_model(rewritten, model_dir, out, force=force, extra_files=extra)
-    timings["write"] = time.perf_counter() - t0
+        write_saved_model(rewritten, model_dir, out, force=force, extra_files=extra,
+                          check=check)
+    timings.setdefault("write", time.perf_counter() - t0)
+    if verify:
+        timings["verify"] = time.perf_counter() - t0 - timings["write"]
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
-                         timings=timings)
+                         timings=timings, notes=profile_notes(profiles),
+                         verification=reports[0] if reports else None)
 
 
 def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):

@@ -136,7 +136,9 @@ def watch_workers(cluster, interval=0.5, on_lost=None):
     error and exit with code 2, since a TensorFlow call waiting on a dead worker may
     not return for minutes)."""
     def default(message):
-        print(f"tfpart: error: {message}", file=sys.stderr, flush=True)
+        from tfpart.quiet import user_stderr
+
+        print(f"tfpart: error: {message}", file=user_stderr(), flush=True)
         os._exit(2)
 
     def loop():
@@ -314,6 +316,9 @@ def _runnable(compiled_dir, cluster, watch):
         yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
         return
     device_map = local_device_map(devices)
+    host = plan["context"].get("unread_variables", {}).get("device")
+    if host and host not in device_map:  # the host CPU of the first device
+        device_map[host] = device_map[devices[0]]
     ensure_local_cpus(len(devices))
     proto = remap_devices(read_saved_model(compiled_dir), device_map)
     with tempfile.TemporaryDirectory(prefix="tfpart-local-") as tmp:

@@ -1,0 +1,152 @@
+"""Fusion groups: the ops TensorFlow will run as one kernel.
+
+At run time Grappler's remapper replaces patterns such as Conv2D + BiasAdd + Relu by
+one fused node (``_FusedConv2D``) that takes the name of the pattern's last op and runs
+on the device of its first. A plan that puts the members of such a pattern on
+different devices therefore runs partly off-plan. tfpart asks TensorFlow which ops it
+fuses by running the remapper offline on the flattened signature
+(:func:`grappler_fusion_groups`) and maps the optimised graph back to the original
+ops: a fused node's group is the node plus the ops the remapper removed on the paths
+into it.
+
+The remapper fuses differently per device type and, on CPUs, with oneDNN on or off
+(fixed once per process at TensorFlow's start-up); a CPU-only TensorFlow cannot run
+its GPU rules at all. :func:`table_fusion_groups` covers those from a table of the
+remapper's patterns (CPU with oneDNN on and off, GPU), which the tests hold against
+Grappler's own output in whichever oneDNN mode they run. :func:`fusion_groups` joins
+both, so a plan keeps together whatever any of those runtimes fuses.
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> g = OpGraph()
+>>> for name, op in [("x", "Placeholder"), ("conv", "Conv2D"), ("bias", "BiasAdd"),
+...                  ("relu", "Relu"), ("pool", "MaxPool")]:
+...     g.add_op(name, op_type=op)
+>>> for a, b in [("x", "conv"), ("conv", "bias"), ("bias", "relu"), ("relu", "pool")]:
+...     g.add_edge(a, b, bytes=4)
+>>> table_fusion_groups(g)
+[['bias', 'conv', 'relu']]
+"""
+from __future__ import annotations
+
+from tfpart.graph import UnionFind
+
+CONTRACTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"}
+BATCH_NORMS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"}
+ACTIVATIONS = {"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Gelu"}
+ADDS = {"Add", "AddV2"}
+# op type -> the op types it is fused into when it is the only reader of their output
+# (Grappler's remapper.cc: contraction + bias (+ add) (+ activation), convolution +
+# batch norm (+ activation), batch norm + activation; the residual add with oneDNN).
+# A contraction without a bias add fuses nothing.
+FUSED_INTO = {
+    "BiasAdd": CONTRACTIONS,
+    **{bn: {"Conv2D", "DepthwiseConv2dNative"} for bn in BATCH_NORMS},
+    **{add: BATCH_NORMS | {"BiasAdd"} for add in ADDS},
+    **{act: BATCH_NORMS | ADDS | {"BiasAdd"} for act in ACTIVATIONS},
+}
+FUSION_ROOTS = CONTRACTIONS | BATCH_NORMS
+
+
+def _data_readers(nx_graph, op):
+    return [v for _, v, edge in nx_graph.out_edges(op, data=True) if not edge["control"]]
+
+
+def table_fusion_groups(graph):
+    """Fusion groups (sorted lists of op names, two ops or more) of an OpGraph by the
+    remapper patterns in :data:`FUSED_INTO`: an op joins the pattern of the first op it
+    reads (in input order, as the remapper tries them) that starts or continues a
+    pattern, is of a type it fuses into, and has no other reader."""
+    nxg = graph.nx_graph
+    in_pattern = set()
+    groups = UnionFind()
+    for op in graph.topological_order():
+        op_type = graph.ops[op]["op_type"]
+        if op_type in FUSION_ROOTS:
+            in_pattern.add(op)
+        for source, _, edge in nxg.in_edges(op, data=True):
+            if (not edge["control"] and source in in_pattern
+                    and graph.ops[source]["op_type"] in FUSED_INTO.get(op_type, ())
+                    and _data_readers(nxg, source) == [op]):
+                groups.union(source, op)
+                in_pattern.add(op)
+                break  # one pattern per op: a residual add fuses its first input's
+    return _as_lists(groups)
+
+
+def grappler_fusion_groups(graph_def, outputs, device="/job:localhost/replica:0/task:0"
+                           "/device:CPU:0"):
+    """Fusion groups that Grappler's remapper makes of ``graph_def`` (a flat GraphDef,
+    every shape inferable) when all of it runs on ``device``, in this process's oneDNN
+    mode. ``outputs`` are the tensors the signature returns; they are read through
+    Identity ops, as a function's ``_Retval`` nodes read them, so they stay fusable.
+    """
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        for k, tensor in enumerate(outputs):
+            fetch = tf.identity(graph.get_tensor_by_name(tensor), name=f"tfpart_fetch_{k}")
+            graph.add_to_collection("train_op", fetch.op)
+    original = graph.as_graph_def()
+    for node in original.node:
+        node.device = device
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=original, graph=graph)
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.append("remap")  # only the remapper: no folding or pruning
+    rewrite.min_graph_nodes = -1
+    optimised = tf_optimizer.OptimizeGraph(config, meta)
+    return fused_groups_of(original, optimised)
+
+
+def fused_groups_of(original, optimised):
+    """Map an optimised GraphDef back to ``original``'s ops: each node whose op changed
+    (a fused kernel under the pattern's last name) groups with the removed ops on the
+    paths into it."""
+    from rewriters.functions import split_input
+
+    before = {node.name: node for node in original.node}
+    after = {node.name: node for node in optimised.node}
+    removed = before.keys() - after.keys()
+    groups = UnionFind()
+    for name, node in after.items():
+        if name not in before or before[name].op == node.op:
+            continue
+        stack = [name]
+        while stack:
+            current = stack.pop()
+            for text in before[current].input:
+                source, _, control = split_input(text)
+                if not control and source in removed and groups.find(source) != groups.find(name):
+                    groups.union(source, name)
+                    stack.append(source)
+    return _as_lists(groups)
+
+
+def fusion_groups(graph, graph_def=None, outputs=()):
+    """Fusion groups of an OpGraph: Grappler's own on this process's CPU (when
+    ``graph_def`` is given), joined with the table's for every other runtime.
+    Overlapping groups merge."""
+    groups = UnionFind()
+    found = table_fusion_groups(graph)
+    if graph_def is not None:
+        found += grappler_fusion_groups(graph_def, outputs)
+    for members in found:
+        for other in members[1:]:
+            if other in graph and members[0] in graph:
+                groups.union(members[0], other)
+    return _as_lists(groups)
+
+
+def _as_lists(groups):
+    members = {}
+    for item in list(groups):
+        members.setdefault(groups.find(item), []).append(item)
+    return sorted(sorted(m) for m in members.values() if len(m) > 1)
