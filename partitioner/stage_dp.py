@@ -195,10 +195,14 @@ def _run(problem, ideals, upper_bound):
     prefix_size = weights @ problem.size
     # The sum of each unit's fastest time is a lower bound on any stage's compute on any
     # kind, so it both orders ideals (subsets first) and bounds the search window.
+    # Summed in integer ticks, so a superset never sorts before a subset through
+    # rounding (zero-time units leave the two sums equal).
     unit_fastest = np.where(runnable, problem.time, np.inf).min(axis=0)
-    fastest = weights @ np.where(np.isfinite(unit_fastest), unit_fastest, 0.0)
-    order = np.lexsort((members.sum(axis=1), fastest))
-    fastest = fastest[order]
+    unit_fastest = np.where(np.isfinite(unit_fastest), unit_fastest, 0.0)
+    scale = max(float(unit_fastest.sum()), 1e-300) / 2.0 ** 50
+    ticks = members.astype(np.int64) @ np.rint(unit_fastest / scale).astype(np.int64)
+    order = np.lexsort((members.sum(axis=1), ticks))
+    fastest = ticks[order] * scale
     ideals = [ideals[i] for i in order]
     members, packed = members[order], packed[order]
     prefix_time, prefix_size = prefix_time[:, order], prefix_size[order]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from tfpart.errors import ModelError, OutputError
+from tfpart.errors import ModelError, OutputError, first_line
 
 
 def check_model_dir(path):
@@ -46,6 +46,21 @@ def read_saved_model(path):
         raise ModelError(pb, "not a TensorFlow 2 SavedModel (no object graph); "
                          "re-export it with tf.saved_model.save or Keras model.export")
     return proto
+
+
+def check_variables(path):
+    """Read the variables index of the SavedModel at ``path`` (not the values), so a
+    corrupt or truncated index is a ModelError naming it before anything is written."""
+    index = Path(path) / "variables" / "variables.index"
+    if not index.exists():
+        return
+    from tensorflow.python.training import py_checkpoint_reader
+
+    try:
+        py_checkpoint_reader.NewCheckpointReader(str(index.parent / "variables"))
+    except Exception as exc:  # noqa: BLE001 - TensorFlow raises several kinds here
+        raise ModelError(index, f"corrupt or unreadable variables index ({first_line(exc)})") \
+            from None
 
 
 def prepare_output(out, force):

@@ -67,6 +67,15 @@ def print_plan(result, default_cluster):
                   f"batch size {plan.context['batch_size']}): {len(result.graph)} ops on "
                   f"cluster '{result.cluster.name}' ({len(result.cluster)} devices)")
     console.print(plan_table(plan))
+    unread = plan.context.get("unread_variables") or {}
+    if unread.get("count"):
+        console.print(f"{unread['count']} variables the signature never reads "
+                      f"({_bytes(unread['bytes'])}) stay on the host {unread['device']}, "
+                      "outside every device's memory")
+    fused = plan.context.get("fusion_groups") or []
+    if fused:
+        console.print(f"{sum(map(len, fused))} ops in {len(fused)} fused kernels "
+                      "(Conv2D+BiasAdd+Relu, ...) are each placed as one unit")
     gap = plan.gap
     if plan.context.get("samples_mixed_by"):
         console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
@@ -404,6 +413,13 @@ def main(argv=None):
             sys.stdout.flush()
             user_stderr().flush()
             os._exit(2)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "tensorflow":
+            raise
+        print("tfpart: error: TensorFlow is not installed; install tfpart[cpu] "
+              "(tensorflow-cpu) or tfpart[gpu], or TensorFlow 2.21 yourself",
+              file=user_stderr())
         return 2
     except KeyboardInterrupt:
         print("tfpart: interrupted", file=user_stderr())

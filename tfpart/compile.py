@@ -19,7 +19,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner import ALGORITHMS
 from tfpart.cluster import load_cluster
-from tfpart.errors import ModelError, OutputError, PlacementError
+from tfpart.errors import ModelError, OutputError, PlacementError, model_errors
 
 
 @dataclass
@@ -95,14 +95,16 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     stages run over micro-batches (:mod:`partitioner.pipeline`) instead of placed for
     the latency of one batch by ``algorithm``."""
     from rewriters.reader import read_model
-    from rewriters.savedmodel_io import read_saved_model
+    from rewriters.savedmodel_io import check_variables, read_saved_model
 
     step = progress or (lambda name: None)
     timings = {}
     t0 = time.perf_counter()
     step("reading the SavedModel")
-    proto = read_saved_model(model_dir)
-    graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature)
+    with model_errors(model_dir, "read it"):
+        proto = read_saved_model(model_dir)
+        check_variables(model_dir)
+        graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature)
     timings["read"] = time.perf_counter() - t0
     _check_fits(graph, cluster, cluster.source or model_dir)
 

@@ -10,6 +10,8 @@ Examples
 >>> str(err)
 'cluster.json: devices[1].memory: must be positive'
 """
+import re
+from contextlib import contextmanager
 
 
 class TfpartError(Exception):
@@ -39,3 +41,28 @@ class PlacementError(TfpartError):
 
 class OutputError(TfpartError):
     """The output location cannot be written (exists without --force, ...)."""
+
+
+def first_line(exc):
+    """The gist of an exception's message: its first line, without TensorFlow's
+    ``{{function_node ...}}`` prefix, at most 200 characters.
+
+    >>> first_line(ValueError("{{function_node f}} bad value\\nmore"))
+    'bad value'
+    """
+    text = str(exc).strip()
+    text = re.sub(r"^(\{\{[^}]*\}\}\s*)+", "", text).splitlines()[0] if text else ""
+    return (text or type(exc).__name__)[:200]
+
+
+@contextmanager
+def model_errors(path, doing, passing=()):
+    """Turn any error raised while loading or running the SavedModel at ``path`` (a
+    corrupt file shows up as TensorFlow errors, IndexError, KeyError, ...) into a
+    one-line ModelError; ``passing`` exception types go through unchanged."""
+    try:
+        yield
+    except (TfpartError, KeyboardInterrupt, *passing):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt model can raise anything
+        raise ModelError(path, f"cannot {doing}: {first_line(exc)}") from None

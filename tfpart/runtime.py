@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from rewriters.tf_import import tensorflow
-from tfpart.errors import ModelError, TfpartError
+from tfpart.errors import ModelError, TfpartError, first_line, model_errors
 
 connected = False  # set once this process is a client of a cluster (see connect)
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
@@ -166,9 +166,8 @@ def cluster_errors(cluster):
         if cluster is None:
             raise
         check_workers(cluster, timeout=1.0)  # names the lost task, if one is gone
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TfpartError(cluster.source, f"the run across the cluster failed: {first}") \
-            from None
+        raise TfpartError(cluster.source, "the run across the cluster failed: "
+                          f"{first_line(exc)}") from None
 
 
 def connect(cluster, watch=False):
@@ -263,13 +262,17 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     """
     from rewriters.pipeline import original_op_name
 
+    tf = tensorflow()
     with _runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
-        original = tensorflow().saved_model.load(str(original_dir))
         signature = plan["context"]["signature"]
         batch = batch_size or plan["context"]["batch_size"]
-        inputs = random_inputs(original.signatures[signature], batch, seed)
-        expected = _as_arrays(original.signatures[signature](**inputs))
-        with cluster_errors(cluster):
+        with model_errors(original_dir, "load and run it"):
+            original = tf.saved_model.load(str(original_dir))
+            inputs = random_inputs(original.signatures[signature], batch, seed)
+            expected = _as_arrays(original.signatures[signature](**inputs))
+        with cluster_errors(cluster), model_errors(
+                compiled_dir, "load and run it",
+                passing=(tf.errors.OpError,) if cluster is not None else ()):
             compiled = load(local_dir)
             outputs, placed = run_with_placement(compiled.signatures[signature], inputs)
             actual = _as_arrays(outputs)
@@ -371,8 +374,11 @@ def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmu
     """
     import statistics
 
+    tf = tensorflow()
     with _runnable(compiled_dir, cluster, watch) as (plan, _, local_dir, _), \
-            cluster_errors(cluster):
+            cluster_errors(cluster), model_errors(
+                compiled_dir, "load and run it",
+                passing=(tf.errors.OpError,) if cluster is not None else ()):
         signature = load(local_dir).signatures[plan["context"]["signature"]]
         batch = batch_size or plan["context"]["batch_size"]
         inputs = random_inputs(signature, batch, seed)

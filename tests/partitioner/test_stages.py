@@ -28,7 +28,8 @@ def stage_problems(draw, max_units=7):
     preds = [sorted(draw(st.sets(st.integers(0, u - 1), max_size=2))) if u else []
              for u in range(n)]
     kinds = draw(st.integers(1, 2))
-    time_ = np.array([[draw(st.floats(0.1, 10)) for _ in range(n)] for _ in range(kinds)])
+    time_ = np.array([[draw(st.floats(0.1, 10) | st.just(0.0)) for _ in range(n)]
+                      for _ in range(kinds)])
     if kinds == 2 and draw(st.booleans()):
         time_[1, draw(st.integers(0, n - 1))] = np.inf  # a unit kind 1 cannot run
     groups = [(u, *sorted({v for v in range(n) if u in preds[v]}))
@@ -69,6 +70,21 @@ def test_dp_is_exact_convex_and_reports_true_loads(problem):
         assert load == pytest.approx(load_of(problem, units, kind))
     assert solution.max_load == pytest.approx(max(solution.loads))
     assert solution.max_load == pytest.approx(solve_ilp(problem, time_limit=30), rel=1e-6)
+
+
+def test_zero_time_units_after_the_last_op_still_get_a_stage():
+    """Regression: the residual CNN's coarse units, whose float sums of unit times left
+    the whole graph sorted before one of its subsets (its zero-time sinks unstaged)."""
+    preds = [[13], [8], [1, 4], [1], [3], [7, 11], [11], [6], [], [10], [0], [2],
+             [1, 2, 3, 4, 5, 6, 7, 9, 10], [5], [9, 12], [14], [14, 15]]
+    time_ = np.array([[1.83124e-05, 7.293488e-04, 1.1738496e-03, 3.5801648e-03,
+                       3.3654496e-03, 5.61777067e-04, 1.797592e-03, 3.2605984e-03, 0.0,
+                       1.14612e-05, 2.11696e-05, 1.36072e-04, 0.0, 7.0536e-05, 0.0, 0.0,
+                       0.0]])
+    problem = StageProblem(preds=preds, time=time_, size=np.zeros(17), groups=[],
+                           comm=np.zeros((1, 0)), capacity=np.array([1.0]), count=(3,))
+    solution = solve(problem)
+    assert sorted(u for _, units in solution.stages for u in units) == list(range(17))
 
 
 @settings(max_examples=15, deadline=None)
