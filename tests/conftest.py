@@ -30,3 +30,17 @@ def write_cluster(tmp_path):
 def local_cluster(n, memory="4GB"):
     return {"name": f"local-{n}cpu", "devices": [
         {"name": f"/device:CPU:{i}", "kind": "cpu", "memory": memory} for i in range(n)]}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Real models exported by TensorFlow/Keras (examples/models.py), once per module."""
+    from examples import models
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = getattr(models, f"export_{name}")(tmp_path_factory.mktemp(name) / "m")
+        return cache[name]
+    return get

@@ -109,6 +109,9 @@ def print_verify(report):
                   f"{report.ops_checked} ops checked against the plan, "
                   f"{len(report.op_mismatches)} on another device; "
                   f"{len(report.variable_mismatches)} variables misplaced")
+    if report.moved_constants:
+        console.print(f"{len(report.moved_constants)} constants ran beside what Grappler "
+                      "folded them into, not where planned (they hold no work)")
     for op, planned, actual in report.op_mismatches[:5]:
         console.print(f"  {op}: planned {planned}, ran on {actual}")
 

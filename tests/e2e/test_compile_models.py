@@ -27,7 +27,8 @@ def devices_doing_work(result, report):
 
 @pytest.mark.parametrize("name,batch", [("mlp_module", 8), ("residual_cnn", 4),
                                         ("transformer_encoder", 4), ("while_module", 2),
-                                        ("cond_module", 4)])
+                                        ("cond_module", 4), ("stacked_lstm", 4),
+                                        ("parallel_dense", 8), ("conv_batchnorm", 4)])
 def test_compiled_model_matches_original_on_three_devices(name, batch, exported, local_cpus,
                                                           write_cluster, tmp_path):
     model = exported(name)
@@ -39,8 +40,15 @@ def test_compiled_model_matches_original_on_three_devices(name, batch, exported,
     assert report.variable_mismatches == []
     if name == "cond_module":  # the conditional stays one op, placed as a unit
         assert {"If", "StatelessIf"} & {a["op_type"] for a in result.graph.ops.values()}
-    if name not in ("while_module", "cond_module"):  # little to run in parallel
+    if name not in ("while_module", "cond_module", "stacked_lstm"):  # little in parallel
         assert len(devices_doing_work(result, report)) >= 2
+    # Ops Grappler fuses share a device in the plan; the fused kernel ran there.
+    for members in result.plan.context["fusion_groups"]:
+        assert len({result.plan.assignment[m] for m in members}) == 1
+    fused_ran = [op for op in report.placement if any(op in m for m in
+                                                      result.plan.context["fusion_groups"])]
+    assert len(fused_ran) >= len(result.plan.context["fusion_groups"]) > 0 or \
+        name in ("mlp_module", "while_module", "cond_module")
 
 
 def test_while_loop_body_runs_on_the_loop_device(exported, local_cpus, write_cluster,
@@ -123,3 +131,25 @@ def test_every_node_and_variable_has_its_device(exported, write_cluster, tmp_pat
     assert all("CPU" in d for d in kept)
     variables = [o.variable for o in meta.object_graph_def.nodes if o.HasField("variable")]
     assert variables and all(v.device in devices for v in variables)
+
+
+def test_unread_variable_copies_stay_on_the_host_and_off_device_memory(local_cpus, tmp_path,
+                                                                      write_cluster):
+    """Keras 3 exports every variable twice; only the captured copy is read. The model's
+    read variables (27.7 KB) fit two 24 KB devices, its exported copies (55 KB) do not."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((32,), name="x")
+    hidden = keras.layers.Dense(64, activation="relu")(inputs)
+    hidden = keras.layers.Dense(64, activation="relu")(hidden)
+    model = tmp_path / "m"
+    keras.Model(inputs, keras.layers.Dense(10)(hidden)).export(str(model), verbose=False)
+    result, report = compile_and_verify(model, write_cluster(local_cluster(2, memory="24KB")),
+                                        tmp_path / "out", batch_size=1)
+    unread = result.plan.context["unread_variables"]
+    assert unread["count"] == 6 and unread["bytes"] == 27_688
+    assert result.graph.total_param_bytes() == 27_688
+    assert report.ok, (report.op_mismatches, report.variable_mismatches)
+    on_device = sum(d["memory_bound_bytes"] for d in result.plan.predicted["devices"].values())
+    assert 27_688 <= on_device <= 48_000
