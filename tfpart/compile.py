@@ -166,14 +166,15 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
     reports = []
 
-    def check(staging):
-        if verify:
-            from tfpart.runtime import verify as run_and_compare
+    def verify_staged(staging):
+        from tfpart.runtime import verify as run_and_compare
 
-            timings["write"] = time.perf_counter() - t0
-            step("running the original and compiled models")
-            reports.append(run_and_compare(model_dir, staging))
+        timings["write"] = time.perf_counter() - t0
+        step("running the original and compiled models")
+        reports.append(run_and_compare(model_dir, staging))
+        timings["verify"] = time.perf_counter() - t0 - timings["write"]
 
+    check = verify_staged if verify else None
     if plan.stages:
         write_output(lambda staging: write_pipelined(model_dir, proto, plan, staging), out,
                      force=force, extra_files=extra, check=check)
@@ -182,8 +183,6 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         write_saved_model(rewritten, model_dir, out, force=force, extra_files=extra,
                           check=check)
     timings.setdefault("write", time.perf_counter() - t0)
-    if verify:
-        timings["verify"] = time.perf_counter() - t0 - timings["write"]
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings, notes=profile_notes(profiles),
                          verification=reports[0] if reports else None)

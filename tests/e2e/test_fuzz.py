@@ -11,7 +11,7 @@ import pytest
 
 from tests.fuzz_cli import TARGETS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # fails before any kernel runs
 
 
 def test_random_corruptions_fail_cleanly(tmp_path):

@@ -77,6 +77,7 @@ def test_pipelined_models_run_across_three_servers(name, exported, three_workers
     assert json.loads(done.stdout.strip().splitlines()[-1])["samples_per_s"] > 0
 
 
+@pytest.mark.any_onednn  # about processes, not kernels
 def test_absent_worker_is_a_clean_error(exported, tmp_path):
     with LocalWorkers(1, tmp_path) as one:
         cluster = dict(one.cluster)
@@ -97,6 +98,7 @@ def test_absent_worker_is_a_clean_error(exported, tmp_path):
     print(f"absent worker: exit 2 after {seconds:.1f} s")
 
 
+@pytest.mark.any_onednn  # about processes, not kernels
 def test_worker_killed_mid_run_is_a_clean_error(exported, tmp_path):
     with LocalWorkers(2, tmp_path, links=FAST_LINKS) as workers:
         model, out = exported("mlp_module"), tmp_path / "out"
@@ -120,6 +122,7 @@ def test_worker_killed_mid_run_is_a_clean_error(exported, tmp_path):
     print(f"worker killed mid-run: exit 2 {seconds:.1f} s after the kill")
 
 
+@pytest.mark.any_onednn  # about processes, not kernels
 def test_port_already_taken_is_a_clean_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("localhost", 0))
@@ -134,6 +137,7 @@ def test_port_already_taken_is_a_clean_error(tmp_path):
     assert seconds < FAULT_LIMIT_S
 
 
+@pytest.mark.any_onednn  # about processes, not kernels
 def test_worker_started_from_tf_config(tmp_path):
     port = free_port()
     config = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker",
