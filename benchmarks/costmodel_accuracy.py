@@ -92,9 +92,13 @@ def main(argv=None):
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     args = parser.parse_args(argv)
 
+    from costmodel.profiler import onednn_enabled
     from tfpart.compile import compile_model
 
     console = Console(width=150)
+    console.print(f"oneDNN {'on' if onednn_enabled() else 'off'} (TF_ENABLE_ONEDNN_OPTS="
+                  f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}); profiles time the "
+                  "graph as TensorFlow runs it, Grappler's fusions included")
     work = Path(tempfile.mkdtemp(prefix="tfpart-accuracy-"))
     workers = AccuracyWorkers(work)
     rows = []
