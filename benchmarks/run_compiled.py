@@ -12,6 +12,7 @@ device is one core running one op at a time, as the simulator assumes.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -84,6 +85,11 @@ def main(argv=None):
     from tfpart.cluster import load_cluster
     from tfpart.runtime import connect, ensure_local_cpus, load, random_inputs, set_threads
 
+    if not args.cluster and hasattr(os, "sched_setaffinity"):
+        # Logical CPU devices share this process's cores; give them as many cores as
+        # intra-op threads, as `tfpart profile` has (kernels spread over every core
+        # otherwise).
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.intra])
     set_threads(args.intra, args.inter)
     from rewriters.tf_import import tensorflow
 
