@@ -92,7 +92,7 @@ def main(argv=None):
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     args = parser.parse_args(argv)
 
-    from costmodel.profiler import onednn_enabled
+    from tfpart.profiling import onednn_enabled
     from tfpart.compile import compile_model
 
     console = Console(width=150)

@@ -38,8 +38,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel.roofline import FREE_OPS, op_class, roofline_time
+from costmodel.roofline import roofline_time
 from tfpart.errors import ProfileError
+from tfpart.ops import FREE_OPS, op_class
 
 FORMAT = "tfpart-measured-profile/1"
 CLASSES = ("matmul", "elementwise", "reduction", "data_movement")

@@ -10,10 +10,7 @@ schedule-aware live-range estimate can only lower it.
 from __future__ import annotations
 
 from tfpart.dtypes import tensor_bytes
-
-
-ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
-                "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
+from tfpart.ops import ALIASING_OPS
 
 
 def output_bytes(attrs):

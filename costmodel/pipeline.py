@@ -34,8 +34,8 @@ import numpy as np
 from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
 from tfpart.graph import OpGraph
+from tfpart.ops import WEIGHT_OPS
 
-WEIGHT_SOURCES = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 
 
 def microbatch_graph(graph, microbatches):
@@ -53,7 +53,7 @@ def microbatch_graph(graph, microbatches):
     scaled = OpGraph()
     for name, attrs in graph.ops.items():
         weight_bytes = sum(edge["bytes"] for src, _, edge in nx_graph.in_edges(name, data=True)
-                           if nx_graph.nodes[src]["op_type"] in WEIGHT_SOURCES)
+                           if nx_graph.nodes[src]["op_type"] in WEIGHT_OPS)
         weight_bytes = min(weight_bytes, attrs["bytes_accessed"])
         new = dict(attrs)
         new["batch_fraction"] = fraction  # measured profiles scale their full-batch times
@@ -63,7 +63,7 @@ def microbatch_graph(graph, microbatches):
             new["cost"] = {d: t * fraction for d, t in attrs["cost"].items()}
         scaled.add_op(name, **new)
     for src, dst, edge in nx_graph.edges(data=True):
-        is_weight = nx_graph.nodes[src]["op_type"] in WEIGHT_SOURCES
+        is_weight = nx_graph.nodes[src]["op_type"] in WEIGHT_OPS
         scaled.add_edge(src, dst, bytes=edge["bytes"] * (1.0 if is_weight else fraction),
                         control=edge["control"])
         if edge.get("comm") is not None:

@@ -12,39 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-              "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-              "Conv3DBackpropInputV2", "_FusedConv2D", "_FusedMatMul", "Conv"}
-REDUCTION_OPS = {"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "ArgMax", "ArgMin",
-                 "Softmax", "LogSoftmax", "MaxPool", "AvgPool", "MaxPoolV2", "MaxPool3D",
-                 "AvgPool3D", "FusedBatchNorm", "FusedBatchNormV3", "L2Loss", "TopKV2"}
-DATA_MOVEMENT_OPS = {"Transpose", "ConcatV2", "Concat", "Pack", "Unpack", "Split", "SplitV",
-                     "Slice", "StridedSlice", "Gather", "GatherV2", "GatherNd",
-                     "ResourceGather", "Pad", "PadV2", "MirrorPad", "Tile", "Cast",
-                     "BroadcastTo", "OneHot", "Fill", "ZerosLike", "OnesLike", "Select",
-                     "SelectV2", "ScatterNd", "TensorScatterUpdate", "ReverseV2"}
-# Ops that move no data: TensorFlow aliases their buffers or only reads metadata.
-FREE_OPS = {"NoOp", "Const", "Placeholder", "PlaceholderWithDefault", "VarHandleOp",
-            "Identity", "IdentityN", "Shape", "ShapeN", "Size", "Rank", "ReadVariableOp",
-            "StopGradient", "Reshape", "Squeeze", "ExpandDims", "_Arg", "_Retval",
-            "VarIsInitializedOp", "EnsureShape", "CheckNumerics", "PreventGradient",
-            "Snapshot"}
-
-
-def op_class(op_type):
-    """The efficiency class of an op type.
-
-    >>> op_class("Conv2D"), op_class("Relu"), op_class("Mean"), op_class("ConcatV2")
-    ('matmul', 'elementwise', 'reduction', 'data_movement')
-    """
-    if op_type in MATMUL_OPS:
-        return "matmul"
-    if op_type in REDUCTION_OPS:
-        return "reduction"
-    if op_type in DATA_MOVEMENT_OPS:
-        return "data_movement"
-    return "elementwise"
-
+from tfpart.cluster import alpha_beta
+from tfpart.ops import FREE_OPS, op_class
 
 def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhead=None):
     """Seconds for one op on a device kind.
@@ -126,9 +95,9 @@ class CostModel:
 
     def transfer_time(self, nbytes, src, dst):
         """Alpha-beta time to move ``nbytes`` from device ``src`` to ``dst``."""
-        if src == dst or nbytes <= 0:
+        if src == dst:
             return 0.0
-        return self.latency[src, dst] + nbytes * self.inverse_bandwidth[src, dst]
+        return alpha_beta(nbytes, self.latency[src, dst], self.inverse_bandwidth[src, dst])
 
     def edge_time(self, edge, src, dst):
         """Time for an edge's tensors to go from device ``src`` to ``dst``: its own

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.memory import ALIASING_OPS, new_output_bytes, output_bytes
+from costmodel.memory import new_output_bytes, output_bytes
+from tfpart.ops import ALIASING_OPS
 
 
 @dataclass

@@ -34,11 +34,9 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from costmodel.memory import ALIASING_OPS
 from tfpart.graph import OpGraph
+from tfpart.ops import ALIASING_OPS, WEIGHT_OPS
 
-
-WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 
 @dataclass(frozen=True)
 class CoarsenOptions:

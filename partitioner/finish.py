@@ -1,7 +1,7 @@
 """Turn a device-per-op array into a checked Plan with the simulator's figures.
 
 ``peak_memory_bytes`` is the simulated peak (live ranges under the schedule);
-``memory_bound_bytes`` the schedule-independent upper bound that ``Plan.check`` holds
+``memory_bound_bytes`` the schedule-independent upper bound that ``check_plan`` holds
 against each device's memory, so a valid plan fits under any execution order.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 from costmodel.memory import device_memory
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
+from partitioner.validate import check_plan
 from tfpart.plan import Plan
 
 
@@ -41,5 +42,5 @@ def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None
                            "links": {f"{names[a]} -> {names[b]}": float(n)
                                      for (a, b), n in sorted(schedule.link_bytes.items())}},
                 lower_bound=lower_bound(cost))
-    plan.check(graph, cluster)
+    check_plan(plan, graph, cluster)
     return plan

@@ -206,6 +206,7 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
         if simulate(cost, searched, priority, memory=False).makespan < \
                 simulate(cost, device_of, priority, memory=False).makespan:
             device_of[:] = searched
+    device_of = _never_slower_than_one_device(graph, cost, cluster, device_of, priority)
     return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
 
 
@@ -215,6 +216,19 @@ def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan)
     alone = fastest_single_device(graph, cost, cluster)
     if alone is not None and alone[1] < scheduled_makespan + cluster.step_overhead:
         return np.full(len(cost.ops), alone[0])
+    return device_of
+
+
+def _never_slower_than_one_device(graph, cost, cluster, device_of, priority):
+    """The placement, or the fastest single device that holds the model if its
+    simulated step (the measure the plan is judged by) is no slower."""
+    alone = fastest_single_device(graph, cost, cluster)
+    if alone is None or (device_of == alone[0]).all():
+        return device_of
+    single = np.full(len(cost.ops), alone[0])
+    if simulate(cost, single, priority, memory=False).makespan <= \
+            simulate(cost, device_of, priority, memory=False).makespan:
+        return single
     return device_of
 
 

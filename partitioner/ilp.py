@@ -10,7 +10,7 @@ Constraints:
 * no two units overlap on an executor (a device, or devices sharing a ``core_group``):
   a big-M disjunction with an order variable for every pair of units no path orders;
 * memory: each device's variables, own outputs and received copies (the bound that
-  ``Plan.check`` holds) within its capacity;
+  ``check_plan`` holds) within its capacity;
 
 minimising ``C`` (plus the cluster's fixed step overhead). HiGHS (through pulp) is used
 and reports its bound; CBC is the fallback. Graphs larger than ``max_units`` are

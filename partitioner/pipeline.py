@@ -49,6 +49,7 @@ from costmodel.roofline import CostModel
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from tfpart.errors import PlacementError
+from partitioner.validate import check_plan
 from tfpart.plan import Plan
 
 
@@ -114,7 +115,7 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
                         for d, name in enumerate(names)},
         },
         lower_bound=pipeline_lower_bound(graph, cluster, best.microbatches, cost.measured))
-    plan.check(graph, cluster)
+    check_plan(plan, graph, cluster)
     return plan
 
 

@@ -64,7 +64,7 @@ def no_device_error(unit, cost):
 
 
 class MemoryLedger:
-    """Bytes committed per device against its capacity (footprints only; Plan.check
+    """Bytes committed per device against its capacity (footprints only; check_plan
     has the final word, counting received copies too)."""
 
     def __init__(self, cluster):

@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 import re
 
-from costmodel.roofline import DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS
+from tfpart.ops import AXIS_REDUCTION_OPS, DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS
 
 PER_ELEMENT = {"FusedBatchNorm": 4, "FusedBatchNormV3": 4, "Softmax": 5, "LogSoftmax": 5,
                "Gelu": 8, "Erf": 8, "Tanh": 4, "Sigmoid": 4, "Exp": 4, "Log": 4, "Rsqrt": 2,
                "Sqrt": 2, "Pow": 4, "LayerNorm": 8}
 WINDOWED = {"MaxPool", "AvgPool", "MaxPoolV2", "MaxPool3D", "AvgPool3D"}
-REDUCING = {"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "All", "Any", "L2Loss"}
 
 
 def matmul_like_flops(op_type, inputs, outputs, attrs):
@@ -79,7 +78,7 @@ def op_flops(op_type, inputs, outputs, attrs):
     if op_type in WINDOWED:
         window = math.prod(attrs.get("ksize", [1]))
         return math.prod(outputs[0]) * window
-    if op_type in REDUCING:
+    if op_type in AXIS_REDUCTION_OPS:
         return math.prod(inputs[0]) if inputs else 0
     elements = max(math.prod(shape) for shape in outputs)
     return PER_ELEMENT.get(op_type, 1) * elements

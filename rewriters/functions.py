@@ -6,9 +6,7 @@ on the op's device.
 """
 from __future__ import annotations
 
-CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
-CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
-BODY_ATTRS = ("body", "cond", "then_branch", "else_branch")
+from tfpart.ops import CALL_OPS
 
 
 def library_index(library):

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee, library_index,
+from rewriters.functions import (body_functions, callee, library_index,
                                  split_input, topological_nodes)
 from rewriters.reader import choose_signature, signature_call, variable_op_name
-
-IDENTITY_OPS = {"Identity", "IdentityN"}
+from tfpart.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
 
 
 def place_devices(proto, plan, default_device=None):

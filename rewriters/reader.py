@@ -22,19 +22,14 @@ from dataclasses import dataclass, field
 
 from rewriters.flops import op_flops
 from rewriters.fusion import fusion_groups
-from rewriters.functions import (CONTROL_FLOW_OPS, body_functions, callee,
+from rewriters.functions import (body_functions, callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.graph import OpGraph, UnionFind
+from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS
 
-HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
-                 "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
-                 "ReadFile", "WriteFile", "DecodeJpeg", "DecodePng", "DecodeImage",
-                 "EncodeJpeg", "EncodePng", "ParseExample", "ParseExampleV2",
-                 "ParseSingleExample", "HashTableV2", "LookupTableFindV2",
-                 "LookupTableImportV2", "MutableHashTableV2"}
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
 
 

@@ -170,7 +170,7 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
 
 def cmd_profile(args):
     _check_inputs(models=[args.model])
-    from costmodel.profiler import profile_model
+    from tfpart.profiling import profile_model
 
     with progress_display() as progress:
         profile = profile_model(args.model, args.batch_size, signature=args.signature,

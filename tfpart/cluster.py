@@ -69,11 +69,6 @@ class DeviceKind:
     op_overhead_s: float
     source: str
 
-    @property
-    def is_cpu(self):
-        """CPUs have a kernel for every op; accelerators lack host-only kernels."""
-        return self.name == "cpu"
-
 
 @dataclass(frozen=True)
 class Device:
@@ -84,6 +79,16 @@ class Device:
     core_group: str = ""  # devices with the same group share one executor
 
 
+def alpha_beta(nbytes, latency, inverse_bandwidth):
+    """The one transfer-time formula: ``latency + nbytes / bandwidth``, and nothing for
+    nothing to move.
+
+    >>> alpha_beta(1e6, 1e-5, 1 / 1e9), alpha_beta(0, 1e-5, 1 / 1e9)
+    (0.00101, 0.0)
+    """
+    return latency + nbytes * inverse_bandwidth if nbytes > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Link:
     bandwidth: float
@@ -91,8 +96,8 @@ class Link:
     cpu_copy: bool = False  # the endpoints' cores do the copy (TCP between CPU processes)
 
     def transfer_time(self, nbytes):
-        """Alpha-beta time of moving ``nbytes`` (0 for nothing to move)."""
-        return self.latency + nbytes / self.bandwidth if nbytes > 0 else 0.0
+        """Alpha-beta time of moving ``nbytes`` over this link."""
+        return alpha_beta(nbytes, self.latency, 1.0 / self.bandwidth)
 
 
 @dataclass
@@ -109,9 +114,6 @@ class Cluster:
     def __len__(self):
         return len(self.devices)
 
-    def index(self, device_name):
-        return self.device_names.index(device_name)
-
     @property
     def device_names(self):
         return [d.name for d in self.devices]
@@ -121,10 +123,6 @@ class Cluster:
         if i == j:
             return None
         return self.links[(min(i, j), max(i, j))]
-
-    def transfer_time(self, nbytes, i, j):
-        link = self.link(i, j)
-        return 0.0 if link is None else link.transfer_time(nbytes)
 
     def total_memory(self):
         return sum(d.memory for d in self.devices)

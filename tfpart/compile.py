@@ -77,7 +77,7 @@ def load_profiles(paths):
 def profile_notes(paths):
     """A line for each profile measured where oneDNN or the CPU's instruction sets
     differ from this machine's."""
-    from costmodel.profiler import hardware_mismatch
+    from tfpart.profiling import hardware_mismatch
 
     notes = []
     for path, profile in zip(paths or (), load_profiles(paths)):

@@ -11,6 +11,7 @@ from partitioner.ilp import ILPOptions
 from tests.random_graphs import random_clusters, random_dags
 from tfpart.cluster import cluster_of_devices
 from tfpart.graph import OpGraph
+from partitioner.validate import check_plan
 
 PROPERTY = settings(max_examples=25, deadline=None)
 EXACT = ILPOptions(time_limit=60, mip_gap=0.0)
@@ -22,7 +23,7 @@ def test_every_heuristic_gives_a_valid_plan_above_the_lower_bound(graph, cluster
     cost = CostModel(graph, cluster)
     for name, algorithm in HEURISTICS.items():
         plan = algorithm.partition(graph, cost, cluster)
-        plan.check(graph, cluster)
+        check_plan(plan, graph, cluster)
         assert plan.step_time >= plan.lower_bound * (1 - 1e-9), name
 
 
@@ -31,7 +32,7 @@ def test_every_heuristic_gives_a_valid_plan_above_the_lower_bound(graph, cluster
 def test_the_ilp_optimum_is_at_most_every_heuristic(graph, cluster):
     cost = CostModel(graph, cluster)
     plan = ilp.partition(graph, cost, cluster, options=EXACT)
-    plan.check(graph, cluster)
+    check_plan(plan, graph, cluster)
     result = plan.predicted["ilp"]
     assert result["status"] == "optimal"
     assert result["objective"] <= plan.step_time * (1 + 1e-6)

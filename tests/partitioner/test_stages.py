@@ -18,6 +18,7 @@ from partitioner.stage_ilp import solve_ilp
 from tests.random_graphs import random_clusters, random_dags
 from tfpart.errors import PlacementError
 from tfpart.importers import load_tarnawski_stages
+from partitioner.validate import check_plan
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "benchmarks"
 
@@ -131,7 +132,7 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
     except PlacementError as exc:
         assert "memory" in str(exc) or "fits" in str(exc), exc
         return
-    plan.check(graph, cluster)  # every op placed, groups kept, memory within bounds
+    check_plan(plan, graph, cluster)  # every op placed, groups kept, memory within bounds
     assert set(plan.stages) == set(graph.ops)
     assert 1 <= plan.microbatches <= batch
     stage_devices = {}
@@ -162,7 +163,7 @@ def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
     assert set(plan.stages) == set(graph.ops)
     assert plan.stages["op2"] == plan.stages["op3"]
     assert plan.predicted["stage_search"]["units"] == 2  # op0 and op1 only
-    plan.check(graph, cluster)
+    check_plan(plan, graph, cluster)
 
 
 def test_pipelining_beats_one_batch_when_stages_balance():
