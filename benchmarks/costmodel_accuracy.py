@@ -132,8 +132,8 @@ def main(argv=None):
                 result = compile_model(model, cluster, out, batch_size=batch,
                                        algorithm=algorithm, profiles=[profile_path], force=True)
                 measured = run_json([str(out), "--repeats", str(args.repeats), *run_args])
-                used = sum(1 for d in result.plan.predicted["devices"].values()
-                           if d["busy_s"] > 0)
+                used = sum(1 for d in result.plan.predicted.devices.values()
+                           if d.busy_s > 0)
                 rows.append((name, batch, case, used, result.plan.step_time,
                              measured["median_s"]))
     finally:

@@ -55,7 +55,7 @@ def run_all(graph, cluster, ilp_options):
         results[name] = (plan.step_time, time.perf_counter() - t0, "")
         bound = plan.lower_bound
         if name == "ilp":
-            record = plan.predicted["ilp"]
+            record = plan.predicted.solver
     best = record["objective"] if record and record["status"] == "optimal" else bound
     return results, record, best
 

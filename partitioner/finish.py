@@ -14,7 +14,7 @@ from costmodel.memory import device_memory
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
 from partitioner.validate import check_plan
-from tfpart.plan import Plan
+from tfpart.plan import DeviceFigures, Plan, Predicted
 
 
 def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None):
@@ -26,21 +26,18 @@ def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None
     per_device = {}
     for d, name in enumerate(names):
         mine = np.flatnonzero(device_of == d)
-        per_device[name] = {
-            "kind": cluster.devices[d].kind.name,
-            "ops": int(len(mine)),
-            "param_bytes": int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
-            "busy_s": float(schedule.busy[d]),
-            "idle_s": float(schedule.idle[d]),
-            "peak_memory_bytes": float(schedule.peak_memory[d]),
-            "memory_bound_bytes": float(memory_bound[name]),
-            "memory_bytes": float(cluster.devices[d].memory),
-        }
+        per_device[name] = DeviceFigures(
+            kind=cluster.devices[d].kind.name, ops=int(len(mine)),
+            param_bytes=int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
+            busy_s=float(schedule.busy[d]), idle_s=float(schedule.idle[d]),
+            peak_memory_bytes=float(schedule.peak_memory[d]),
+            memory_bound_bytes=float(memory_bound[name]),
+            memory_bytes=float(cluster.devices[d].memory))
+    predicted = Predicted(step_time=float(schedule.makespan), devices=per_device,
+                          bytes_moved=float(schedule.bytes_moved),
+                          links={f"{names[a]} -> {names[b]}": float(n)
+                                 for (a, b), n in sorted(schedule.link_bytes.items())})
     plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),
-                predicted={"step_time": schedule.makespan, "devices": per_device,
-                           "bytes_moved": schedule.bytes_moved,
-                           "links": {f"{names[a]} -> {names[b]}": float(n)
-                                     for (a, b), n in sorted(schedule.link_bytes.items())}},
-                lower_bound=lower_bound(cost))
+                predicted=predicted, lower_bound=lower_bound(cost))
     check_plan(plan, graph, cluster)
     return plan

@@ -27,7 +27,7 @@ Example
 >>> g.add_edge("a", "c", bytes=1e3); g.add_edge("b", "c", bytes=1e3)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
 >>> plan = partition(g, CostModel(g, cluster), cluster)
->>> plan.predicted["ilp"]["status"], len(plan.devices_used())
+>>> plan.predicted.solver["status"], len(plan.devices_used())
 ('optimal', 2)
 """
 from __future__ import annotations
@@ -225,7 +225,7 @@ def partition(graph, cost, cluster, *, options=ILPOptions()):
         units = len(graph)
     device_of = np.array([names.index(assignment[op]) for op in cost.ops])
     plan = make_plan(graph, cost, cluster, device_of, "ilp", options)
-    plan.predicted["ilp"] = {"status": result.status, "objective": result.objective,
+    plan.predicted.solver = {"status": result.status, "objective": result.objective,
                              "bound": result.bound, "units": units,
                              "solve_seconds": result.seconds}
     return plan

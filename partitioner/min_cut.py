@@ -17,7 +17,7 @@ Example
 ...     for i in range(2): g.add_edge(f"{tower}{i}", f"{tower}{i + 1}", bytes=1e8)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
 >>> plan = partition(g, CostModel(g, cluster), cluster)
->>> plan.predicted["bytes_moved"]  # the two towers end up apart: nothing crosses
+>>> plan.predicted.bytes_moved  # the two towers end up apart: nothing crosses
 0.0
 """
 from __future__ import annotations

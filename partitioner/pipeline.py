@@ -50,7 +50,7 @@ from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from tfpart.errors import PlacementError
 from partitioner.validate import check_plan
-from tfpart.plan import Plan
+from tfpart.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
 
 
 @dataclass(frozen=True)
@@ -93,27 +93,26 @@ def partition(graph, cost, cluster, *, options=PipelineOptions()):
     plan = Plan(
         assignment=assignment, algorithm="pipeline", options=asdict(options),
         stages=stage_of, microbatches=best.microbatches,
-        predicted={
-            "step_time": best.batch_time,
-            "throughput": options.batch_size / best.batch_time if best.batch_time else 0.0,
-            "first_result": best.first_result,
-            "interval": best.interval,
-            "bubble_fraction": best.bubble_fraction,
-            "stage_max_load": solution.max_load,
-            "stage_search": {"exact": solution.exact, "ideals": solution.ideals,
-                             "units": len(units)},
-            "stages": [{"device": names[device_of[coarse.members[units[m[0]]][0]]],
-                        "units": len(m), "load": load}
-                       for (_, m), load in zip(solution.stages, solution.loads)],
-            "microbatch_choices": {str(r.microbatches): {
-                "batch_time": r.batch_time, "first_result": r.first_result,
-                "bubble_fraction": r.bubble_fraction} for r in runs},
-            "devices": {name: {"kind": cluster.devices[d].kind.name,
-                               "busy_s": best.busy[name],
-                               "memory_bound_bytes": float(memory[name]),
-                               "memory_bytes": float(cluster.devices[d].memory)}
-                        for d, name in enumerate(names)},
-        },
+        predicted=Predicted(
+            step_time=float(best.batch_time),
+            devices={name: DeviceFigures(
+                kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
+                ops=sum(1 for device in device_of.values() if device == d),
+                memory_bound_bytes=float(memory[name]),
+                memory_bytes=float(cluster.devices[d].memory))
+                for d, name in enumerate(names)},
+            pipeline=PipelineFigures(
+                throughput=options.batch_size / best.batch_time if best.batch_time else 0.0,
+                first_result=float(best.first_result), interval=float(best.interval),
+                bubble_fraction=float(best.bubble_fraction),
+                stage_max_load=float(solution.max_load), exact=bool(solution.exact),
+                ideals=int(solution.ideals), units=len(units),
+                stages=[StageFigures(device=names[device_of[coarse.members[units[m[0]]][0]]],
+                                     units=len(m), load=float(load))
+                        for (_, m), load in zip(solution.stages, solution.loads)],
+                microbatch_choices={str(r.microbatches): {
+                    "batch_time": r.batch_time, "first_result": r.first_result,
+                    "bubble_fraction": r.bubble_fraction} for r in runs})),
         lower_bound=pipeline_lower_bound(graph, cluster, best.microbatches, cost.measured))
     check_plan(plan, graph, cluster)
     return plan

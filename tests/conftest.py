@@ -1,4 +1,4 @@
-"""Shared fixtures. TensorFlow gets four logical CPU devices before anything starts it,
+"""Shared fixtures. TensorFlow gets four logical CPU devices before any test starts it,
 so compiled models can run their multi-device plans in this process."""
 import json
 import os
@@ -9,8 +9,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 LOGICAL_CPUS = 4
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def local_cpus():
+    """Logical CPU devices exist only if made before TensorFlow starts its devices, so
+    every session makes them first, whichever test runs first."""
     from tfpart.runtime import ensure_local_cpus
 
     ensure_local_cpus(LOGICAL_CPUS)

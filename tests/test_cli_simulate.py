@@ -5,6 +5,7 @@ from profiles import DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
 from tfpart.cli import main
 from tfpart.compile import compile_model
+from tfpart.plan import Plan, Predicted
 
 
 def test_simulate_prints_figures_and_draws_a_gantt_chart(tmp_path, capsys, write_cluster):
@@ -30,16 +31,17 @@ def test_simulate_replays_a_pipelined_plan(tmp_path, capsys, write_cluster):
     assert main(["simulate", str(DEFAULT_MODEL_DIR), str(out / "plan.json")]) == 0
     printed = capsys.readouterr().out
     predicted = result.plan.predicted
-    assert f"Predicted batch time {predicted['step_time'] * 1e3:.3f} ms" in printed
-    assert f"{predicted['throughput']:.1f} samples/s" in printed
-    assert predicted["first_result"] < predicted["step_time"]
+    assert f"Predicted batch time {predicted.step_time * 1e3:.3f} ms" in printed
+    assert f"{predicted.pipeline.throughput:.1f} samples/s" in printed
+    assert predicted.pipeline.first_result < predicted.step_time
 
 
 def test_simulate_rejects_a_plan_of_another_model(tmp_path, capsys, write_cluster):
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"assignment": {"x": "/job:localhost/replica:0/task:0/device:CPU:0"},
-                                "context": {"cluster_file": str(write_cluster(local_cluster(1))),
-                                            "batch_size": 1}}))
+    Plan(assignment={"x": "/job:localhost/replica:0/task:0/device:CPU:0"},
+         predicted=Predicted(step_time=1.0, devices={}),
+         context={"cluster_file": str(write_cluster(local_cluster(1))), "batch_size": 1}
+         ).save(plan)
     assert main(["simulate", str(DEFAULT_MODEL_DIR), str(plan)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "plan.json" in err and "does not place" in err

@@ -4,9 +4,9 @@ import pytest
 
 from profiles import CLUSTERS_DIR
 from tfpart.cluster import load_cluster, load_device_kinds
-from tfpart.errors import ProfileError
+from tfpart.errors import PlacementError, ProfileError
 from tfpart.graph import OpGraph
-from tfpart.plan import Plan
+from tfpart.plan import DeviceFigures, Plan, Predicted
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTERS_DIR.glob("*.json")), ids=lambda p: p.name)
@@ -40,7 +40,25 @@ def test_plan_json_round_trip(tmp_path):
     graph = OpGraph()
     graph.add_op("a")
     plan = Plan(assignment={"a": "/job:localhost/replica:0/task:0/device:CPU:0"},
-                algorithm="greedy", predicted={"step_time": 1.5}, lower_bound=1.0)
+                algorithm="greedy", predicted=Predicted(step_time=1.5, devices={}), lower_bound=1.0)
     plan.save(tmp_path / "plan.json")
     again = Plan.load(tmp_path / "plan.json")
     assert again == plan and again.gap == pytest.approx(0.5)
+
+
+def test_plan_json_is_checked_against_its_schema(tmp_path):
+    path = tmp_path / "plan.json"
+    plan = Plan(assignment={"a": "/device:CPU:0"}, predicted=Predicted(
+        step_time=1.0, devices={"/device:CPU:0": DeviceFigures(
+            kind="cpu", busy_s=1.0, memory_bound_bytes=8.0, memory_bytes=64.0)}))
+    plan.save(path)
+    assert Plan.load(path).predicted.devices["/device:CPU:0"].busy_s == 1.0
+    data = json.loads(path.read_text())
+    data["predicted"]["devices"]["/device:CPU:0"]["busy_s"] = "fast"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlacementError, match="predicted.devices./device:CPU:0.busy_s"):
+        Plan.load(path)
+    data["format_version"] = 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlacementError, match="format_version"):
+        Plan.load(path)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
-from tfpart.errors import OutputError, PlacementError, TfpartError
+from tfpart.errors import OutputError, TfpartError
 from tfpart.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -49,10 +49,11 @@ def plan_table(plan):
         columns.insert(2, "stage")
     for column in columns:
         table.add_column(column, justify="left" if column in ("device", "kind") else "right")
-    for name, figures in plan.predicted["devices"].items():
-        memory = figures.get("peak_memory_bytes", figures["memory_bound_bytes"])
-        row = [name, figures["kind"], str(ops.get(name, 0)), _seconds(figures["busy_s"]),
-               _bytes(memory), f"{100 * memory / figures['memory_bytes']:.1f}%"]
+    for name, figures in plan.predicted.devices.items():
+        memory = figures.memory_bound_bytes if figures.peak_memory_bytes is None else \
+            figures.peak_memory_bytes
+        row = [name, figures.kind, str(ops.get(name, 0)), _seconds(figures.busy_s),
+               _bytes(memory), f"{100 * memory / figures.memory_bytes:.1f}%"]
         if pipelined:
             row.insert(2, str(stage_of_device.get(name, "-")))
         table.add_row(*row)
@@ -81,13 +82,13 @@ def print_plan(result, default_cluster):
         console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
                       "batch: the stages run whole batches (no micro-batches)")
     if plan.stages:
-        p = plan.predicted
+        p = plan.predicted.pipeline
         console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "
                       f"{plan.microbatches} micro-batches (bubble "
-                      f"{100 * p['bubble_fraction']:.0f}%); predicted throughput "
-                      f"{p['throughput']:.1f} samples/s, first result after "
-                      f"{_seconds(p['first_result'])}, one micro-batch every "
-                      f"{_seconds(p['interval'])}")
+                      f"{100 * p.bubble_fraction:.0f}%); predicted throughput "
+                      f"{p.throughput:.1f} samples/s, first result after "
+                      f"{_seconds(p.first_result)}, one micro-batch every "
+                      f"{_seconds(p.interval)}")
     console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
                   f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
@@ -128,15 +129,15 @@ def cmd_compile(args):
     _check_inputs(models=[model], cluster=cluster, profiles=args.profile)
     if os.path.exists(args.output) and not args.force:
         raise OutputError(args.output, "already exists (use --force to replace it)")
-    from partitioner import ALGORITHMS
-    from tfpart.compile import compile_model
+    from tfpart.compile import algorithm_options, compile_model
 
-    if args.algorithm not in ALGORITHMS:
-        raise PlacementError("", f"no algorithm {args.algorithm!r} (choose from "
-                             f"{', '.join(sorted(ALGORITHMS))})")
+    algorithm = "pipeline" if args.pipeline or args.microbatches is not None else \
+        args.algorithm
+    options = algorithm_options(algorithm, args.option or ())  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
-                               signature=args.signature, algorithm=args.algorithm,
+                               signature=args.signature, algorithm=algorithm,
+                               options=options,
                                profiles=args.profile, force=args.force, progress=progress,
                                pipeline=args.pipeline, microbatches=args.microbatches,
                                verify=args.verify)
@@ -340,7 +341,11 @@ def build_parser():
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
     compile_.add_argument("--algorithm", default="greedy",
-                          help="placement algorithm (see the README's table)")
+                          help="placement algorithm (see the README's table; "
+                          "`pipeline` is --pipeline)")
+    compile_.add_argument("--option", action="append", metavar="KEY=VALUE",
+                          help="set a field of the algorithm's options, e.g. "
+                          "time_limit=30 or coarsen.target_units=20; repeatable")
     compile_.add_argument("--pipeline", action="store_true", help="cut the model into "
                           "pipeline stages run over micro-batches (for throughput)")
     compile_.add_argument("--microbatches", type=int, help="micro-batches per batch "

@@ -11,13 +11,15 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import CostModel
-from partitioner import ALGORITHMS
+from partitioner.registry import get as get_algorithm
+from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, OutputError, PlacementError, model_errors
 
@@ -87,13 +89,24 @@ def profile_notes(paths):
     return notes
 
 
+def algorithm_options(name, options=None):
+    """The options dataclass of algorithm ``name`` from ``options``: None (defaults),
+    an instance, a dict of field -> value, or ``key=value`` strings (``--option``)."""
+    if options is None or dataclasses.is_dataclass(options):
+        return parse_options(name, (), base=options)
+    if isinstance(options, dict):
+        options = [f"{key}={value}" for key, value in options.items()]
+    return parse_options(name, options)
+
+
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
-               profiles=(), progress=None, pipeline=False, microbatches=None):
+               options=None, profiles=(), progress=None, pipeline=False, microbatches=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
-    With ``pipeline`` (implied by ``microbatches``) the graph is cut into pipeline
-    stages run over micro-batches (:mod:`partitioner.pipeline`) instead of placed for
-    the latency of one batch by ``algorithm``."""
+    ``algorithm`` names an entry of :mod:`partitioner.registry`, ``options`` its options
+    (see :func:`algorithm_options`). With ``pipeline`` (implied by ``microbatches``) the
+    algorithm is ``pipeline``: stages run over micro-batches, for throughput, instead of
+    a placement for the latency of one batch."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
@@ -109,20 +122,19 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     _check_fits(graph, cluster, cluster.source or model_dir)
 
     t0 = time.perf_counter()
-    pipeline = pipeline or microbatches is not None
+    chosen = get_algorithm("pipeline" if pipeline or microbatches is not None else algorithm)
+    settings = algorithm_options(chosen.name, options)
     step(f"partitioning {len(graph)} ops into "
-         f"{'pipeline stages' if pipeline else f'a placement with {algorithm}'}")
+         f"{'pipeline stages' if chosen.stages else f'a placement with {chosen.name}'}")
     cost = CostModel(graph, cluster, measured=load_profiles(profiles))
     mixing = []
     try:
-        if pipeline:
-            from partitioner.pipeline import PipelineOptions, partition
-
+        if chosen.stages:
+            microbatches = settings.microbatches if microbatches is None else microbatches
             mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
-            plan = partition(graph, cost, cluster, options=PipelineOptions(
-                batch_size=info.batch_size, microbatches=1 if mixing else microbatches))
-        else:
-            plan = ALGORITHMS[algorithm].partition(graph, cost, cluster)
+            settings = dataclasses.replace(settings, batch_size=info.batch_size,
+                                           microbatches=1 if mixing else microbatches)
+        plan = chosen.partition(graph, cost, cluster, options=settings)
     except PlacementError as exc:
         raise PlacementError(exc.path or cluster.source, exc.problem) from None
     timings["partition"] = time.perf_counter() - t0
@@ -140,7 +152,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
-                  algorithm="greedy", profiles=(), force=False, progress=None,
+                  algorithm="greedy", options=None, profiles=(), force=False, progress=None,
                   pipeline=False, microbatches=None, verify=False):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
@@ -158,8 +170,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     prepare_output(out, force).rmdir()  # fail on an existing output before any work
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
-        algorithm=algorithm, profiles=profiles, progress=progress, pipeline=pipeline,
-        microbatches=microbatches)
+        algorithm=algorithm, options=options, profiles=profiles, progress=progress,
+        pipeline=pipeline, microbatches=microbatches)
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     step("writing the compiled SavedModel")

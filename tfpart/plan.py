@@ -8,20 +8,80 @@ Plans are validated against a graph and cluster by :func:`partitioner.validate.c
 
 Examples
 --------
->>> plan = Plan(assignment={"a": "/device:CPU:0"}, predicted={"step_time": 2.0},
-...             lower_bound=1.6)
+>>> plan = Plan(assignment={"a": "/device:CPU:0"}, lower_bound=1.6,
+...             predicted=Predicted(step_time=2.0, devices={}))
 >>> Plan.from_dict(plan.to_dict()) == plan, round(plan.gap, 2)
 (True, 0.25)
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tfpart.errors import PlacementError
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+SCHEMA_FILE = Path(__file__).with_name("plan_schema.json")
+
+
+@dataclass
+class DeviceFigures:
+    """What the cost model predicts for one device (every algorithm fills these)."""
+
+    kind: str
+    busy_s: float  # compute time in the step (in a pipelined batch)
+    memory_bound_bytes: float  # schedule-independent upper bound, held by check_plan
+    memory_bytes: float  # the device's capacity
+    ops: int = 0
+    param_bytes: int = 0
+    idle_s: float = 0.0
+    peak_memory_bytes: float | None = None  # simulated peak (live ranges), when simulated
+
+
+@dataclass
+class StageFigures:
+    device: str
+    units: int  # coarse units in the stage
+    load: float  # seconds: compute plus the transfers into and out of it
+
+
+@dataclass
+class PipelineFigures:
+    """Pipelined plans: throughput, latency and how the stages were found."""
+
+    throughput: float  # samples per second
+    first_result: float  # seconds until the first micro-batch's outputs
+    interval: float  # seconds between micro-batches at the steady state
+    bubble_fraction: float
+    stage_max_load: float
+    exact: bool  # the stage search was exact (not the chain fallback)
+    ideals: int
+    units: int
+    stages: list = field(default_factory=list)  # StageFigures per stage
+    microbatch_choices: dict = field(default_factory=dict)  # "M" -> simulated figures
+
+
+@dataclass
+class Predicted:
+    """The cost model's figures behind a plan, the same fields for every algorithm."""
+
+    step_time: float  # seconds per step (per batch for pipelines)
+    devices: dict  # device name -> DeviceFigures
+    bytes_moved: float = 0.0
+    links: dict = field(default_factory=dict)  # "src -> dst" -> bytes
+    pipeline: PipelineFigures | None = None
+    solver: dict | None = None  # the ILP's status, objective, bound and times
+
+    @classmethod
+    def from_dict(cls, data):
+        data = dict(data)
+        data["devices"] = {name: DeviceFigures(**d) for name, d in data["devices"].items()}
+        if data.get("pipeline") is not None:
+            pipeline = dict(data["pipeline"])
+            pipeline["stages"] = [StageFigures(**s) for s in pipeline.get("stages", [])]
+            data["pipeline"] = PipelineFigures(**pipeline)
+        return cls(**data)
 
 
 @dataclass
@@ -31,7 +91,7 @@ class Plan:
     options: dict = field(default_factory=dict)
     stages: dict | None = None
     microbatches: int = 1
-    predicted: dict = field(default_factory=dict)
+    predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
 
@@ -41,7 +101,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data):
-        data = {k: v for k, v in data.items() if k != "format_version"}
+        data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        if data.get("predicted") is not None:
+            data["predicted"] = Predicted.from_dict(data["predicted"])
         return cls(**data)
 
     def save(self, path):
@@ -49,15 +111,26 @@ class Plan:
 
     @classmethod
     def load(cls, path):
+        """Read and validate a plan.json (its JSON Schema: ``tfpart/plan_schema.json``)."""
+        import jsonschema
+
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError) as exc:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
             raise PlacementError(path, f"not a readable plan.json: {exc}") from None
+        schema = json.loads(SCHEMA_FILE.read_text())
+        error = next(iter(sorted(jsonschema.Draft202012Validator(schema).iter_errors(data),
+                                 key=lambda e: list(e.absolute_path))), None)
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+            raise PlacementError(path, f"not a tfpart plan.json (format {PLAN_FORMAT_VERSION}"
+                                 f"): {where}: {error.message}")
+        return cls.from_dict(data)
 
     # -- figures -------------------------------------------------------------------------
     @property
     def step_time(self):
-        return self.predicted.get("step_time")
+        return self.predicted.step_time if self.predicted is not None else None
 
     @property
     def gap(self):

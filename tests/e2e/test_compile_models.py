@@ -84,9 +84,9 @@ def test_devices_each_too_small_still_get_a_valid_split(exported, local_cpus, wr
     # The MLP holds 368 KB of variables; no device can hold them all.
     cluster = write_cluster(local_cluster(4, memory="320KB"))
     result, report = compile_and_verify(model, cluster, tmp_path / "out", batch_size=2)
-    devices = result.plan.predicted["devices"]
-    assert all(d["peak_memory_bytes"] <= d["memory_bytes"] for d in devices.values())
-    assert sum(1 for d in devices.values() if d["param_bytes"] > 0) >= 2
+    devices = result.plan.predicted.devices
+    assert all(d.peak_memory_bytes <= d.memory_bytes for d in devices.values())
+    assert sum(1 for d in devices.values() if d.param_bytes > 0) >= 2
     assert report.outputs_equal and report.variable_mismatches == []
 
 
@@ -151,5 +151,5 @@ def test_unread_variable_copies_stay_on_the_host_and_off_device_memory(local_cpu
     assert unread["count"] == 6 and unread["bytes"] == 27_688
     assert result.graph.total_param_bytes() == 27_688
     assert report.ok, (report.op_mismatches, report.variable_mismatches)
-    on_device = sum(d["memory_bound_bytes"] for d in result.plan.predicted["devices"].values())
+    on_device = sum(d.memory_bound_bytes for d in result.plan.predicted.devices.values())
     assert 27_688 <= on_device <= 48_000

@@ -63,11 +63,11 @@ def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Pipeline:" in done.stdout and "samples/s" in done.stdout
     plan = json.loads((out / "plan.json").read_text())
-    choices = plan["predicted"]["microbatch_choices"]
+    choices = plan["predicted"]["pipeline"]["microbatch_choices"]
     assert set(choices) == {"1", "2", "4", "8", "16", "32"}
     best = min(choices, key=lambda m: (choices[m]["batch_time"], int(m)))
     assert plan["microbatches"] == int(best)
-    assert plan["predicted"]["throughput"] == pytest.approx(
+    assert plan["predicted"]["pipeline"]["throughput"] == pytest.approx(
         32 / plan["predicted"]["step_time"])
     run = subprocess.run([sys.executable, "-m", "tfpart.cli", "run", str(out), "--repeats",
                           "3", "--json"], capture_output=True, text=True, timeout=600,
@@ -107,7 +107,7 @@ def test_resnet50_pipelined_on_a_heterogeneous_cluster(exported, local_cpus, tmp
     kinds = {result.cluster.devices[result.cluster.device_names.index(plan.assignment[op])]
              .kind.name for op in plan.stages}
     assert len(set(plan.stages.values())) >= 2 and {"A100-40GB", "L4"} <= kinds
-    assert plan.predicted["stage_search"]["exact"]
+    assert plan.predicted.pipeline.exact
     report = verify(model, out, batch_size=10)
     assert report.outputs_equal, report.max_abs_diff
     assert report.op_mismatches == [] and report.variable_mismatches == []

@@ -33,7 +33,7 @@ def test_the_ilp_optimum_is_at_most_every_heuristic(graph, cluster):
     cost = CostModel(graph, cluster)
     plan = ilp.partition(graph, cost, cluster, options=EXACT)
     check_plan(plan, graph, cluster)
-    result = plan.predicted["ilp"]
+    result = plan.predicted.solver
     assert result["status"] == "optimal"
     assert result["objective"] <= plan.step_time * (1 + 1e-6)
     assert plan.lower_bound <= result["objective"] * (1 + 1e-6)

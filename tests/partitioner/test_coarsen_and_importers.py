@@ -74,6 +74,6 @@ def test_ilp_on_a_coarsened_published_graph_finishes_within_its_limit():
     graph, cluster = load_moirai(SHARED / "moirai" / "GoogLeNet.json")
     plan = ilp.partition(graph, CostModel(graph, cluster), cluster,
                          options=ILPOptions(time_limit=20, max_units=25))
-    record = plan.predicted["ilp"]
+    record = plan.predicted.solver
     assert record["units"] <= 25 and record["solve_seconds"] < 40
     assert record["status"].startswith("coarse")

@@ -96,8 +96,8 @@ def test_memory_forces_a_split_and_lookahead_keeps_room_for_big_variables():
             graph.add_edge(f"layer{i - 1}", f"layer{i}", bytes=1e3)
     cluster = cluster_of_devices(["cpu", "cpu"], memory="80MB")
     plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
-    used = plan.predicted["devices"]
-    assert all(d["peak_memory_bytes"] <= d["memory_bytes"] for d in used.values())
+    used = plan.predicted.devices
+    assert all(d.peak_memory_bytes <= d.memory_bytes for d in used.values())
     assert len(plan.devices_used()) == 2
 
 

@@ -142,7 +142,7 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
     order = {op: plan.stages[op] for op in graph.ops}
     assert all(order[u] <= order[v] for u, v in graph.nx_graph.edges)  # stages in order
     assert plan.step_time >= plan.lower_bound - 1e-12
-    choices = plan.predicted["microbatch_choices"]  # coarse-unit estimates
+    choices = plan.predicted.pipeline.microbatch_choices  # coarse-unit estimates
     best = min(choices, key=lambda m: (choices[m]["batch_time"], int(m)))
     assert plan.microbatches == int(best)
 
@@ -162,7 +162,7 @@ def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
                      options=PipelineOptions(batch_size=4))
     assert set(plan.stages) == set(graph.ops)
     assert plan.stages["op2"] == plan.stages["op3"]
-    assert plan.predicted["stage_search"]["units"] == 2  # op0 and op1 only
+    assert plan.predicted.pipeline.units == 2  # op0 and op1 only
     check_plan(plan, graph, cluster)
 
 

@@ -1,0 +1,114 @@
+"""The one registry of algorithms: name -> partition function and options dataclass.
+
+The CLI (``--algorithm NAME --option key=value``) and the API
+(``compile_model(..., algorithm=NAME, options={...})``) both read it; every plan echoes
+its options into plan.json.
+
+Examples
+--------
+>>> sorted(REGISTRY)[:4]
+['greedy', 'ilp', 'm_etf', 'm_topo']
+>>> parse_options("ilp", ["time_limit=5", "coarsen.target_units=20"])
+ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, coarsen=CoarsenOptions(chains=True, name_scope_depth=None, target_units=20, weights_with_reader=False))
+>>> parse_options("greedy", ["insertion=maybe"])
+Traceback (most recent call last):
+...
+tfpart.errors.PlacementError: --option insertion=maybe: not a bool (true or false)
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+
+from partitioner import (greedy, ilp, m_etf, m_topo, min_cut, pipeline, random_placement,
+                         round_robin, single_device, topo_split)
+from tfpart.errors import PlacementError
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registered algorithm: ``partition(graph, cost, cluster, *, options)``."""
+
+    name: str
+    partition: typing.Callable
+    options: type  # its options dataclass
+    summary: str
+    stages: bool = False  # makes pipeline stages rather than a placement
+
+
+def _entry(name, module, options, stages=False):
+    return Algorithm(name=name, partition=module.partition, options=options,
+                     summary=module.__doc__.strip().splitlines()[0], stages=stages)
+
+
+REGISTRY = {algorithm.name: algorithm for algorithm in [
+    _entry("greedy", greedy, greedy.GreedyOptions),
+    _entry("ilp", ilp, ilp.ILPOptions),
+    _entry("single", single_device, single_device.SingleDeviceOptions),
+    _entry("random", random_placement, random_placement.RandomOptions),
+    _entry("round_robin", round_robin, round_robin.RoundRobinOptions),
+    _entry("m_topo", m_topo, m_topo.MTopoOptions),
+    _entry("m_etf", m_etf, m_etf.METFOptions),
+    _entry("min_cut", min_cut, min_cut.MinCutOptions),
+    _entry("topo_split", topo_split, topo_split.TopoSplitOptions),
+    _entry("pipeline", pipeline, pipeline.PipelineOptions, stages=True),
+]}
+
+
+def get(name):
+    """The registered algorithm ``name``; PlacementError naming the choices if none."""
+    if name not in REGISTRY:
+        raise PlacementError("", f"no algorithm {name!r} (choose from "
+                             f"{', '.join(sorted(REGISTRY))})")
+    return REGISTRY[name]
+
+
+def parse_options(name, pairs=(), base=None):
+    """The options dataclass of algorithm ``name`` with ``key=value`` strings applied
+    (``a.b=v`` sets field ``b`` of the nested options ``a``), each converted to its
+    field's type; PlacementError names an unknown key or a bad value."""
+    options = base if base is not None else get(name).options()
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PlacementError("", f"--option {pair}: expected key=value")
+        options = _set(options, key.split("."), value, pair)
+    return options
+
+
+def _set(options, path, text, pair):
+    fields = {f.name: f for f in dataclasses.fields(options)}
+    if path[0] not in fields:
+        raise PlacementError("", f"--option {pair}: {type(options).__name__} has no "
+                             f"{path[0]!r} (has: {', '.join(fields)})")
+    current = getattr(options, path[0])
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise PlacementError("", f"--option {pair}: {path[0]!r} has no fields")
+        value = _set(current, path[1:], text, pair)
+    else:
+        hints = typing.get_type_hints(type(options))
+        value = _convert(text, hints[path[0]], pair)
+    return dataclasses.replace(options, **{path[0]: value})
+
+
+def _convert(text, hint, pair):
+    """``text`` as a value of type ``hint`` (bool, int, float, str, or X | None)."""
+    allowed = typing.get_args(hint) or (hint,)
+    if type(None) in allowed and text.lower() == "none":
+        return None
+    for kind in (bool, int, float, str):
+        if kind not in allowed:
+            continue
+        if kind is bool:
+            if text.lower() in ("true", "1", "yes", "false", "0", "no"):
+                return text.lower() in ("true", "1", "yes")
+            raise PlacementError("", f"--option {pair}: not a bool (true or false)")
+        try:
+            return kind(text)
+        except ValueError:
+            article = "an" if kind is int else "a"
+            raise PlacementError("", f"--option {pair}: not {article} {kind.__name__}") \
+                from None
+    raise PlacementError("", f"--option {pair}: cannot set a field of type {hint}")

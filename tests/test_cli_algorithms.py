@@ -1,0 +1,56 @@
+"""Every registered algorithm is reachable from the CLI with its options
+(``--algorithm NAME --option key=value``), and the options land in plan.json."""
+import dataclasses
+import json
+
+import pytest
+
+from partitioner.registry import REGISTRY
+from tfpart.cli import main
+
+# One option per algorithm, set away from its default where it has any.
+OPTIONS = {"greedy": ["refine_evaluations=5"], "ilp": ["time_limit=5", "max_units=8"],
+           "single": [], "random": ["seed=7"], "round_robin": [], "m_topo": [], "m_etf": [],
+           "min_cut": ["passes=2"], "topo_split": [], "pipeline": ["microbatches=2"]}
+
+
+def test_every_registered_algorithm_has_a_case():
+    assert set(OPTIONS) == set(REGISTRY)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_algorithm_and_options_from_the_cli(name, capsys, tmp_path):
+    argv = ["compile", "--algorithm", name, "--batch-size", "4", "-o", str(tmp_path / "out")]
+    for option in OPTIONS[name]:
+        argv += ["--option", option]
+    assert main(argv) == 0, capsys.readouterr().err
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["algorithm"] == name
+    defaults = dataclasses.asdict(REGISTRY[name].options())
+    for option in OPTIONS[name]:
+        key, value = option.split("=")
+        assert str(plan["options"][key]) in (value, str(float(value)))
+        assert plan["options"][key] != defaults[key]
+    if REGISTRY[name].stages:
+        assert plan["microbatches"] == 2 and plan["stages"]
+
+
+@pytest.mark.parametrize("option,words", [("nonsense=1", "has no 'nonsense'"),
+                                          ("seed=three", "not an int"),
+                                          ("seed", "expected key=value")])
+def test_bad_options_are_one_line_errors(option, words, capsys, tmp_path):
+    code = main(["compile", "--algorithm", "random", "--option", option, "-o",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_seeds_set_from_the_cli_change_a_random_placement(capsys, tmp_path):
+    plans = []
+    for seed in (1, 2):
+        out = tmp_path / f"out{seed}"
+        assert main(["compile", "--algorithm", "random", "--option", f"seed={seed}",
+                     "--batch-size", "2", "-o", str(out)]) == 0
+        plans.append(json.loads((out / "plan.json").read_text())["assignment"])
+    assert plans[0] != plans[1]
