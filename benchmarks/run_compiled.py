@@ -18,11 +18,11 @@ import sys
 
 import numpy as np
 
-from tfpart.runtime import timed_calls
+from tfpart.timing import timed_calls
 
 
 def time_calls(fn, repeats, warmup):
-    """Median seconds of a call (see :func:`tfpart.runtime.timed_calls`)."""
+    """Median seconds of a call (see :func:`tfpart.timing.timed_calls`)."""
     return statistics.median(timed_calls(fn, repeats, warmup))
 
 
@@ -83,7 +83,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from tfpart.cluster import load_cluster
-    from tfpart.runtime import connect, ensure_local_cpus, load, random_inputs, set_threads
+    from tfpart.runtime import ensure_local_cpus, load, random_inputs
+    from tfpart.servers import connect, set_threads
 
     if not args.cluster and hasattr(os, "sched_setaffinity"):
         # Logical CPU devices share this process's cores; give them as many cores as

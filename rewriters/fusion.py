@@ -56,8 +56,11 @@ def _data_readers(nx_graph, op):
 def table_fusion_groups(graph):
     """Fusion groups (sorted lists of op names, two ops or more) of an OpGraph by the
     remapper patterns in :data:`FUSED_INTO`: an op joins the pattern of the first op it
-    reads (in input order, as the remapper tries them) that starts or continues a
-    pattern, is of a type it fuses into, and has no other reader."""
+    reads that starts or continues a pattern, is of a type it fuses into, and has no
+    other reader. A residual add joins every such input: which one the remapper fuses
+    depends on the order of the graph it sees after placement (measured: the same
+    model fused its first input offline and its second at run time), so only keeping
+    both with the add is safe."""
     nxg = graph.nx_graph
     in_pattern = set()
     groups = UnionFind()
@@ -71,7 +74,8 @@ def table_fusion_groups(graph):
                     and _data_readers(nxg, source) == [op]):
                 groups.union(source, op)
                 in_pattern.add(op)
-                break  # one pattern per op: a residual add fuses its first input's
+                if op_type not in ADDS:
+                    break  # one pattern per op, but see the docstring for adds
     return _as_lists(groups)
 
 

@@ -17,8 +17,8 @@ from importlib import import_module
 _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "Plan": "tfpart.plan", "TfpartError": "tfpart.errors",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
-        "load": "tfpart.runtime", "verify": "tfpart.runtime", "connect": "tfpart.runtime",
-        "time_model": "tfpart.runtime", "LocalWorkers": "tfpart.local_workers"}
+        "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
+        "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers"}
 
 __all__ = sorted(_API)
 

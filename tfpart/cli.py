@@ -246,7 +246,7 @@ def print_pipeline_run(run, plan):
 
 def cmd_worker(args):
     from tfpart.cluster import cluster_from_dict, load_cluster
-    from tfpart.runtime import start_server
+    from tfpart.servers import start_server
 
     if args.cluster:
         cluster, task, job = load_cluster(args.cluster), args.task, args.job
@@ -277,7 +277,7 @@ def _run_cluster(args):
     if not getattr(args, "cluster", None):
         return None
     from tfpart.cluster import load_cluster
-    from tfpart.runtime import cluster_spec
+    from tfpart.servers import cluster_spec
 
     cluster = load_cluster(args.cluster)
     cluster_spec(cluster)  # a cluster block is required to connect
@@ -287,7 +287,7 @@ def _run_cluster(args):
 def cmd_verify(args):
     _check_inputs(models=[args.model, args.compiled], files=[
         os.path.join(args.compiled, "plan.json")])
-    from tfpart.runtime import verify
+    from tfpart.verification import verify
 
     cluster = _run_cluster(args)
     with progress_display() as progress:
@@ -301,7 +301,7 @@ def cmd_verify(args):
 
 def cmd_run(args):
     _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
-    from tfpart.runtime import time_model
+    from tfpart.timing import time_model
 
     cluster = _run_cluster(args)
     with progress_display() as progress:
@@ -415,8 +415,8 @@ def main(argv=None):
         return args.run(args)
     except TfpartError as exc:
         print(f"tfpart: error: {exc}", file=user_stderr())
-        runtime = sys.modules.get("tfpart.runtime")
-        if runtime is not None and runtime.connected:
+        servers = sys.modules.get("tfpart.servers")
+        if servers is not None and servers.connected:
             # TensorFlow's teardown of a broken cluster connection may hang or log.
             sys.stdout.flush()
             user_stderr().flush()

@@ -157,7 +157,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     With ``verify`` the compiled model is run against the original
-    (:func:`tfpart.runtime.verify`) before it is moved into place, so an error there
+    (:func:`tfpart.verification.verify`) before it is moved into place, so an error there
     leaves no output behind; the report is ``result.verification``."""
     from rewriters.pipeline import write_pipelined
     from rewriters.placement import place_devices
@@ -179,7 +179,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     reports = []
 
     def verify_staged(staging):
-        from tfpart.runtime import verify as run_and_compare
+        from tfpart.verification import verify as run_and_compare
 
         timings["write"] = time.perf_counter() - t0
         step("running the original and compiled models")

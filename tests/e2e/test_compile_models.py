@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
-from tfpart.runtime import verify
+from tfpart.verification import verify
 
 pytestmark = pytest.mark.slow
 

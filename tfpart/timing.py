@@ -1,0 +1,50 @@
+"""Timing compiled models: median wall time of repeated calls, here or across a
+cluster's servers.
+"""
+from __future__ import annotations
+
+import time
+
+from rewriters.tf_import import tensorflow
+from tfpart.errors import model_errors
+from tfpart.runtime import load, random_inputs, runnable
+from tfpart.servers import cluster_errors
+
+def timed_calls(fn, repeats, warmup=0):
+    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmup=3,
+               watch=False, seed=0):
+    """Median wall time of calls to a compiled model's signature, samples/s, and each
+    timed call (``times_s``).
+
+    Runs on ``cluster``'s servers when given (see :func:`verify`), else on local
+    logical CPUs standing in for the plan's devices.
+    """
+    import statistics
+
+    tf = tensorflow()
+    with runnable(compiled_dir, cluster, watch) as (plan, _, local_dir, _), \
+            cluster_errors(cluster), model_errors(
+                compiled_dir, "load and run it",
+                passing=(tf.errors.OpError,) if cluster is not None else ()):
+        signature = load(local_dir).signatures[plan["context"]["signature"]]
+        batch = batch_size or plan["context"]["batch_size"]
+        inputs = random_inputs(signature, batch, seed)
+
+        times = timed_calls(
+            lambda: [t.numpy() for t in tensorflow().nest.flatten(signature(**inputs))],
+            repeats, warmup)
+    median = statistics.median(times)
+    return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,
+            "min_s": min(times), "repeats": repeats, "times_s": times,
+            "predicted_s": plan["predicted"].get("step_time"),
+            "microbatches": plan.get("microbatches", 1)}

@@ -1,0 +1,125 @@
+"""Verification: run an original and a compiled SavedModel on the same random inputs,
+compare the outputs, and read from TensorFlow's own run metadata on which device every
+op ran, against the plan.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rewriters.tf_import import tensorflow
+from tfpart.errors import model_errors
+from tfpart.runtime import canonical_device, load, random_inputs, runnable, same_device
+from tfpart.servers import cluster_errors
+
+RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
+               "_DeviceArg", "_DeviceRetval", "NoOp"}
+
+@dataclass
+class VerifyReport:
+    max_abs_diff: float
+    outputs_equal: bool
+    ops_per_device: dict  # device -> ops TensorFlow placed there (from run metadata)
+    ops_checked: int  # ops found in both the plan and TensorFlow's placement
+    op_mismatches: list = field(default_factory=list)  # (op, planned, actual)
+    # Constants elsewhere than planned: Grappler's constant folding re-creates them
+    # beside what it folded; they hold no work, so they are listed, not failed.
+    moved_constants: list = field(default_factory=list)  # (op, planned, actual)
+    variable_mismatches: list = field(default_factory=list)
+    device_map: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
+
+    @property
+    def ok(self):
+        return self.outputs_equal and not self.op_mismatches and not self.variable_mismatches
+
+def run_with_placement(fn, inputs):
+    """Call ``fn(**inputs)``; return (outputs, {op name: device}, {op name: op type})
+    from TensorFlow's run metadata (the partition graphs it really ran)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        outputs = fn(**inputs)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    placed, op_types = {}, {}
+    for function_graph in metadata.function_graphs:
+        for partition in function_graph.partition_graphs:
+            for node in partition.node:
+                if node.op not in RUNTIME_OPS:
+                    placed[node.name] = node.device
+                    op_types[node.name] = node.op
+    return outputs, placed, op_types
+
+def _as_arrays(outputs):
+    tf = tensorflow()
+    return [np.asarray(t) for t in tf.nest.flatten(outputs)]
+
+def _variable_devices(obj):
+    """(name, device) of every variable reachable from a loaded object."""
+    from tensorflow.python.checkpoint import graph_view
+
+    tf = tensorflow()
+    objects, _ = graph_view.ObjectGraphView(obj).breadth_first_traversal()
+    return sorted((v.name.split(":")[0], v.device) for v in objects
+                  if isinstance(v, tf.Variable))
+
+def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None,
+           cluster=None, watch=False):
+    """Run both models on the same random inputs; compare outputs and placement.
+
+    Without ``cluster`` the compiled model's devices are mapped onto local logical CPUs
+    (one per cluster device). With a :class:`~tfpart.cluster.Cluster` whose ``cluster``
+    block names running ``tfpart worker`` tasks, this process connects to them and runs
+    the compiled model as it is, across the tasks (the original runs here).
+    """
+    from rewriters.pipeline import original_op_name
+
+    tf = tensorflow()
+    with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
+        signature = plan["context"]["signature"]
+        batch = batch_size or plan["context"]["batch_size"]
+        with model_errors(original_dir, "load and run it"):
+            original = tf.saved_model.load(str(original_dir))
+            inputs = random_inputs(original.signatures[signature], batch, seed)
+            expected = _as_arrays(original.signatures[signature](**inputs))
+        with cluster_errors(cluster), model_errors(
+                compiled_dir, "load and run it",
+                passing=(tf.errors.OpError,) if cluster is not None else ()):
+            compiled = load(local_dir)
+            outputs, placed, op_types = run_with_placement(
+                compiled.signatures[signature], inputs)
+            actual = _as_arrays(outputs)
+            variables = _variable_devices(compiled)
+    diffs = [float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
+             for a, e in zip(actual, expected)]
+    equal = len(actual) == len(expected) and all(
+        np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(actual, expected))
+    planned = {op: device_map[d] for op, d in plan["assignment"].items()}
+    runs = [(name, device, op_types[name]) for name, device in placed.items()]
+    if plan.get("stages"):  # each micro-batch's imported copy of the source's ops
+        runs = [(original_op_name(n), d, t) for n, d, t in runs if original_op_name(n) != n]
+    checked = [(name, device, op) for name, device, op in runs if name in planned]
+    elsewhere = [(name, planned[name], device, op) for name, device, op in checked
+                 if not same_device(planned[name], device)]
+    mismatches = [(name, want, got) for name, want, got, op in elsewhere if op != "Const"]
+    moved_constants = [(name, want, got) for name, want, got, op in elsewhere if op == "Const"]
+    expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
+    variable_mismatches = [pair for pair in Counter(expected_vars) - Counter(
+        (n, canonical_device(d)) for n, d in variables)]
+    return VerifyReport(max_abs_diff=max(diffs, default=0.0), outputs_equal=equal,
+                        ops_per_device=dict(Counter(placed.values())),
+                        ops_checked=len(checked), op_mismatches=mismatches,
+                        moved_constants=moved_constants,
+                        variable_mismatches=variable_mismatches, device_map=device_map,
+                        placement=placed)
+
+def _saved_variable_devices(proto):
+    return [(obj.variable.name, obj.variable.device)
+            for obj in proto.meta_graphs[0].object_graph_def.nodes
+            if obj.HasField("variable")]
