@@ -1,5 +1,4 @@
 """tfpart simulate and tfpart worker from the command line."""
-import json
 
 from profiles import DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
