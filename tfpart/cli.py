@@ -426,7 +426,7 @@ def main(argv=None):
         if (exc.name or "").split(".")[0] != "tensorflow":
             raise
         print("tfpart: error: TensorFlow is not installed; install tfpart[cpu] "
-              "(tensorflow-cpu) or tfpart[gpu], or TensorFlow 2.21 yourself",
+              "(tensorflow-cpu) or tfpart[gpu], or TensorFlow 2.20–2.21 yourself",
               file=user_stderr())
         return 2
     except KeyboardInterrupt:
