@@ -150,7 +150,4 @@ def fusion_groups(graph, graph_def=None, outputs=()):
 
 
 def _as_lists(groups):
-    members = {}
-    for item in list(groups):
-        members.setdefault(groups.find(item), []).append(item)
-    return sorted(sorted(m) for m in members.values() if len(m) > 1)
+    return sorted(sorted(members) for members in groups.sets() if len(members) > 1)

@@ -182,11 +182,8 @@ def _colocate_fused(opgraph, groups):
     for members in groups:
         for other in members[1:]:
             labels.union(opgraph.ops[members[0]]["colocation"], opgraph.ops[other]["colocation"])
-    merged = {}
-    for label in list(labels):
-        merged.setdefault(labels.find(label), []).append(label)
     new_label = {label: min(same, key=lambda n: (not n.startswith("variables/"), n))
-                 for same in merged.values() for label in same}
+                 for same in labels.sets() for label in same}
     for name in opgraph.ops:
         attrs = opgraph.ops[name]
         attrs["colocation"] = new_label.get(attrs["colocation"], attrs["colocation"])

@@ -118,6 +118,8 @@ class UnionFind(dict):
     >>> groups.union("a", "b"); groups.union("c", "b")
     >>> groups.find("a") == groups.find("c") != groups.find("d")
     True
+    >>> sorted(sorted(members) for members in groups.sets())
+    [['a', 'b', 'c'], ['d']]
     """
 
     def find(self, x):
@@ -129,3 +131,10 @@ class UnionFind(dict):
 
     def union(self, a, b):
         self[self.find(a)] = self.find(b)
+
+    def sets(self):
+        """The disjoint sets, each a list of the items seen, in first-seen order."""
+        members = {}
+        for item in list(self):
+            members.setdefault(self.find(item), []).append(item)
+        return list(members.values())
