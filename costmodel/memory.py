@@ -43,7 +43,7 @@ def device_memory(graph, assignment, device_names):
     for name, attrs in graph.ops.items():
         device = assignment[name]
         memory[device] += attrs["param_bytes"] + new_output_bytes(attrs)
-        for succ, edge in graph.nx_graph.succ[name].items():
+        for succ, edge in graph.out_edges(name).items():
             dst = assignment[succ]
             if not edge["control"] and dst != device and (name, dst) not in received:
                 received.add((name, dst))

@@ -49,11 +49,10 @@ def microbatch_graph(graph, microbatches):
     if microbatches == 1:
         return graph
     fraction = 1.0 / microbatches
-    nx_graph = graph.nx_graph
     scaled = OpGraph()
     for name, attrs in graph.ops.items():
-        weight_bytes = sum(edge["bytes"] for src, _, edge in nx_graph.in_edges(name, data=True)
-                           if nx_graph.nodes[src]["op_type"] in WEIGHT_OPS)
+        weight_bytes = sum(edge["bytes"] for src, edge in graph.in_edges(name).items()
+                           if graph.ops[src]["op_type"] in WEIGHT_OPS)
         weight_bytes = min(weight_bytes, attrs["bytes_accessed"])
         new = dict(attrs)
         new["batch_fraction"] = fraction  # measured profiles scale their full-batch times
@@ -62,13 +61,12 @@ def microbatch_graph(graph, microbatches):
         if attrs.get("cost") is not None:
             new["cost"] = {d: t * fraction for d, t in attrs["cost"].items()}
         scaled.add_op(name, **new)
-    for src, dst, edge in nx_graph.edges(data=True):
-        is_weight = nx_graph.nodes[src]["op_type"] in WEIGHT_OPS
+    for src, dst, edge in graph.edges():
+        is_weight = graph.ops[src]["op_type"] in WEIGHT_OPS
+        comm = edge.get("comm")
         scaled.add_edge(src, dst, bytes=edge["bytes"] * (1.0 if is_weight else fraction),
-                        control=edge["control"])
-        if edge.get("comm") is not None:
-            scaled.nx_graph.edges[src, dst]["comm"] = (
-                np.asarray(edge["comm"]) * fraction).tolist()
+                        control=edge["control"],
+                        comm=None if comm is None else (np.asarray(comm) * fraction).tolist())
     return scaled
 
 
@@ -108,8 +106,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, measure
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches):
     """M copies of the ops (variables shared), with a barrier ordering each stage's
     sinks of micro-batch m - 1 before its sources of micro-batch m."""
-    nx_graph = graph.nx_graph
-    shared = {op for op, t in graph.ops(data="op_type") if t in ("VarHandleOp", "VariableV2")}
+    shared = {op for op, attrs in graph.ops.items()
+              if attrs["op_type"] in ("VarHandleOp", "VariableV2")}
 
     def name(op, m):
         return op if op in shared else f"mb{m}/{op}"
@@ -123,18 +121,16 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches):
             if op not in shared:
                 replicated.add_op(name(op, m), **attrs)
                 placement[name(op, m)] = device_of[op]
-        for src, dst, edge in nx_graph.edges(data=True):
+        for src, dst, edge in graph.edges():
             if dst in shared:
                 continue
             replicated.add_edge(name(src, m), name(dst, m), bytes=edge["bytes"],
-                                control=edge["control"])
-            if edge.get("comm") is not None:
-                replicated.nx_graph.edges[name(src, m), name(dst, m)]["comm"] = edge["comm"]
-    same_stage = {(u, v) for u, v in nx_graph.edges if stage_of.get(u) == stage_of.get(v)}
+                                control=edge["control"], comm=edge.get("comm"))
+    same_stage = {(u, v) for u, v, _ in graph.edges() if stage_of.get(u) == stage_of.get(v)}
     sinks = [op for op in graph.ops if op not in shared
-             and not any((op, v) in same_stage for v in nx_graph.successors(op))]
+             and not any((op, v) in same_stage for v in graph.successors(op))]
     sources = [op for op in graph.ops if op not in shared
-               and not any((u, op) in same_stage for u in nx_graph.predecessors(op)
+               and not any((u, op) in same_stage for u in graph.predecessors(op)
                            if u not in shared)]
     zero = {d: 0.0 for d in cluster_names}
     stage_device = {stage_of[op]: device_of[op] for op in graph.ops if op in stage_of}

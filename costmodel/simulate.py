@@ -72,13 +72,13 @@ def upward_rank(cost):
     >>> bool(rank[0] > rank[1] > rank[2] > 0)
     True
     """
-    graph = cost.graph.nx_graph
+    graph = cost.graph
     mean_time = cost.mean_time()
     rank = np.zeros(len(cost.ops))
     for name in reversed(cost.graph.topological_order()):
         i = cost.index[name]
         tail = 0.0
-        for succ, edge in graph.succ[name].items():
+        for succ, edge in graph.out_edges(name).items():
             tail = max(tail, cost.mean_edge_time(edge) + rank[cost.index[succ]])
         rank[i] = mean_time[i] + tail
     return rank
@@ -89,7 +89,7 @@ def ready_order(cost, priority):
 
     Each yielded op must be finished by the caller before the next ``next()``.
     """
-    graph = cost.graph.nx_graph
+    graph = cost.graph
     key = cost.graph.structural_key
     waiting = {name: graph.in_degree(name) for name in cost.ops}
     heap = [(-priority[cost.index[n]], key(n)) for n, deg in waiting.items() if deg == 0]
@@ -105,9 +105,9 @@ def ready_order(cost, priority):
 
 def data_ready_time(cost, i, device, end, placed_on):
     """When all inputs of op ``i`` could be on ``device`` with uncontended links."""
-    graph = cost.graph.nx_graph
+    graph = cost.graph
     ready = 0.0
-    for pred, edge in graph.pred[cost.ops[i]].items():
+    for pred, edge in graph.in_edges(cost.ops[i]).items():
         p = cost.index[pred]
         ready = max(ready, end[p] + cost.edge_time(edge, placed_on[p], device))
     return ready
@@ -117,7 +117,7 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_un
     """Queue the transfers of op ``i``'s outputs to every other device that reads them."""
     src = device_of[i]
     per_device = {}  # dst -> (bytes, time on the link, total time): the tensor goes once
-    for succ, edge in cost.graph.nx_graph.succ[cost.ops[i]].items():
+    for succ, edge in cost.graph.out_edges(cost.ops[i]).items():
         dst = device_of[cost.index[succ]]
         if dst != src and not edge["control"]:
             old = per_device.get(dst, (0.0, 0.0, 0.0))
@@ -167,7 +167,7 @@ def simulate(cost, device_of, priority=None, memory=True):
     priority = upward_rank(cost) if priority is None else priority
     n_ops, n_dev = cost.compute.shape
     executor_of = cost.cluster.executor_of
-    graph = cost.graph.nx_graph
+    graph = cost.graph
     start, end = np.zeros(n_ops), np.zeros(n_ops)
     busy_until = np.zeros(max(executor_of, default=0) + 1)  # also held by cpu_copy transfers
     running = np.zeros(len(busy_until), dtype=bool)
@@ -260,7 +260,6 @@ def simulate_plan(plan, cost):
 def peak_memory(cost, schedule):
     """Peak bytes per device: variables plus the most activations alive at once."""
     graph = cost.graph
-    nxg = graph.nx_graph
     device_of, start, end = schedule.device, schedule.start, schedule.end
     params = np.zeros(cost.compute.shape[1])
     owner_of = {}  # op index -> op index whose buffer its output lives in
@@ -270,7 +269,7 @@ def peak_memory(cost, schedule):
         attrs = graph.ops[cost.ops[i]]
         d = device_of[i]
         params[d] += attrs["param_bytes"]
-        inputs = [cost.index[p] for p, e in nxg.pred[cost.ops[i]].items() if not e["control"]]
+        inputs = [cost.index[p] for p, e in graph.in_edges(cost.ops[i]).items() if not e["control"]]
         if attrs["op_type"] in ALIASING_OPS and inputs and device_of[inputs[0]] == d:
             owner_of[i] = owner_of[inputs[0]]
         else:
@@ -287,7 +286,7 @@ def peak_memory(cost, schedule):
     for (owner, d), (t0, nbytes) in allocated.items():
         if nbytes <= 0:
             continue
-        is_output = nxg.out_degree(cost.ops[owner]) == 0
+        is_output = graph.out_degree(cost.ops[owner]) == 0
         t1 = schedule.makespan if is_output else max(freed.get((owner, d), t0), t0)
         events += [(t0, 1, d, nbytes), (t1, 0, d, -nbytes)]
     events.sort()  # at equal times, frees (0) before allocations (1)

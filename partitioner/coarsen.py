@@ -77,7 +77,7 @@ class _Partition:
 def _unit_graph(graph, part):
     units = nx.DiGraph()
     units.add_nodes_from({part.find(op) for op in graph.ops})
-    for u, v in graph.nx_graph.edges:
+    for u, v, _ in graph.edges():
         a, b = part.find(u), part.find(v)
         if a != b:
             units.add_edge(a, b)
@@ -169,16 +169,15 @@ def _join_weights_to_readers(graph, part):
     (by data edges), so a weight lives where it is used rather than with the other
     weights, which lead every topological order, and independent constants do not
     multiply the pipeline DP's ideals."""
-    nxg = graph.nx_graph
     weight_only = set()
     for op in graph.topological_order():
-        sources = [u for u, _, edge in nxg.in_edges(op, data=True) if not edge["control"]]
+        sources = [u for u, edge in graph.in_edges(op).items() if not edge["control"]]
         if graph.ops[op]["op_type"] in WEIGHT_OPS or (
                 sources and all(u in weight_only for u in sources)):
             weight_only.add(op)
     position = {op: k for k, op in enumerate(graph.topological_order())}
     for op in weight_only:
-        readers = [v for _, v, edge in nxg.out_edges(op, data=True) if not edge["control"]]
+        readers = [v for v, edge in graph.out_edges(op).items() if not edge["control"]]
         if readers:
             part.union(op, min(readers, key=position.__getitem__))
 
@@ -228,17 +227,17 @@ def _build(graph, cost, part):
                       param_bytes=sum(graph.ops[o]["param_bytes"] for o in ops),
                       cost={names[d]: float(t) for d, t in enumerate(time) if np.isfinite(t)})
     n = len(names)
-    for u, v, edge in graph.nx_graph.edges(data=True):
+    for u, v, edge in graph.edges():
         a, b = part.find(u), part.find(v)
         if a == b:
             continue
         table = np.array([[cost.edge_time(edge, s, d) for d in range(n)] for s in range(n)])
-        if coarse.nx_graph.has_edge(a, b):
-            existing = coarse.nx_graph.edges[a, b]
+        if coarse.has_edge(a, b):
+            existing = coarse.edge(a, b)
             existing["bytes"] += edge["bytes"]
             existing["control"] = existing["control"] and edge["control"]
             existing["comm"] = (np.array(existing["comm"]) + table).tolist()
         else:
             coarse.add_edge(a, b, bytes=edge["bytes"], control=edge["control"])
-            coarse.nx_graph.edges[a, b]["comm"] = table.tolist()
+            coarse.edge(a, b)["comm"] = table.tolist()
     return Coarse(graph=coarse, members=members)

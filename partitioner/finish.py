@@ -17,8 +17,31 @@ from partitioner.validate import check_plan
 from tfpart.plan import DeviceFigures, Plan, Predicted
 
 
-def make_plan(graph, cost, cluster, device_of, algorithm, options, priority=None):
-    """Simulate the placement, record per-device figures, and check the plan."""
+def make_plan(cost, device_of, algorithm, options, priority=None):
+    """Simulate the placement, record per-device figures, and check the plan.
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+    device_of : numpy.ndarray of int
+        The device index of every op of ``cost.ops``.
+    algorithm : str
+        The name the plan records.
+    options : dataclass
+        The algorithm's options, echoed into the plan.
+    priority : numpy.ndarray, optional
+        The simulator's tie-breaking priority per op (default: upward rank).
+
+    Returns
+    -------
+    tfpart.plan.Plan
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If the plan breaks a device's memory or runs an op where it cannot run.
+    """
+    graph, cluster = cost.graph, cost.cluster
     names = cluster.device_names
     assignment = {op: names[d] for op, d in zip(cost.ops, device_of)}
     schedule = simulate(cost, device_of, priority)

@@ -39,7 +39,7 @@ Examples
 >>> g.add_op("sum", op_type="AddV2", bytes_accessed=1e3)
 >>> for n in ("left", "right"): g.add_edge("x", n, bytes=1e3); g.add_edge(n, "sum", bytes=1e3)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> len(plan.devices_used())  # the two branches run in parallel
 2
 """
@@ -53,7 +53,7 @@ import numpy as np
 from costmodel.memory import device_memory, new_output_bytes, output_bytes
 from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
 from partitioner.finish import make_plan
-from partitioner.single_device import fastest_single_device
+from partitioner.list_schedules import earliest_task_first, fastest_single_device
 from partitioner.units import placement_units
 from tfpart.errors import PlacementError
 
@@ -108,7 +108,7 @@ def _group_tables(graph, cost):
 def _new_activation_bytes(cost, i, d, device_of, received, out_bytes, own_bytes):
     """Bytes device ``d`` must newly hold if op ``i`` runs there."""
     extra = own_bytes[i]
-    for pred, edge in cost.graph.nx_graph.pred[cost.ops[i]].items():
+    for pred, edge in cost.graph.in_edges(cost.ops[i]).items():
         p = cost.index[pred]
         if not edge["control"] and device_of[p] != d and (p, d) not in received:
             extra += out_bytes[p]
@@ -132,8 +132,9 @@ def packable(sizes_descending, free):
     return True
 
 
-def partition(graph, cost, cluster, *, options=GreedyOptions()):
+def partition(cost, options=GreedyOptions()):
     """Place every op of ``graph`` on a device of ``cluster``; return a checked Plan."""
+    graph, cluster = cost.graph, cost.cluster
     n_ops, n_dev = cost.compute.shape
     capacity = np.array([d.memory for d in cluster.devices]) * (1 - options.memory_headroom)
     group_params, group_runnable = _group_tables(graph, cost)
@@ -188,14 +189,14 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
         end[i] = best_key[0]
         slots[executor_of[best]].book(end[i] - cost.compute[i, best], end[i])
         used[best] += best_need
-        for pred, edge in cost.graph.nx_graph.pred[cost.ops[i]].items():
+        for pred, edge in cost.graph.in_edges(cost.ops[i]).items():
             p = cost.index[pred]
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
     device_of = _better_than_one_device(graph, cost, cluster, device_of, float(end.max()))
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
-        device_of = _better_start(graph, cost, cluster, device_of, priority)
+        device_of = _better_start(cost, device_of, priority)
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
         # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
         # its reader whatever the plan says, so the plan must too; other free groups
@@ -207,13 +208,13 @@ def partition(graph, cost, cluster, *, options=GreedyOptions()):
                 simulate(cost, device_of, priority, memory=False).makespan:
             device_of[:] = searched
     device_of = _never_slower_than_one_device(graph, cost, cluster, device_of, priority)
-    return make_plan(graph, cost, cluster, device_of, "greedy", options, priority)
+    return make_plan(cost, device_of, "greedy", options, priority)
 
 
 def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan):
     """The list schedule, unless the whole graph on one device is faster (when transfers
     cost more than parallelism gains, a greedy spreads work it should not)."""
-    alone = fastest_single_device(graph, cost, cluster)
+    alone = fastest_single_device(cost)
     if alone is not None and alone[1] < scheduled_makespan + cluster.step_overhead:
         return np.full(len(cost.ops), alone[0])
     return device_of
@@ -222,7 +223,7 @@ def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan)
 def _never_slower_than_one_device(graph, cost, cluster, device_of, priority):
     """The placement, or the fastest single device that holds the model if its
     simulated step (the measure the plan is judged by) is no slower."""
-    alone = fastest_single_device(graph, cost, cluster)
+    alone = fastest_single_device(cost)
     if alone is None or (device_of == alone[0]).all():
         return device_of
     single = np.full(len(cost.ops), alone[0])
@@ -232,17 +233,13 @@ def _never_slower_than_one_device(graph, cost, cluster, device_of, priority):
     return device_of
 
 
-def _better_start(graph, cost, cluster, device_of, priority):
+def _better_start(cost, device_of, priority):
     """For the local search, the better of this schedule and m-ETF's (earliest start
     rather than earliest finish: better when transfers dominate)."""
-    from partitioner import m_etf
-
     try:
-        other = m_etf.partition(graph, cost, cluster)
+        alternative = earliest_task_first(cost)
     except PlacementError:
         return device_of
-    names = cluster.device_names
-    alternative = np.array([names.index(other.assignment[op]) for op in cost.ops])
     mine = simulate(cost, device_of, priority, memory=False).makespan
     theirs = simulate(cost, alternative, priority, memory=False).makespan
     return alternative if theirs < mine else device_of
@@ -318,7 +315,6 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
     device stays within its memory. With ``generators_only``, only lone ops without
     inputs read by a single op move.
     """
-    nxg = graph.nx_graph
     free = np.all(np.where(np.isfinite(cost.compute), cost.compute, 0.0) == 0, axis=1)
     position = {name: k for k, name in enumerate(graph.topological_order())}
     groups = sorted(graph.colocation_groups().values(),
@@ -328,14 +324,14 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
         indices = [cost.index[m] for m in members]
         if not free[indices].all():
             continue
-        if generators_only and (len(members) > 1 or nxg.in_degree(members[0]) or
-                                nxg.out_degree(members[0]) != 1):
+        if generators_only and (len(members) > 1 or graph.in_degree(members[0]) or
+                                graph.out_degree(members[0]) != 1):
             continue
         inside = set(members)
-        if any(p not in inside for m in members for p in nxg.predecessors(m)):
+        if any(p not in inside for m in members for p in graph.predecessors(m)):
             continue
         uses = [(edge["bytes"], graph.structural_key(succ)) for m in members
-                for succ, edge in nxg.succ[m].items() if succ not in inside]
+                for succ, edge in graph.out_edges(m).items() if succ not in inside]
         if not uses:
             continue
         target = moved[cost.index[max(uses)[1][-1]]]

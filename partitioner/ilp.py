@@ -26,7 +26,7 @@ Example
 >>> for n in "abc": g.add_op(n, op_type="MatMul", flops=1e11)
 >>> g.add_edge("a", "c", bytes=1e3); g.add_edge("b", "c", bytes=1e3)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> plan.predicted.solver["status"], len(plan.devices_used())
 ('optimal', 2)
 """
@@ -36,7 +36,6 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 import pulp
 
@@ -74,7 +73,6 @@ def _solver(options):
 
 def solve(graph, cost, cluster, options=ILPOptions()):
     """Solve the placement ILP on ``graph`` as it is (every op a unit)."""
-    nxg = graph.nx_graph
     units = list(cost.ops)
     n_dev = len(cluster)
     executors = cluster.executor_of
@@ -83,7 +81,7 @@ def solve(graph, cost, cluster, options=ILPOptions()):
     worst = float(np.nansum(np.where(np.isfinite(cost.compute), cost.compute, np.nan)
                             .max(axis=1)))
     worst += sum(max(cost.edge_time(e, a, b) for a in range(n_dev) for b in range(n_dev))
-                 for _, _, e in nxg.edges(data=True))
+                 for _, _, e in graph.edges())
     unit = worst / 1000 if worst > 0 else 1.0
     p = cost.compute / unit
     horizon = 1000.0 + 1e-6
@@ -106,7 +104,7 @@ def solve(graph, cost, cluster, options=ILPOptions()):
             for d in range(n_dev):
                 if (members[0], d) in x or (other, d) in x:
                     prob += x.get((members[0], d), 0) == x.get((other, d), 0)
-    for k, (u, v, edge) in enumerate(nxg.edges(data=True)):
+    for k, (u, v, edge) in enumerate(graph.edges()):
         transfer = prob.add_variable(f"t_{k}", lowBound=0)
         for a in range(n_dev):
             for b in range(n_dev):
@@ -143,11 +141,11 @@ def solve(graph, cost, cluster, options=ILPOptions()):
 
 def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon):
     counter = itertools.count()
-    reach = nx.transitive_closure_dag(graph.nx_graph)
+    reach = graph.descendants()
     groups = sorted(set(executors))
     for i, u in enumerate(units):
         for v in units[i + 1:]:
-            if reach.has_edge(u, v) or reach.has_edge(v, u):
+            if v in reach[u] or u in reach[v]:
                 continue
             same = prob.add_variable(f"same_{next(counter)}", lowBound=0, upBound=1)
             for e in groups:
@@ -162,7 +160,6 @@ def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizo
 
 def _memory(prob, graph, units, x, cluster):
     counter = itertools.count()
-    nxg = graph.nx_graph
     for d, device in enumerate(cluster.devices):
         terms = []
         for u in units:
@@ -171,7 +168,7 @@ def _memory(prob, graph, units, x, cluster):
             if (u, d) in x and own:
                 terms.append(own * x[u, d])
             received = output_bytes(attrs)
-            readers = [v for v, e in nxg.succ[u].items() if not e["control"] and (v, d) in x]
+            readers = [v for v, e in graph.out_edges(u).items() if not e["control"] and (v, d) in x]
             if received and readers:
                 copy = prob.add_variable(f"r_{next(counter)}", lowBound=0, upBound=1)
                 for v in readers:
@@ -203,10 +200,11 @@ def _infeasible(graph, cluster):
                           f"{tightest.name} with {tightest.memory / 1e6:.1f} MB)")
 
 
-def partition(graph, cost, cluster, *, options=ILPOptions()):
+def partition(cost, options=ILPOptions()):
     """Optimal (or best found, with bound) placement. Graphs of more than
     ``options.max_units`` ops are coarsened first; the result is then optimal for the
     coarse graph only (status ``coarse ...``), and its bound bounds that graph only."""
+    graph, cluster = cost.graph, cost.cluster
     if len(graph) > options.max_units:
         target = CoarsenOptions(chains=options.coarsen.chains,
                                 name_scope_depth=options.coarsen.name_scope_depth,
@@ -224,7 +222,7 @@ def partition(graph, cost, cluster, *, options=ILPOptions()):
         assignment = {u: names[d] for u, d in result.unit_device.items()}
         units = len(graph)
     device_of = np.array([names.index(assignment[op]) for op in cost.ops])
-    plan = make_plan(graph, cost, cluster, device_of, "ilp", options)
+    plan = make_plan(cost, device_of, "ilp", options)
     plan.predicted.solver = {"status": result.status, "objective": result.objective,
                              "bound": result.bound, "units": units,
                              "solve_seconds": result.seconds}

@@ -22,7 +22,7 @@ def critical_path_bound(cost):
     """Longest path with every op on its fastest device and free transfers."""
     fastest = cost.compute.min(axis=1)
     finish = np.zeros(len(cost.ops))
-    graph = cost.graph.nx_graph
+    graph = cost.graph
     for name in cost.graph.topological_order():
         i = cost.index[name]
         ready = max((finish[cost.index[p]] for p in graph.predecessors(name)), default=0.0)

@@ -12,7 +12,7 @@ Examples
 >>> g = OpGraph()
 >>> for i in range(4): g.add_op(f"op{i}", op_type="MatMul", param_bytes=100)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> [plan.assignment[f"op{i}"][-1] for i in range(4)]
 ['0', '0', '1', '1']
 """
@@ -29,7 +29,8 @@ class MTopoOptions:
     pass
 
 
-def partition(graph, cost, cluster, *, options=MTopoOptions()):
+def partition(cost, options=MTopoOptions()):
+    graph, cluster = cost.graph, cost.cluster
     units = placement_units(graph, cost)
     ledger = MemoryLedger(cluster)
     n = len(cluster)
@@ -50,5 +51,5 @@ def partition(graph, cost, cluster, *, options=MTopoOptions()):
             cursor = d
         ledger.take(unit, d)
         chosen.append(d)
-    return make_plan(graph, cost, cluster, expand(units, chosen, len(cost.ops)), "m_topo",
+    return make_plan(cost, expand(units, chosen, len(cost.ops)), "m_topo",
                      options)

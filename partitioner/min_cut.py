@@ -16,7 +16,7 @@ Example
 ...     for i in range(3): g.add_op(f"{tower}{i}", op_type="Relu", bytes_accessed=1e9)
 ...     for i in range(2): g.add_edge(f"{tower}{i}", f"{tower}{i + 1}", bytes=1e8)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> plan.predicted.bytes_moved  # the two towers end up apart: nothing crosses
 0.0
 """
@@ -39,7 +39,7 @@ class MinCutOptions:
 def _unit_edges(graph, cost, units):
     unit_of = {i: k for k, u in enumerate(units) for i in u.members}
     weights = {}
-    for u, v, edge in graph.nx_graph.edges(data=True):
+    for u, v, edge in graph.edges():
         a, b = unit_of[cost.index[u]], unit_of[cost.index[v]]
         if a != b:
             key = (min(a, b), max(a, b))
@@ -51,7 +51,8 @@ def _unit_edges(graph, cost, units):
     return neighbours
 
 
-def partition(graph, cost, cluster, *, options=MinCutOptions()):
+def partition(cost, options=MinCutOptions()):
+    graph, cluster = cost.graph, cost.cluster
     units = placement_units(graph, cost)
     n = len(cluster)
     work = np.array([np.mean(u.time[np.isfinite(u.time)]) if u.runnable.any() else 0.0
@@ -101,5 +102,5 @@ def partition(graph, cost, cluster, *, options=MinCutOptions()):
                     break
         if not moved:
             break
-    return make_plan(graph, cost, cluster, expand(units, part, len(cost.ops)), "min_cut",
+    return make_plan(cost, expand(units, part, len(cost.ops)), "min_cut",
                      options)

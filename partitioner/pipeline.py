@@ -32,7 +32,7 @@ micro-batches as the batch of 8 allows.
 ...              input_shapes=[(8, 1000)], outputs=[((8, 1000), "float32")])
 >>> for i in range(7): g.add_edge(f"op{i}", f"op{i + 1}", bytes=32000)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster,
+>>> plan = partition(CostModel(g, cluster),
 ...                  options=PipelineOptions(batch_size=8))
 >>> sorted(set(plan.stages.values())), plan.microbatches
 ([0, 1], 8)
@@ -62,15 +62,17 @@ class PipelineOptions:
     ideal_limit: int = IDEAL_LIMIT
 
 
-def partition(graph, cost, cluster, *, options=PipelineOptions()):
+def partition(cost, options=PipelineOptions()):
     """A pipelined plan: ``plan.stages`` (op -> stage), ``plan.microbatches``."""
+    graph, cluster = cost.graph, cost.cluster
     if options.microbatches is not None and not 1 <= options.microbatches:
         raise PlacementError("", f"--microbatches must be at least 1, not "
                              f"{options.microbatches}")
     coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
                                                  weights_with_reader=True))
-    unit_graph = coarse.graph.nx_graph
-    units = [u for u in coarse.graph.ops if unit_graph.degree(u)] or list(coarse.graph.ops)
+    unit_graph = coarse.graph
+    units = [u for u in unit_graph.ops if unit_graph.in_degree(u) + unit_graph.out_degree(u)] \
+        or list(unit_graph.ops)
     kinds = device_kinds(cluster)
     problem = stage_problem(graph, cost, kinds, units, coarse.members)
     solution = solve(problem, ideal_limit=options.ideal_limit)
@@ -177,7 +179,7 @@ def stage_problem(graph, cost, kinds, units, members):
     preds = [set() for _ in units]
     tensors = {}
     others = [[d for d in range(len(cost.cluster)) if d != f] for f in first]
-    for src, dst, edge in graph.nx_graph.edges(data=True):
+    for src, dst, edge in graph.edges():
         a, b = unit_of.get(src), unit_of.get(dst)
         if a is None or a == b:  # inside one unit, or inside a unit left out (no edges out)
             continue

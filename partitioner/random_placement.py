@@ -10,8 +10,8 @@ Examples
 >>> g = OpGraph()
 >>> for i in range(8): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e6)
 >>> cluster = cluster_of_devices(["cpu"] * 4)
->>> a = partition(g, CostModel(g, cluster), cluster, options=RandomOptions(seed=1))
->>> b = partition(g, CostModel(g, cluster), cluster, options=RandomOptions(seed=1))
+>>> a = partition(CostModel(g, cluster), options=RandomOptions(seed=1))
+>>> b = partition(CostModel(g, cluster), options=RandomOptions(seed=1))
 >>> a.assignment == b.assignment
 True
 """
@@ -30,7 +30,8 @@ class RandomOptions:
     seed: int = 0
 
 
-def partition(graph, cost, cluster, *, options=RandomOptions()):
+def partition(cost, options=RandomOptions()):
+    graph, cluster = cost.graph, cost.cluster
     rng = np.random.default_rng(options.seed)
     units = placement_units(graph, cost)
     ledger = MemoryLedger(cluster)
@@ -42,5 +43,5 @@ def partition(graph, cost, cluster, *, options=RandomOptions()):
         d = int(rng.choice(candidates))
         ledger.take(unit, d)
         chosen.append(d)
-    return make_plan(graph, cost, cluster, expand(units, chosen, len(cost.ops)), "random",
+    return make_plan(cost, expand(units, chosen, len(cost.ops)), "random",
                      options)

@@ -28,7 +28,7 @@ from tfpart.errors import PlacementError
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One registered algorithm: ``partition(graph, cost, cluster, *, options)``."""
+    """One registered algorithm: ``partition(cost, options) -> Plan``."""
 
     name: str
     partition: typing.Callable

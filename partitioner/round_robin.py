@@ -9,7 +9,7 @@ Examples
 >>> g = OpGraph()
 >>> for i in range(4): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e6)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> [plan.assignment[f"op{i}"][-1] for i in range(4)]
 ['0', '1', '0', '1']
 """
@@ -26,7 +26,8 @@ class RoundRobinOptions:
     pass
 
 
-def partition(graph, cost, cluster, *, options=RoundRobinOptions()):
+def partition(cost, options=RoundRobinOptions()):
+    graph, cluster = cost.graph, cost.cluster
     units = placement_units(graph, cost)
     ledger = MemoryLedger(cluster)
     n, turn, chosen = len(cluster), 0, []
@@ -40,5 +41,5 @@ def partition(graph, cost, cluster, *, options=RoundRobinOptions()):
         ledger.take(unit, d)
         chosen.append(d)
         turn = d + 1
-    return make_plan(graph, cost, cluster, expand(units, chosen, len(cost.ops)),
+    return make_plan(cost, expand(units, chosen, len(cost.ops)),
                      "round_robin", options)

@@ -14,7 +14,7 @@ Examples
 >>> for i in range(4): g.add_op(f"l{i}", op_type="Relu", bytes_accessed=1e9)
 >>> for i in range(3): g.add_edge(f"l{i}", f"l{i + 1}", bytes=1e3)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> plan = partition(g, CostModel(g, cluster), cluster)
+>>> plan = partition(CostModel(g, cluster))
 >>> [plan.assignment[f"l{i}"][-1] for i in range(4)]
 ['0', '0', '1', '1']
 """
@@ -32,7 +32,8 @@ class TopoSplitOptions:
     pass
 
 
-def partition(graph, cost, cluster, *, options=TopoSplitOptions()):
+def partition(cost, options=TopoSplitOptions()):
+    graph, cluster = cost.graph, cost.cluster
     n_dev = len(cluster)
     mean_time = cost.mean_time()
     order = [cost.index[name] for name in graph.topological_order()]
@@ -46,4 +47,4 @@ def partition(graph, cost, cluster, *, options=TopoSplitOptions()):
             group_device[group] = share
         device_of[i] = group_device[group]
         done += mean_time[i]
-    return make_plan(graph, cost, cluster, device_of, "topo_split", options)
+    return make_plan(cost, device_of, "topo_split", options)

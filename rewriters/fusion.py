@@ -49,8 +49,8 @@ FUSED_INTO = {
 FUSION_ROOTS = CONTRACTIONS | BATCH_NORMS
 
 
-def _data_readers(nx_graph, op):
-    return [v for _, v, edge in nx_graph.out_edges(op, data=True) if not edge["control"]]
+def _data_readers(graph, op):
+    return [v for v, edge in graph.out_edges(op).items() if not edge["control"]]
 
 
 def table_fusion_groups(graph):
@@ -61,17 +61,16 @@ def table_fusion_groups(graph):
     depends on the order of the graph it sees after placement (measured: the same
     model fused its first input offline and its second at run time), so only keeping
     both with the add is safe."""
-    nxg = graph.nx_graph
     in_pattern = set()
     groups = UnionFind()
     for op in graph.topological_order():
         op_type = graph.ops[op]["op_type"]
         if op_type in FUSION_ROOTS:
             in_pattern.add(op)
-        for source, _, edge in nxg.in_edges(op, data=True):
+        for source, edge in graph.in_edges(op).items():
             if (not edge["control"] and source in in_pattern
                     and graph.ops[source]["op_type"] in FUSED_INTO.get(op_type, ())
-                    and _data_readers(nxg, source) == [op]):
+                    and _data_readers(graph, source) == [op]):
                 groups.union(source, op)
                 in_pattern.add(op)
                 if op_type not in ADDS:

@@ -134,7 +134,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
             settings = dataclasses.replace(settings, batch_size=info.batch_size,
                                            microbatches=1 if mixing else microbatches)
-        plan = chosen.partition(graph, cost, cluster, options=settings)
+        plan = chosen.partition(cost, options=settings)
     except PlacementError as exc:
         raise PlacementError(exc.path or cluster.source, exc.problem) from None
     timings["partition"] = time.perf_counter() - t0

@@ -15,7 +15,12 @@ Node attributes
     overrides the roofline, used by imported benchmark graphs).
 
 Edge attributes
-    ``bytes`` (float, size of the tensors that flow), ``control`` (bool).
+    ``bytes`` (float, size of the tensors that flow), ``control`` (bool), ``comm``
+    (optional list of lists, seconds from device i to device j: an explicit transfer
+    table that overrides the links, used by imported benchmark graphs).
+
+Code outside this module reads the graph through OpGraph's methods, never through
+networkx, so the IR can change underneath them.
 """
 from __future__ import annotations
 
@@ -45,6 +50,8 @@ class OpGraph:
     >>> g.add_op("a", op_type="MatMul", flops=2e6)
     >>> g.add_op("b", op_type="Relu")
     >>> g.add_edge("a", "b", bytes=4096)
+    >>> list(g.successors("a")), g.edge("a", "b")["bytes"]
+    (['b'], 4096.0)
     >>> g.topological_order()
     ['a', 'b']
     >>> g.colocation_groups()
@@ -65,18 +72,26 @@ class OpGraph:
         node.setdefault("colocation", name)
         self.nx_graph.add_node(name, **node)
 
-    def add_edge(self, src, dst, bytes=0.0, control=False):
-        """Add (or widen) a dependency; parallel tensors between two ops add up."""
+    def add_edge(self, src, dst, bytes=0.0, control=False, comm=None):
+        """Add (or widen) a dependency; parallel tensors between two ops add up.
+        ``comm`` sets the edge's explicit transfer table (see the module docstring)."""
         if self.nx_graph.has_edge(src, dst):
             edge = self.nx_graph.edges[src, dst]
             edge["bytes"] += bytes
             edge["control"] = edge["control"] and control
         else:
             self.nx_graph.add_edge(src, dst, bytes=float(bytes), control=control)
+        if comm is not None:
+            self.nx_graph.edges[src, dst]["comm"] = comm
+
+    def relabeled(self, names):
+        """A copy whose ops are renamed by the mapping ``names`` (others kept)."""
+        return OpGraph(nx.relabel_nodes(self.nx_graph, names, copy=True))
 
     # -- reading --------------------------------------------------------------------
     @property
     def ops(self):
+        """Op name -> attribute dict (a mapping; iterating gives the names)."""
         return self.nx_graph.nodes
 
     def __len__(self):
@@ -84,6 +99,48 @@ class OpGraph:
 
     def __contains__(self, name):
         return name in self.nx_graph
+
+    def number_of_edges(self):
+        return self.nx_graph.number_of_edges()
+
+    def edges(self):
+        """Every dependency as ``(src, dst, attributes)``."""
+        return self.nx_graph.edges(data=True)
+
+    def edge(self, src, dst):
+        """The attributes of the dependency ``src -> dst`` (KeyError if none)."""
+        return self.nx_graph.edges[src, dst]
+
+    def has_edge(self, src, dst):
+        return self.nx_graph.has_edge(src, dst)
+
+    def in_edges(self, name):
+        """``{producer: edge attributes}`` of the ops ``name`` depends on."""
+        return self.nx_graph.pred[name]
+
+    def out_edges(self, name):
+        """``{consumer: edge attributes}`` of the ops that depend on ``name``."""
+        return self.nx_graph.succ[name]
+
+    def predecessors(self, name):
+        return self.nx_graph.predecessors(name)
+
+    def successors(self, name):
+        return self.nx_graph.successors(name)
+
+    def in_degree(self, name):
+        return self.nx_graph.in_degree(name)
+
+    def out_degree(self, name):
+        return self.nx_graph.out_degree(name)
+
+    def is_acyclic(self):
+        return nx.is_directed_acyclic_graph(self.nx_graph)
+
+    def descendants(self):
+        """``{op: set of the ops reachable from it}`` (the transitive closure)."""
+        closure = nx.transitive_closure_dag(self.nx_graph)
+        return {name: set(closure.succ[name]) for name in closure}
 
     def topological_order(self):
         """Ops in a deterministic topological order; ties are broken by what the ops

@@ -48,7 +48,7 @@ def load_moirai(path):
                      cost={names[k]: float(t) for k, t in enumerate(node["time"])})
     for edge in data["edges"]:
         graph.add_edge(f"n{edge['src']}", f"n{edge['dst']}")
-        graph.nx_graph.edges[f"n{edge['src']}", f"n{edge['dst']}"]["comm"] = [
+        graph.edge(f"n{edge['src']}", f"n{edge['dst']}")["comm"] = [
             [float(t) for t in row] for row in edge["comm"]]
     return graph, cluster
 
@@ -79,7 +79,7 @@ def load_tarnawski(path, accelerators=None, cpus=None):
     for edge in data["edges"]:
         u, v = f"n{edge['sourceId']}", f"n{edge['destId']}"
         graph.add_edge(u, v)
-        graph.nx_graph.edges[u, v]["comm"] = [[0.0 if a == b else float(edge["cost"])
+        graph.edge(u, v)["comm"] = [[0.0 if a == b else float(edge["cost"])
                                                for b in range(n)] for a in range(n)]
     return graph, cluster
 

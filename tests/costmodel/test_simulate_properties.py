@@ -27,7 +27,7 @@ def test_precedence_and_transfers_are_respected(case):
     graph, cluster, device_of = case
     cost = CostModel(graph, cluster)
     s = simulate(cost, device_of)
-    for u, v, edge in graph.nx_graph.edges(data=True):
+    for u, v, edge in graph.edges():
         i, j = cost.index[u], cost.index[v]
         delay = cost.edge_time(edge, device_of[i], device_of[j]) if not edge["control"] else 0.0
         assert s.start[j] >= s.end[i] + delay - 1e-12

@@ -20,7 +20,7 @@ PROPERTY = settings(max_examples=60, deadline=None)
 @given(random_dags(), random_clusters())
 def test_plan_is_valid_and_not_below_the_lower_bound(graph, cluster):
     cost = CostModel(graph, cluster)
-    plan = greedy.partition(graph, cost, cluster)
+    plan = greedy.partition(cost)
     check_plan(plan, graph, cluster)  # raises on any violation
     assert plan.step_time >= plan.lower_bound * (1 - 1e-9)
 
@@ -29,8 +29,8 @@ def test_plan_is_valid_and_not_below_the_lower_bound(graph, cluster):
 @given(random_dags(), random_clusters())
 def test_deterministic(graph, cluster):
     cost = CostModel(graph, cluster)
-    assert greedy.partition(graph, cost, cluster).assignment == \
-        greedy.partition(graph, cost, cluster).assignment
+    assert greedy.partition(cost).assignment == \
+        greedy.partition(cost).assignment
 
 
 @PROPERTY
@@ -38,7 +38,7 @@ def test_deterministic(graph, cluster):
 def test_one_device_makespan_is_the_sum_of_op_times(graph, kind):
     cluster = cluster_of_devices([kind])
     cost = CostModel(graph, cluster)
-    plan = greedy.partition(graph, cost, cluster)
+    plan = greedy.partition(cost)
     assert plan.step_time == pytest.approx(cost.compute[:, 0].sum())
 
 
@@ -46,7 +46,7 @@ def test_one_device_makespan_is_the_sum_of_op_times(graph, kind):
 @given(random_dags(min_ops=3), random_clusters(min_devices=2))
 def test_never_slower_than_any_single_device_that_holds_the_model(graph, cluster):
     cost = CostModel(graph, cluster)
-    plan = greedy.partition(graph, cost, cluster)
+    plan = greedy.partition(cost)
     for d, device in enumerate(cluster.device_names):
         alone = Plan(assignment={op: device for op in cost.ops})
         try:
@@ -61,7 +61,7 @@ def test_independent_branches_run_in_parallel():
     for i in range(4):
         graph.add_op(f"branch{i}", op_type="MatMul", flops=1e11)
     cluster = cluster_of_devices(["cpu"] * 4)
-    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    plan = greedy.partition(CostModel(graph, cluster))
     assert len(plan.devices_used()) == 4
     assert plan.step_time == pytest.approx(plan.lower_bound)
 
@@ -70,7 +70,7 @@ def test_prefers_the_faster_device_for_heavy_work():
     graph = OpGraph()
     graph.add_op("conv", op_type="Conv2D", flops=1e12)
     cluster = cluster_of_devices(["T4", "A100-40GB"])
-    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    plan = greedy.partition(CostModel(graph, cluster))
     assert plan.assignment["conv"].endswith("CPU:1")
 
 
@@ -78,11 +78,11 @@ def test_host_only_op_goes_to_a_cpu_and_fails_without_one():
     graph = OpGraph()
     graph.add_op("fmt", op_type="StringFormat", allowed_kinds=frozenset({"cpu"}))
     cluster = cluster_of_devices(["T4", "cpu"])
-    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    plan = greedy.partition(CostModel(graph, cluster))
     assert plan.assignment["fmt"].endswith("CPU:1")
     gpus = cluster_of_devices(["T4", "T4"])
     with pytest.raises(PlacementError, match="no device can run"):
-        greedy.partition(graph, CostModel(graph, gpus), gpus)
+        greedy.partition(CostModel(graph, gpus))
 
 
 def test_memory_forces_a_split_and_lookahead_keeps_room_for_big_variables():
@@ -95,7 +95,7 @@ def test_memory_forces_a_split_and_lookahead_keeps_room_for_big_variables():
         if i:
             graph.add_edge(f"layer{i - 1}", f"layer{i}", bytes=1e3)
     cluster = cluster_of_devices(["cpu", "cpu"], memory="80MB")
-    plan = greedy.partition(graph, CostModel(graph, cluster), cluster)
+    plan = greedy.partition(CostModel(graph, cluster))
     used = plan.predicted.devices
     assert all(d.peak_memory_bytes <= d.memory_bytes for d in used.values())
     assert len(plan.devices_used()) == 2
@@ -105,5 +105,5 @@ def test_single_device_baseline_picks_the_fastest_that_fits():
     graph = OpGraph()
     graph.add_op("w", op_type="MatMul", flops=1e12, param_bytes=20 * 10**9)
     cluster = cluster_of_devices(["V100", "A100-80GB", "H100"])  # V100 is too small
-    plan = single_device.partition(graph, CostModel(graph, cluster), cluster)
+    plan = single_device.partition(CostModel(graph, cluster))
     assert plan.devices_used() == [cluster.device_names[2]]

@@ -128,7 +128,7 @@ def test_reaches_tarnawski_published_optimum(name):
 def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
     cost = CostModel(graph, cluster)
     try:
-        plan = partition(graph, cost, cluster, options=PipelineOptions(batch_size=batch))
+        plan = partition(cost, options=PipelineOptions(batch_size=batch))
     except PlacementError as exc:
         assert "memory" in str(exc) or "fits" in str(exc), exc
         return
@@ -140,7 +140,7 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
         stage_devices.setdefault(stage, set()).add(plan.assignment[op])
     assert all(len(d) == 1 for d in stage_devices.values())  # one device per stage
     order = {op: plan.stages[op] for op in graph.ops}
-    assert all(order[u] <= order[v] for u, v in graph.nx_graph.edges)  # stages in order
+    assert all(order[u] <= order[v] for u, v, _ in graph.edges())  # stages in order
     assert plan.step_time >= plan.lower_bound - 1e-12
     choices = plan.predicted.pipeline.microbatch_choices  # coarse-unit estimates
     best = min(choices, key=lambda m: (choices[m]["batch_time"], int(m)))
@@ -158,7 +158,7 @@ def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
     graph.add_edge("op0", "op1", bytes=8)
     graph.add_edge("op2", "op3", bytes=8)
     cluster = cluster_of_devices(["cpu", "cpu"])
-    plan = partition(graph, CostModel(graph, cluster), cluster,
+    plan = partition(CostModel(graph, cluster),
                      options=PipelineOptions(batch_size=4))
     assert set(plan.stages) == set(graph.ops)
     assert plan.stages["op2"] == plan.stages["op3"]

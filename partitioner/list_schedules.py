@@ -1,0 +1,117 @@
+"""Schedules several algorithms start from: the fastest single device, and m-ETF's
+earliest-task-first list schedule with memory limits.
+
+Algorithms call these rather than each other (the import-linter contract in
+``pyproject.toml`` keeps the algorithm modules independent).
+
+m-ETF (Baechi, SoCC 2020): at every step, among all ready ops and all devices with
+room, the pair with the earliest start time is scheduled (ties: the op with the longer
+path to the end). A colocation group follows its first op. Unlike the greedy
+(HEFT-like), ETF looks at start rather than finish times and ignores how fast a device
+is. References: Hwang et al., SIAM J. Comput. 18(2), 1989 (ETF); Jeon et al., SoCC 2020
+(``placer/m_etf.py`` in Baechi).
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> for i in range(2): g.add_op(f"op{i}", op_type="MatMul", flops=1e10)
+>>> cost = CostModel(g, cluster_of_devices(["cpu", "V100"]))
+>>> fastest_single_device(cost)[0]  # the V100
+1
+>>> sorted(earliest_task_first(cost).tolist())  # both start at once, one per device
+[0, 1]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.memory import device_memory
+from costmodel.simulate import data_ready_time, upward_rank
+from partitioner.units import MemoryLedger, no_device_error, placement_units
+
+
+def fastest_single_device(cost):
+    """The fastest device that can run and hold the whole graph.
+
+    Alone on one device a work-conserving executor never idles, so the step time is
+    the sum of the op times (plus the step overhead).
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+
+    Returns
+    -------
+    tuple of (int, float) or None
+        ``(device index, step time)``, or ``None`` if no device can.
+    """
+    graph, cluster = cost.graph, cost.cluster
+    names = cluster.device_names
+    totals = cost.compute.sum(axis=0) + cluster.step_overhead
+    for d in np.argsort(totals, kind="stable"):
+        if not np.isfinite(totals[d]):
+            break
+        device = cluster.devices[d]
+        if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] \
+                <= device.memory:
+            return int(d), float(totals[d])
+    return None
+
+
+def earliest_task_first(cost):
+    """m-ETF's placement: the device index of every op of ``cost.ops``.
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+
+    Returns
+    -------
+    numpy.ndarray of int
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If some colocation group fits or runs on no device that has room left.
+    """
+    graph, cluster = cost.graph, cost.cluster
+    units = placement_units(graph, cost)
+    unit_of = {i: k for k, u in enumerate(units) for i in u.members}
+    ledger = MemoryLedger(cluster)
+    level = upward_rank(cost)
+    n_ops = len(cost.ops)
+    device_of, end = np.full(n_ops, -1), np.zeros(n_ops)
+    free = np.zeros(len(cluster))
+    unit_device = {}
+    waiting = {i: graph.in_degree(cost.ops[i]) for i in range(n_ops)}
+    ready = {i for i, count in waiting.items() if count == 0}
+    while ready:
+        best = None
+        for i in ready:
+            k = unit_of[i]
+            devices = [unit_device[k]] if k in unit_device else \
+                [d for d in range(len(cluster)) if ledger.fits(units[k], d)]
+            for d in devices:
+                start = max(free[d], data_ready_time(cost, i, d, end, device_of))
+                key = (start, -level[i], graph.structural_key(cost.ops[i]), d)
+                if best is None or key < best[0]:
+                    best = (key, i, d)
+        if best is None:
+            raise no_device_error(units[unit_of[min(ready)]], cost)
+        (start, _, _, d), i, _ = best
+        k = unit_of[i]
+        if k not in unit_device:
+            unit_device[k] = d
+            ledger.take(units[k], d)
+        device_of[i], end[i] = d, start + cost.compute[i, d]
+        free[d] = end[i]
+        ready.remove(i)
+        for succ in graph.successors(cost.ops[i]):
+            j = cost.index[succ]
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.add(j)
+    return device_of
