@@ -38,6 +38,7 @@ from rich.table import Table
 
 from examples.models import export_conv_tower
 from tfpart.local_workers import LocalWorkers
+from tfpart.plan import Plan
 
 
 def tfpart_json(*args, timeout=1800):
@@ -116,13 +117,12 @@ def main(argv=None):
                         samples[out] += time_in_fresh_client(cluster_file, out, args.repeats)
         for (label, _), out in zip(variants, outs):
             median = statistics.median(samples[out])
-            plan = json.loads((out / "plan.json").read_text())
-            stages = len(set((plan.get("stages") or {}).values())) or len(
-                set(plan["assignment"].values()))
+            plan = Plan.load(out / "plan.json")
+            stages = len(set((plan.stages or {}).values())) or len(plan.devices_used())
             rows.append({"variant": label, "stages": stages,
-                         "microbatches": plan.get("microbatches", 1),
+                         "microbatches": plan.microbatches,
                          "measured": args.batch_size / median,
-                         "predicted": args.batch_size / plan["predicted"]["step_time"]})
+                         "predicted": args.batch_size / plan.step_time})
         reference = [statistics.median(samples["ref-one"]),
                      statistics.median(samples["ref-two"])]
     finally:

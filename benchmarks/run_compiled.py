@@ -83,6 +83,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from tfpart.cluster import load_cluster
+    from tfpart.plan import Plan
     from tfpart.runtime import ensure_local_cpus, load, random_inputs
     from tfpart.servers import connect, set_threads
 
@@ -110,10 +111,10 @@ def main(argv=None):
             return 0
     else:
         ensure_local_cpus(args.logical_cpus)
-    plan = json.load(open(f"{args.model}/plan.json"))
+    plan = Plan.load(f"{args.model}/plan.json")
     model = load(args.model)
-    fn = model.signatures[plan["context"]["signature"]]
-    inputs = random_inputs(fn, args.batch_size or plan["context"]["batch_size"])
+    fn = model.signatures[plan.context["signature"]]
+    inputs = random_inputs(fn, args.batch_size or plan.context["batch_size"])
     median = time_calls(lambda: [t.numpy() for t in tf.nest.flatten(fn(**inputs))],
                         args.repeats, args.warmup)
     print(json.dumps({"median_s": median}))

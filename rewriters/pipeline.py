@@ -18,6 +18,9 @@ tensors those stages produced for the same micro-batch and its variables to capt
 then get their planned devices in the object graph (``SavedVariable.device``), which
 lets the compile machine save plans for devices it does not have. Only the compiled
 signature is kept. Imported ops are named ``tfpart_mb<m>_stage<k>/<original name>``.
+
+As a pass of :mod:`rewriters.passes` it is :func:`pipeline_pass`, run for plans with
+stages.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
+from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf_import import tensorflow
 from tfpart.errors import ModelError, PlacementError
 
@@ -42,8 +46,42 @@ def original_op_name(name):
     return PIPELINE_PREFIX.sub("", name)
 
 
-def write_pipelined(model_dir, proto, plan, staging):
-    """Save the pipelined model of ``plan`` (stages, microbatches) into ``staging``."""
+def pipeline_pass(model, plan, workdir):
+    """The pass: the pipelined model of ``plan``, with new variables in ``workdir``.
+
+    Parameters
+    ----------
+    model : rewriters.savedmodel_io.SavedModelParts
+        The input model (its checkpoint gives the variables' values).
+    plan : tfpart.plan.Plan
+        Read: ``stages``, ``microbatches``, ``assignment`` and ``context``'s
+        ``signature`` and ``batch_size``.
+    workdir : pathlib.Path
+        An empty-or-missing scratch folder; the result's files live in it.
+
+    Returns
+    -------
+    rewriters.savedmodel_io.SavedModelParts
+
+    Raises
+    ------
+    tfpart.errors.ModelError, tfpart.errors.PlacementError
+        If the signature cannot be pipelined (a scalar input, a graph that does not
+        trace) or the checkpoint cannot be read.
+    """
+    target = Path(workdir) / "pipelined"
+    device_of = _save_pipelined(model.directory, model.proto, plan, target)
+    proto = read_saved_model(target)
+    for obj in proto.meta_graphs[0].object_graph_def.nodes:
+        if obj.HasField("variable") and obj.variable.name in device_of:
+            obj.variable.device = device_of[obj.variable.name]
+    return SavedModelParts(proto, target)
+
+
+def _save_pipelined(model_dir, proto, plan, staging):
+    """Save the pipelined model into ``staging``; return the planned device of each
+    saved variable, by its name (the caller writes them into the object graph, which
+    lets the compile machine save plans for devices it does not have)."""
     tf = tensorflow()
     context = plan.context
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
@@ -72,8 +110,7 @@ def write_pipelined(model_dir, proto, plan, staging):
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
     tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete})
-    _place_saved_variables(Path(staging), {
-        name.replace("/", "_"): plan.assignment[name] for name in values})
+    return {name.replace("/", "_"): plan.assignment[name] for name in values}
 
 
 class _PipelineBody:
@@ -226,17 +263,3 @@ def _variable_values(model_dir, proto, flat):
         raise ModelError(prefix, f"has no value for variable object {missing[0]}")
     return {name: reader.get_tensor(keys[node_id])
             for node_id, name in flat.variable_ops.items()}
-
-
-def _place_saved_variables(staging, device_of):
-    """Give each saved variable its planned device (by variable name) in the object
-    graph."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    path = staging / "saved_model.pb"
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString(path.read_bytes())
-    for obj in proto.meta_graphs[0].object_graph_def.nodes:
-        if obj.HasField("variable") and obj.variable.name in device_of:
-            obj.variable.device = device_of[obj.variable.name]
-    path.write_bytes(proto.SerializeToString(deterministic=True))

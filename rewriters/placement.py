@@ -16,10 +16,13 @@ Mechanism only; the policy is the Plan. The rewritten proto carries
   top-level ``VarHandleOp``s on the same devices;
 * ``_class`` colocation attributes only where both ends share a device.
 
+As a pass of :mod:`rewriters.passes` it is :func:`placement_pass`, run for plans
+without pipeline stages.
+
 Examples
 --------
-See ``tests/rewriters/test_placement.py``; the round trip is
-``place_devices(read_saved_model(d), plan)`` then ``write_saved_model``.
+Unit tests on hand-made protos are in ``tests/rewriters/test_placement.py``; the
+round trip is ``place_devices(read_saved_model(d), plan)`` then ``write_saved_model``.
 """
 from __future__ import annotations
 
@@ -28,11 +31,45 @@ from collections import Counter
 from rewriters.functions import (body_functions, callee, library_index,
                                  split_input, topological_nodes)
 from rewriters.reader import choose_signature, signature_call, variable_op_name
+from rewriters.savedmodel_io import SavedModelParts
 from tfpart.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
 
 
+def placement_pass(model, plan, workdir):
+    """The pass: ``model`` with ``plan``'s devices written in, its variables and
+    assets unchanged (``workdir`` is not needed).
+
+    Parameters
+    ----------
+    model : rewriters.savedmodel_io.SavedModelParts
+    plan : tfpart.plan.Plan
+        Read: ``assignment``, ``context["signature"]``, ``context["devices"]`` (the
+        first is the device of ops the plan does not name) and
+        ``context["unread_variables"]``.
+    workdir : pathlib.Path
+
+    Returns
+    -------
+    rewriters.savedmodel_io.SavedModelParts
+    """
+    default = (plan.context.get("devices") or [None])[0]
+    return SavedModelParts(place_devices(model.proto, plan, default), model.directory)
+
+
 def place_devices(proto, plan, default_device=None):
-    """A copy of ``proto`` with ``plan``'s devices on every node and variable."""
+    """A copy of ``proto`` with ``plan``'s devices on every node and variable.
+
+    Parameters
+    ----------
+    proto : saved_model_pb2.SavedModel
+    plan : tfpart.plan.Plan
+    default_device : str, optional
+        For ops the plan does not name (default: the first device the plan uses).
+
+    Returns
+    -------
+    saved_model_pb2.SavedModel
+    """
     from tensorflow.core.protobuf import saved_model_pb2
 
     new = saved_model_pb2.SavedModel()
@@ -99,7 +136,9 @@ class _FunctionWriter:
 
     # -- emission ------------------------------------------------------------------------
     def _emit(self, fname, devices, callees):
-        key = (tuple(sorted(devices.items())), tuple(sorted(callees.items())))
+        key = (tuple(sorted(devices.items())),
+               tuple(sorted((name, tuple(sorted(renames.items())))
+                            for name, renames in callees.items())))
         if self.written.get(fname, key) == key:
             target = fname
         elif (fname, key) in self.clones:

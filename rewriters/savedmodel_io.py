@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
 from tfpart.errors import ModelError, OutputError, first_line
+
+
+@dataclass(frozen=True)
+class SavedModelParts:
+    """A SavedModel as the rewriters pass it along: the proto, and the folder whose
+    ``variables/`` and ``assets/`` go with it (the input model's, or a folder a
+    rewriter wrote new ones into)."""
+
+    proto: object  # saved_model_pb2.SavedModel
+    directory: Path
 
 
 def check_model_dir(path):
@@ -73,6 +84,12 @@ def prepare_output(out, force):
         raise OutputError(out, "exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def save(model, out, force=False, extra_files=None, check=None):
+    """Write the :class:`SavedModelParts` ``model`` to ``out`` (see
+    :func:`write_saved_model`)."""
+    return write_saved_model(model.proto, model.directory, out, force, extra_files, check)
 
 
 def write_saved_model(proto, source_dir, out, force=False, extra_files=None, check=None):

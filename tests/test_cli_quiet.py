@@ -90,9 +90,12 @@ def test_errors_found_by_tensorflow_are_one_quiet_line(paths, argv, words):
 
 
 @pytest.mark.slow
-def test_successful_compile_prints_no_tensorflow_log(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--microbatches", "2"]], ids=["placed", "pipelined"])
+def test_successful_compile_prints_no_tensorflow_log(tmp_path, mode):
+    """Also: a pipelined compile can verify in its own process (the pipeline pass
+    starts TensorFlow, so the devices to verify on must exist before it)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}
-    done = tfpart("compile", "-o", tmp_path / "out", "--verify", env=env)
+    done = tfpart("compile", "-o", tmp_path / "out", "--verify", *mode, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     noise = [line for line in done.stdout.splitlines()

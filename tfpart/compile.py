@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,9 +160,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     With ``verify`` the compiled model is run against the original
     (:func:`tfpart.verification.verify`) before it is moved into place, so an error there
     leaves no output behind; the report is ``result.verification``."""
-    from rewriters.pipeline import write_pipelined
-    from rewriters.placement import place_devices
-    from rewriters.savedmodel_io import prepare_output, write_output, write_saved_model
+    from rewriters.passes import run_rewriters
+    from rewriters.savedmodel_io import SavedModelParts, prepare_output, save
 
     cluster = load_cluster(cluster_file)
     source, target = Path(model_dir).resolve(), Path(out).resolve()
@@ -174,7 +174,6 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         pipeline=pipeline, microbatches=microbatches)
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
-    step("writing the compiled SavedModel")
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
     reports = []
 
@@ -186,14 +185,17 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         reports.append(run_and_compare(model_dir, staging))
         timings["verify"] = time.perf_counter() - t0 - timings["write"]
 
-    check = verify_staged if verify else None
-    if plan.stages:
-        write_output(lambda staging: write_pipelined(model_dir, proto, plan, staging), out,
-                     force=force, extra_files=extra, check=check)
-    else:
-        rewritten = place_devices(proto, plan, default_device=cluster.device_names[0])
-        write_saved_model(rewritten, model_dir, out, force=force, extra_files=extra,
-                          check=check)
+    if verify:  # the pipeline pass starts TensorFlow: make the devices to verify on first
+        from tfpart.runtime import ensure_local_cpus
+
+        ensure_local_cpus(len(cluster))
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.rewrite-",
+                                     dir=target.parent) as workdir:
+        rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan, Path(workdir),
+                                  progress=lambda name: step(f"rewriting: {name}"))
+        step("writing the compiled SavedModel")
+        save(rewritten, out, force=force, extra_files=extra,
+             check=verify_staged if verify else None)
     timings.setdefault("write", time.perf_counter() - t0)
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings, notes=profile_notes(profiles),

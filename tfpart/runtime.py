@@ -12,7 +12,6 @@ onto local logical CPUs. :mod:`tfpart.verification` and :mod:`tfpart.timing` run
 """
 from __future__ import annotations
 
-import json
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 
 from rewriters.tf_import import tensorflow
 from tfpart.errors import ModelError, TfpartError
+from tfpart.plan import Plan
 from tfpart.servers import connect
 
 def load(path):
@@ -79,15 +79,15 @@ def runnable(compiled_dir, cluster, watch):
     plan_file = compiled_dir / "plan.json"
     if not plan_file.is_file():
         raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
-    plan = json.loads(plan_file.read_text())
-    devices = plan["context"].get("devices") or sorted(set(plan["assignment"].values()))
+    plan = Plan.load(plan_file)
+    devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
     if cluster is not None:
         _check_plan_devices(plan, cluster, plan_file)
         connect(cluster, watch=watch)
         yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
         return
     device_map = local_device_map(devices)
-    host = plan["context"].get("unread_variables", {}).get("device")
+    host = plan.context.get("unread_variables", {}).get("device")
     if host and host not in device_map:  # the host CPU of the first device
         device_map[host] = device_map[devices[0]]
     ensure_local_cpus(len(devices))
@@ -97,7 +97,7 @@ def runnable(compiled_dir, cluster, watch):
 
 def _check_plan_devices(plan, cluster, plan_file):
     names = {canonical_device(d) for d in cluster.device_names}
-    unknown = sorted(d for d in set(plan["assignment"].values()) if canonical_device(d) not in names)
+    unknown = sorted(d for d in set(plan.assignment.values()) if canonical_device(d) not in names)
     if unknown:
         raise TfpartError(cluster.source, f"has no device {unknown[0]}, which "
                           f"{plan_file} places ops on")

@@ -36,8 +36,8 @@ def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmu
             cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
-        signature = load(local_dir).signatures[plan["context"]["signature"]]
-        batch = batch_size or plan["context"]["batch_size"]
+        signature = load(local_dir).signatures[plan.context["signature"]]
+        batch = batch_size or plan.context["batch_size"]
         inputs = random_inputs(signature, batch, seed)
 
         times = timed_calls(
@@ -46,5 +46,5 @@ def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmu
     median = statistics.median(times)
     return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,
             "min_s": min(times), "repeats": repeats, "times_s": times,
-            "predicted_s": plan["predicted"].get("step_time"),
-            "microbatches": plan.get("microbatches", 1)}
+            "predicted_s": plan.step_time,
+            "microbatches": plan.microbatches}

@@ -82,8 +82,8 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
 
     tf = tensorflow()
     with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
-        signature = plan["context"]["signature"]
-        batch = batch_size or plan["context"]["batch_size"]
+        signature = plan.context["signature"]
+        batch = batch_size or plan.context["batch_size"]
         with model_errors(original_dir, "load and run it"):
             original = tf.saved_model.load(str(original_dir))
             inputs = random_inputs(original.signatures[signature], batch, seed)
@@ -100,9 +100,9 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
              for a, e in zip(actual, expected)]
     equal = len(actual) == len(expected) and all(
         np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(actual, expected))
-    planned = {op: device_map[d] for op, d in plan["assignment"].items()}
+    planned = {op: device_map[d] for op, d in plan.assignment.items()}
     runs = [(name, device, op_types[name]) for name, device in placed.items()]
-    if plan.get("stages"):  # each micro-batch's imported copy of the source's ops
+    if plan.stages:  # each micro-batch's imported copy of the source's ops
         runs = [(original_op_name(n), d, t) for n, d, t in runs if original_op_name(n) != n]
     checked = [(name, device, op) for name, device, op in runs if name in planned]
     elsewhere = [(name, planned[name], device, op) for name, device, op in checked

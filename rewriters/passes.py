@@ -1,0 +1,73 @@
+"""The rewriters, as one ordered list of passes run by one function.
+
+Each pass takes a :class:`~rewriters.savedmodel_io.SavedModelParts` and a Plan and
+returns new parts; it runs when its ``applies(plan)`` says so. Saving is separate
+(:func:`rewriters.savedmodel_io.save`). The passes never import each other (an
+import-linter contract in ``pyproject.toml``); this module is the one place that knows
+them all and their order, the way tf2onnx's ``run_rewriters`` holds its list.
+
+=================  ==========================  ========================================
+pass               runs for                    does
+=================  ==========================  ========================================
+pipeline stages    plans with stages           one SavedModel running the stages over
+                                               micro-batches (:mod:`rewriters.pipeline`)
+device placement   plans without stages        the plan's device on every op and
+                                               variable (:mod:`rewriters.placement`)
+=================  ==========================  ========================================
+
+Examples
+--------
+>>> [rewriter.name for rewriter in REWRITERS]
+['pipeline stages', 'device placement']
+>>> from tfpart.plan import Plan
+>>> [r.name for r in REWRITERS if r.applies(Plan(assignment={"a": "/device:CPU:0"}))]
+['device placement']
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from rewriters.pipeline import pipeline_pass
+from rewriters.placement import placement_pass
+
+
+@dataclass(frozen=True)
+class Rewriter:
+    """One pass: ``rewrite(model, plan, workdir) -> model`` when ``applies(plan)``."""
+
+    name: str
+    applies: typing.Callable
+    rewrite: typing.Callable
+
+
+REWRITERS = (
+    Rewriter("pipeline stages", lambda plan: bool(plan.stages), pipeline_pass),
+    Rewriter("device placement", lambda plan: not plan.stages, placement_pass),
+)
+
+
+def run_rewriters(model, plan, workdir, rewriters=REWRITERS, progress=None):
+    """Run every pass of ``rewriters`` that applies to ``plan``, in order.
+
+    Parameters
+    ----------
+    model : rewriters.savedmodel_io.SavedModelParts
+        The input model; never modified.
+    plan : tfpart.plan.Plan
+    workdir : pathlib.Path
+        Scratch space for passes that write files; keep it until the result is saved.
+    rewriters : sequence of Rewriter
+    progress : callable, optional
+        Called with each pass's name before it runs.
+
+    Returns
+    -------
+    rewriters.savedmodel_io.SavedModelParts
+    """
+    for k, rewriter in enumerate(rewriters):
+        if rewriter.applies(plan):
+            if progress is not None:
+                progress(rewriter.name)
+            model = rewriter.rewrite(model, plan, workdir / f"{k}")
+    return model
