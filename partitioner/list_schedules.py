@@ -31,6 +31,7 @@ import numpy as np
 from costmodel.memory import device_memory
 from costmodel.simulate import data_ready_time, upward_rank
 from partitioner.units import MemoryLedger, no_device_error, placement_units
+from partitioner.validate import check_memory
 
 
 def fastest_single_device(cost):
@@ -75,7 +76,9 @@ def earliest_task_first(cost):
     Raises
     ------
     tfpart.errors.PlacementError
-        If some colocation group fits or runs on no device that has room left.
+        If some colocation group fits or runs on no device that has room left, or the
+        result breaks a device's memory bound (the bound counts tensors received from
+        other devices, which the schedule's ledger cannot know in advance).
     """
     graph, cluster = cost.graph, cost.cluster
     units = placement_units(graph, cost)
@@ -114,4 +117,6 @@ def earliest_task_first(cost):
             waiting[j] -= 1
             if waiting[j] == 0:
                 ready.add(j)
+    names = cluster.device_names
+    check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster)
     return device_of

@@ -56,7 +56,13 @@ def check_plan(plan, graph, cluster):
             raise PlacementError("", f"op {op} ({attrs['op_type']}) is on "
                                  f"{plan.assignment[op]}, a {kind_of[plan.assignment[op]]}"
                                  f" without its kernel")
-    used = device_memory(graph, plan.assignment, cluster.device_names)
+    check_memory(graph, plan.assignment, cluster)
+
+
+def check_memory(graph, assignment, cluster):
+    """Raise PlacementError if the ops of ``assignment`` (op -> device name) exceed
+    some device's memory bound (:func:`costmodel.memory.device_memory`)."""
+    used = device_memory(graph, assignment, cluster.device_names)
     for device in cluster.devices:
         if used[device.name] > device.memory:
             raise PlacementError("", f"{device.name} needs {used[device.name] / 1e6:.1f} MB"
