@@ -16,6 +16,17 @@ Schema (``format`` ``tfpart-measured-profile/1``)::
               "time_s": 0.00077, "count": 1, "flops": 1.3e7, "bytes_accessed": 1.1e6}],
      "fitted": {"efficiency": {"matmul": 0.31, ...}, "op_overhead_s": 2.1e-6}}
 
+A *kernel table* is the same without ``fitted`` (and optionally without
+``batch_size``, ``tensorflow``, ``step_time_s``): kernel times measured outside
+TensorFlow, each op possibly also timed at other precisions (``time_s_fp32``,
+``time_s_bf16``; ``time_s`` is at TensorFlow's default for the kind, TF32 where it
+has it) and with ``output_shapes``. Loading one fits a
+:class:`~tfpart.cluster.KernelEfficiency` per kernel class
+(:mod:`costmodel.calibration`); as the kernels exclude TensorFlow's own per-op cost,
+the kind's ``op_overhead_s`` is added to every op. FLOPs of backward-filter
+convolutions are recounted from the shapes (tables written before tfpart counted
+them hold the old figure).
+
 Examples
 --------
 >>> from tfpart.cluster import load_device_kinds
@@ -39,8 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel.roofline import roofline_time
+from tfpart.cluster import KernelEfficiency
 from tfpart.errors import ProfileError
-from tfpart.ops import FREE_OPS, op_class
+from tfpart.flops import op_flops
+from tfpart.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
 
 FORMAT = "tfpart-measured-profile/1"
 CLASSES = ("matmul", "elementwise", "reduction", "data_movement")
@@ -64,7 +77,7 @@ def fit_efficiency(ops, kind, step_time=None):
     small = [op["time_s"] for op in timed
              if op["flops"] < SMALL_WORK and op["bytes_accessed"] < SMALL_WORK]
     overhead = statistics.median(small) if small else kind.op_overhead_s
-    efficiency = dict(kind.efficiency)
+    efficiency = {cls: value.to_json() for cls, value in kind.efficiency.items()}
     for cls in CLASSES:
         ratios = []
         for op in timed:
@@ -74,7 +87,9 @@ def fit_efficiency(ops, kind, step_time=None):
             spent = op["time_s"] - overhead
             if raw > 0 and spent > 0:
                 ratios.extend([raw / spent] * op["count"])
-        if ratios:
+        if ratios:  # measured: replaces the kind's figures for the class and its parts
+            efficiency = {name: value for name, value in efficiency.items()
+                          if class_lineage(name)[-1] != cls}
             efficiency[cls] = min(statistics.median(ratios), 10.0)
     ran = sum(op["count"] for op in ops if op["time_s"] > 0)
     own = sum(op["count"] * op["time_s"] for op in ops)
@@ -90,19 +105,34 @@ class MeasuredProfile:
     meta: dict = field(default_factory=dict)  # model, batch size, TF version, hardware
 
     def __post_init__(self):
-        self._table = {shape_key(op["op_type"], op["input_shapes"]): op["time_s"]
-                       for op in self.ops}
+        self._table = {shape_key(op["op_type"], op["input_shapes"]): op for op in self.ops}
+        self.precision = self.meta.get("precision", "fp32")  # of time_s
 
     @classmethod
     def from_measurements(cls, device_kind, ops, kind, **meta):
         fitted = fit_efficiency(ops, kind, meta.get("step_time_s"))
         return cls(device_kind=device_kind, ops=ops, fitted=fitted, meta=meta)
 
-    def op_time(self, attrs, kind):
+    def measured_time(self, attrs, precision):
+        """The measured seconds of an op with these attributes at ``precision``, or
+        None. A table's ``time_s`` is at its own precision, ``time_s_<p>`` at p; TF32
+        changes nothing outside matmuls, so there fp32 and tf32 times stand in for
+        each other."""
+        row = self._table.get(shape_key(attrs["op_type"], attrs["input_shapes"]))
+        if row is None:
+            return None
+        same = {precision}
+        if attrs["op_type"] not in MATMUL_OPS and precision in ("fp32", "tf32"):
+            same = {"fp32", "tf32"}
+        if self.precision in same:
+            return row["time_s"]
+        return next((row[f"time_s_{p}"] for p in sorted(same) if f"time_s_{p}" in row), None)
+
+    def op_time(self, attrs, kind, precision="fp32"):
         """Measured time of an op with these attributes (plus the executor's dispatch
         overhead), else the fitted roofline; ops removed before running cost nothing."""
         dispatch = self.fitted.get("dispatch_overhead_s", 0.0)
-        measured = self._table.get(shape_key(attrs["op_type"], attrs["input_shapes"]))
+        measured = self.measured_time(attrs, precision)
         if measured is not None and measured > 0:
             # A micro-batch (costmodel.pipeline) keeps its full-batch shapes: its time is
             # the measured one with all but the fixed per-op overhead scaled down.
@@ -116,7 +146,8 @@ class MeasuredProfile:
         return dispatch + roofline_time(attrs["op_type"], attrs["flops"],
                                         attrs["bytes_accessed"], kind,
                                         efficiency=self.fitted["efficiency"],
-                                        overhead=self.fitted["op_overhead_s"])
+                                        overhead=self.fitted["op_overhead_s"],
+                                        precision=precision)
 
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self):
@@ -144,8 +175,34 @@ class MeasuredProfile:
             raise ProfileError(path, problem)
         meta = {k: v for k, v in data.items()
                 if k not in ("format", "device_kind", "ops", "fitted")}
-        return cls(device_kind=data["device_kind"], ops=data["ops"], fitted=data["fitted"],
-                   meta=meta)
+        kind = kinds[data["device_kind"]]
+        if "fitted" in data:
+            return cls(device_kind=data["device_kind"], ops=data["ops"],
+                       fitted=data["fitted"], meta=meta)
+        return kernel_table_profile(data["device_kind"], data["ops"], kind, **meta)
+
+
+def kernel_table_profile(device_kind, ops, kind, **meta):
+    """A profile from a kernel table (see the module docstring): ``time_s`` at the
+    kind's default precision, efficiencies fitted per kernel class, the kind's
+    ``op_overhead_s`` added to every op."""
+    from costmodel.calibration import default_precision, fit_kernel_efficiency, kernel_rows
+
+    ops = [recount_flops(op) for op in ops]
+    fitted = fit_kernel_efficiency(kernel_rows(ops, kind), kind)
+    meta.setdefault("precision", default_precision(kind))
+    return MeasuredProfile(device_kind=device_kind, ops=ops, meta=meta, fitted={
+        "efficiency": {name: value.to_json() for name, value in fitted.items()},
+        "op_overhead_s": 0.0, "dispatch_overhead_s": kind.op_overhead_s})
+
+
+def recount_flops(op):
+    """``op`` with its FLOPs counted from its shapes where tfpart's count changed
+    (backward-filter convolutions, once counted as elementwise)."""
+    if op["op_type"] in CONV_BACKPROP_FILTER_OPS and op.get("output_shapes"):
+        return dict(op, flops=float(op_flops(op["op_type"], op["input_shapes"],
+                                             op["output_shapes"], {})))
+    return op
 
 
 def _validate(data, kinds):
@@ -161,14 +218,40 @@ def _validate(data, kinds):
         for name in ("op_type", "input_shapes", "time_s", "count", "flops", "bytes_accessed"):
             if name not in op:
                 return f"ops[{k}]: lacks {name}"
-        if not isinstance(op["time_s"], (int, float)) or op["time_s"] < 0:
-            return f"ops[{k}].time_s: must be a non-negative number"
+        for name, value in op.items():
+            if (name.startswith("time_s") or name in ("flops", "bytes_accessed", "count")) \
+                    and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                         or value < 0):
+                return f"ops[{k}].{name}: must be a non-negative number"
+        for name in ("input_shapes", "output_shapes"):
+            shapes = op.get(name, [])
+            if not isinstance(shapes, list) or not all(
+                    isinstance(shape, list) and all(isinstance(n, int) for n in shape)
+                    for shape in shapes):
+                return f"ops[{k}].{name}: must be a list of shapes (lists of ints)"
+    if "fitted" not in data:
+        return None  # a kernel table: fitted on load
     fitted = data.get("fitted")
     if not isinstance(fitted, dict) or not isinstance(fitted.get("efficiency"), dict):
         return "fitted.efficiency: missing"
-    if any(not isinstance(v, (int, float)) or v <= 0 for v in fitted["efficiency"].values()):
-        return "fitted.efficiency: every value must be positive"
+    for name, value in fitted["efficiency"].items():
+        if not _positive_efficiency(value):
+            return (f"fitted.efficiency.{name}: must be a positive number or "
+                    "{compute: {precision: positive}, memory: positive, launch_s}")
     overhead = fitted.get("op_overhead_s")
     if not isinstance(overhead, (int, float)) or overhead < 0:
         return "fitted.op_overhead_s: must be a non-negative number"
     return None
+
+
+def _positive_efficiency(value):
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return value > 0
+    try:
+        parsed = KernelEfficiency.parse(value)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return parsed.memory > 0 and parsed.launch_s >= 0 and parsed.compute and all(
+        v > 0 for v in parsed.compute.values())

@@ -1,21 +1,62 @@
 """Roofline op times and alpha-beta transfer times, as dense arrays for the solvers.
 
-The time of an op on a device kind is ``max(flops / peak, bytes_accessed /
-memory_bandwidth) / efficiency[class] + op_overhead``: the roofline scaled by how much of
-it the kind reaches for that class of op (datasheet guesses, or fitted to measured
-profiles); ops that only touch metadata (shapes, handles, constants) cost nothing. A
-measured profile of the kind gives the measured time instead, for the op types and input
-shapes it holds. Transfers cost ``latency + bytes /
-bandwidth`` on the link between the two devices and nothing on one device.
+The time of an op on a device kind is its kernel's time plus the executor's fixed
+cost per op (``op_overhead_s``). The kernel takes ``max(launch_s, flops /
+(peak[precision] * compute), bytes_accessed / (memory_bandwidth * memory))`` with the
+:class:`~tfpart.cluster.KernelEfficiency` of its kernel class on that kind (datasheet
+guesses, or fitted to measured kernels by :mod:`costmodel.calibration`). The
+precision is TensorFlow's (:func:`compute_precision`): TF32 units for float32
+matmuls and convolutions where the kind has them and the cluster allows them, the
+half-precision tensor peak for bfloat16 and float16, fp32 otherwise. Ops that only
+touch metadata (shapes, handles, constants) cost nothing. A measured profile of the
+kind gives the measured time instead, for the op types and input shapes it holds.
+Transfers cost ``latency + bytes / bandwidth`` on the link between the two devices
+and nothing on one device.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tfpart.cluster import alpha_beta
-from tfpart.ops import FREE_OPS, op_class
+from tfpart.ops import FREE_OPS, MATMUL_OPS
 
-def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhead=None):
+HALF_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                   "float64": "fp64", "double": "fp64"}
+
+
+def compute_precision(op_type, dtype, kind, tf32=True):
+    """The precision whose peak bounds ``op_type`` on ``kind``.
+
+    Matmuls and convolutions run at their dtype's precision, float32 ones on TF32
+    units where ``kind`` has them (TensorFlow's default) unless ``tf32`` is False;
+    other ops are priced at the fp32 vector peak (they are memory-bound in practice).
+
+    >>> from tfpart.cluster import load_device_kinds
+    >>> kinds = load_device_kinds()
+    >>> [compute_precision("MatMul", "float32", kinds[k]) for k in ("H100", "V100", "cpu")]
+    ['tf32', 'fp32', 'fp32']
+    >>> compute_precision("MatMul", "float32", kinds["H100"], tf32=False)
+    'fp32'
+    >>> compute_precision("Conv2D", "bfloat16", kinds["H100"]), compute_precision(
+    ...     "Relu", "bfloat16", kinds["H100"])
+    ('bf16', 'fp32')
+    """
+    if op_type not in MATMUL_OPS:
+        return "fp32"
+    precision = HALF_PRECISIONS.get(dtype, "fp32")
+    if precision == "fp32" and tf32 and "tf32" in kind.peaks:
+        return "tf32"
+    return precision
+
+
+def op_dtype(attrs):
+    """The dtype an op computes in: its first output's (float32 if it has none)."""
+    outputs = attrs.get("outputs") or ()
+    return outputs[0][1] if outputs else "float32"
+
+
+def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhead=None,
+                  precision="fp32"):
     """Seconds for one op on a device kind.
 
     >>> from tfpart.cluster import load_device_kinds
@@ -30,10 +71,12 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
     """
     if op_type in FREE_OPS:
         return 0.0
-    efficiency = (efficiency or kind.efficiency).get(op_class(op_type), 1.0)
+    fraction = kind.kernel_efficiency(op_type, efficiency)
     overhead = kind.op_overhead_s if overhead is None else overhead
-    raw = max(flops / kind.peak_flops, bytes_accessed / kind.memory_bandwidth)
-    return raw / efficiency + overhead
+    kernel = max(fraction.launch_s,
+                 flops / (kind.peak(precision) * fraction.compute_at(precision)),
+                 bytes_accessed / (kind.memory_bandwidth * fraction.memory))
+    return kernel + overhead
 
 
 class CostModel:
@@ -60,9 +103,10 @@ class CostModel:
     3.0
     """
 
-    def __init__(self, graph, cluster, measured=()):
+    def __init__(self, graph, cluster, measured=(), tf32=None):
         self.graph = graph
         self.cluster = cluster
+        self.tf32 = cluster.tf32 if tf32 is None else tf32
         self.measured = tuple(measured)
         self.ops = list(graph.ops)
         self.index = {name: i for i, name in enumerate(self.ops)}
@@ -76,15 +120,18 @@ class CostModel:
             allowed = attrs["allowed_kinds"]
             for d, device in enumerate(cluster.devices):
                 profile = profiles.get(device.kind.name)
+                precision = compute_precision(attrs["op_type"], op_dtype(attrs), device.kind,
+                                              self.tf32)
                 if allowed is not None and device.kind.name not in allowed:
                     self.compute[i, d] = np.inf
                 elif table is not None:
                     self.compute[i, d] = table.get(device.name, np.inf)
                 elif profile is not None:
-                    self.compute[i, d] = profile.op_time(attrs, device.kind)
+                    self.compute[i, d] = profile.op_time(attrs, device.kind, precision)
                 else:
                     self.compute[i, d] = roofline_time(attrs["op_type"], attrs["flops"],
-                                                       attrs["bytes_accessed"], device.kind)
+                                                       attrs["bytes_accessed"], device.kind,
+                                                       precision=precision)
         self.latency = np.zeros((n_dev, n_dev))
         self.inverse_bandwidth = np.zeros((n_dev, n_dev))
         self.cpu_copy = np.zeros((n_dev, n_dev), dtype=bool)

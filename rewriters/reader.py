@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rewriters.flops import op_flops
+from tfpart.flops import op_flops
 from rewriters.fusion import fusion_groups
 from rewriters.functions import (body_functions, callee,
                                  library_index, split_input, topological_nodes)

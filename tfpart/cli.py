@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
+from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.errors import OutputError, TfpartError
 from tfpart.quiet import library_output_captured, user_stderr
 
@@ -184,10 +184,46 @@ def cmd_profile(args):
                   f"{profile.meta['profiling_seconds']:.1f} s; step time "
                   f"{_seconds(profile.meta['step_time_s'])} "
                   f"({profile.meta['hardware']['cpu']}, TF {profile.meta['tensorflow']})")
-    fitted = ", ".join(f"{k} {v:.2f}" for k, v in profile.fitted["efficiency"].items())
+    fitted = ", ".join(f"{k} {_efficiency_text(v)}"
+                       for k, v in profile.fitted["efficiency"].items())
     console.print(f"Fitted efficiency: {fitted}; overhead "
                   f"{_seconds(profile.fitted['op_overhead_s'])} per op")
     console.print(f"Wrote {args.output}")
+    return 0
+
+
+def _efficiency_text(value):
+    """A fitted fraction, or a KernelEfficiency's JSON, in a few characters."""
+    from tfpart.cluster import KernelEfficiency
+
+    if isinstance(value, (int, float)):
+        return f"{value:.2f}"
+    value = KernelEfficiency.parse(value)
+    compute = "/".join(f"{p} {c:.2f}" for p, c in sorted(value.compute.items()))
+    launch = f", launch {_seconds(value.launch_s)}" if value.launch_s else ""
+    return f"(compute {compute}, memory {value.memory:.2f}{launch})"
+
+
+def cmd_calibrate(args):
+    from tfpart.calibrate import calibrate, write_kind
+
+    name, entry, fitted = calibrate(args.kernels, args.links, args.kinds or DEVICE_KINDS_FILE)
+    table = Table(title=f"{name}: fitted per kernel class (kernel time = max(launch, "
+                        "flops / (peak x compute), bytes / (bandwidth x memory)))")
+    for column in ("class", "launch", "memory", "compute by precision"):
+        table.add_column(column)
+    for cls, value in fitted.items():
+        table.add_row(cls, _seconds(value.launch_s), f"{value.memory:.3f}",
+                      ", ".join(f"{p} {c:.3f}" for p, c in sorted(value.compute.items())))
+    console.print(table)
+    if "host_link_latency" in entry:
+        console.print(f"Host link: {entry['host_link_bandwidth'] / 1e9:.1f} GB/s, "
+                      f"{_seconds(entry['host_link_latency'])} per copy")
+    if args.output:
+        write_kind(name, entry, args.output)
+        console.print(f"Wrote kind {name} into {args.output}")
+    else:
+        print(json.dumps({"kinds": {name: entry}}, indent=2))
     return 0
 
 
@@ -366,6 +402,16 @@ def build_parser():
     profile.add_argument("--intra-threads", type=int, default=1,
                          help="intra-op threads (1: one core per device)")
     profile.set_defaults(run=cmd_profile)
+    calibrate = commands.add_parser("calibrate", help="fit a device kind to measured "
+                                    "kernel (and copy) times")
+    calibrate.add_argument("kernels", help="kernel table, e.g. ../shared/gpu/h100_kernels.json")
+    calibrate.add_argument("--links", help="host<->device copy times, e.g. "
+                           "../shared/gpu/h100_links.json")
+    calibrate.add_argument("--kinds", help="kinds file with the kind's datasheet "
+                           "(default: the shipped profiles/device_kinds.json)")
+    calibrate.add_argument("-o", "--output", help="kinds file to write the calibrated kind "
+                           "into (other kinds kept); default: print it")
+    calibrate.set_defaults(run=cmd_calibrate)
     simulate = commands.add_parser("simulate", help="simulate a plan.json on its model")
     simulate.add_argument("model")
     simulate.add_argument("plan")

@@ -20,6 +20,12 @@ cluster.json (see ``profiles/clusters/`` for examples)::
 
 A link with ``"cpu_copy": true`` is a copy made by its endpoints' own cores (gRPC
 between CPU worker processes): neither device computes while it runs.
+``"tf32": false`` says float32 matmuls and convolutions run in full fp32 (TensorFlow
+uses TF32 units by default where a GPU has them; turn them off in the program with
+``tf.config.experimental.enable_tensor_float_32_execution(False)``). A ``kinds`` block
+(or a ``kinds_file`` beside it) describes device kinds tfpart does not ship, in the
+format of ``profiles/device_kinds.json``; ``"efficiency_from": "H100"`` lets a kind
+inherit a calibrated kind's efficiency table, so only its datasheet is needed.
 ``step_overhead`` (optional) is a fixed cost of every step, such as a client launching
 the step on remote workers. ``memory`` defaults to the kind's datasheet figure. Devices
 given the same optional
@@ -56,8 +62,59 @@ DEFAULT_CROSS_HOST = {"bandwidth": "10Gbit/s", "latency": "50us"}
 
 
 @dataclass(frozen=True)
+class KernelEfficiency:
+    """How close one kernel class comes to a kind's datasheet, as three numbers a fit
+    can set and a reader can check.
+
+    A kernel of this class takes ``max(launch_s, flops / (peak[precision] *
+    compute[precision]), bytes / (memory_bandwidth * memory))``: a per-launch floor,
+    then the roofline at a fraction of each peak. Below the floor the efficiency
+    rises with the work per launch; above it, it is the plateau. ``compute`` maps a
+    precision (``fp32``, ``tf32``, ``bf16``, ...) to its fraction; ``any`` applies to
+    every precision not listed.
+
+    >>> e = KernelEfficiency(compute={"tf32": 0.5, "any": 0.4}, memory=0.8, launch_s=1e-5)
+    >>> e.compute_at("tf32"), e.compute_at("bf16")
+    (0.5, 0.4)
+    """
+
+    compute: dict
+    memory: float
+    launch_s: float = 0.0
+
+    def compute_at(self, precision):
+        for key in (precision, *PRECISION_FALLBACK.get(precision, ()), "any", "fp32"):
+            if key in self.compute:
+                return self.compute[key]
+        return min(self.compute.values())
+
+    @classmethod
+    def parse(cls, value):
+        """From a kinds-file entry: a number (one fraction for compute and memory, no
+        floor: the datasheet guesses) or ``{"compute": {...}, "memory": m,
+        "launch_s": t}``."""
+        if isinstance(value, (int, float)):
+            return cls(compute={"any": float(value)}, memory=float(value))
+        return cls(compute={k: float(v) for k, v in value["compute"].items()},
+                   memory=float(value["memory"]), launch_s=float(value.get("launch_s", 0.0)))
+
+    def to_json(self):
+        return {"compute": dict(sorted(self.compute.items())), "memory": self.memory,
+                "launch_s": self.launch_s}
+
+
+# An efficiency fitted at one precision stands in for another of the same units.
+PRECISION_FALLBACK = {"fp16": ("bf16",), "bf16": ("fp16",)}
+UNIT_EFFICIENCY = KernelEfficiency(compute={"any": 1.0}, memory=1.0)
+
+
+@dataclass(frozen=True)
 class DeviceKind:
-    """Datasheet figures of one kind of device (units: FLOP/s, bytes/s, bytes, s)."""
+    """Datasheet figures of one kind of device (units: FLOP/s, bytes/s, bytes, s).
+
+    ``peaks`` maps a precision to its peak (``peak_flops`` is the fp32 one);
+    ``efficiency`` maps a kernel class (:func:`tfpart.ops.kernel_class`) or a coarse
+    class to its :class:`KernelEfficiency`."""
 
     name: str
     peak_flops: float
@@ -68,6 +125,25 @@ class DeviceKind:
     efficiency: dict
     op_overhead_s: float
     source: str
+    peaks: dict = field(default_factory=dict)
+    host_link_latency: float = 0.0
+
+    def peak(self, precision):
+        """Peak FLOP/s at ``precision`` (the fp32 peak if the kind lacks it)."""
+        return self.peaks.get(precision, self.peak_flops)
+
+    def kernel_efficiency(self, op_type, table=None):
+        """The :class:`KernelEfficiency` of ``op_type`` from ``table`` (default: the
+        kind's own): its kernel class, else its coarse class, else 1."""
+        from tfpart.ops import class_lineage, kernel_class
+
+        table = self.efficiency if table is None else table
+        for name in class_lineage(kernel_class(op_type)):
+            if name in table:
+                value = table[name]
+                return value if isinstance(value, KernelEfficiency) else \
+                    KernelEfficiency.parse(value)
+        return UNIT_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -110,6 +186,7 @@ class Cluster:
     tf_cluster: dict = field(default_factory=dict)
     source: str = ""
     step_overhead: float = 0.0  # seconds added once to every step
+    tf32: bool = True  # float32 matmuls and convolutions on TF32 units where kinds have them
 
     def __len__(self):
         return len(self.devices)
@@ -147,26 +224,69 @@ def load_device_kinds(path=DEVICE_KINDS_FILE):
         raw = json.loads(Path(path).read_text())["kinds"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ProfileError(path, f"cannot read device kinds: {exc}") from None
-    kinds = {}
-    for name, entry in raw.items():
-        if "alias_of" in entry:
-            continue
-        missing = [f for f in _KIND_FIELDS if f not in entry]
-        if missing:
-            raise ProfileError(path, f"kind {name!r} lacks {', '.join(missing)}")
-        numbers = {f: entry[f] for f in _KIND_FIELDS if f not in ("efficiency", "source")}
-        numbers["peak_flops"] = entry["peak_flops"].get("fp32", 0)
-        bad = [f for f, v in numbers.items() if not isinstance(v, (int, float)) or v <= 0]
-        if bad:
-            raise ProfileError(path, f"kind {name!r}: {', '.join(bad)} must be positive numbers")
-        kinds[name] = DeviceKind(name=name, efficiency=dict(entry["efficiency"]),
-                                 source=entry["source"], **numbers)
+    return kinds_from_dict(raw, path)
+
+
+def kinds_from_dict(raw, source, known=None):
+    """Device kinds from a ``"kinds"`` mapping (a kinds file's, or a cluster.json's
+    own), on top of ``known`` ones. An entry may take its efficiency table from a
+    calibrated kind (``"efficiency_from": "H100"``) instead of giving one, and may be
+    ``{"alias_of": name}``; ProfileError names the entry and the problem."""
+    kinds = dict(known or {})
+    pending = [(name, entry) for name, entry in raw.items() if "alias_of" not in entry]
+    while pending:  # kinds may inherit from kinds defined after them
+        waiting = []
+        for name, entry in pending:
+            base = entry.get("efficiency_from") if isinstance(entry, dict) else None
+            if base is not None and base not in kinds:
+                waiting.append((name, entry))
+                continue
+            kinds[name] = _kind(name, entry, kinds.get(base), source)
+        if len(waiting) == len(pending):
+            name, entry = waiting[0]
+            raise ProfileError(source, f"kind {name!r}: efficiency_from names unknown kind "
+                               f"{entry['efficiency_from']!r}")
+        pending = waiting
     for name, entry in raw.items():
         if "alias_of" in entry:
             if entry["alias_of"] not in kinds:
-                raise ProfileError(path, f"kind {name!r} aliases unknown {entry['alias_of']!r}")
+                raise ProfileError(source, f"kind {name!r} aliases unknown "
+                                   f"{entry['alias_of']!r}")
             kinds[name] = kinds[entry["alias_of"]]
     return kinds
+
+
+def _kind(name, entry, base, source):
+    if not isinstance(entry, dict):
+        raise ProfileError(source, f"kind {name!r} must be an object")
+    inherited = {"efficiency": base.efficiency, "op_overhead_s": base.op_overhead_s} \
+        if base is not None else {}
+    missing = [f for f in _KIND_FIELDS if f not in entry and f not in inherited]
+    if missing:
+        raise ProfileError(source, f"kind {name!r} lacks {', '.join(missing)}")
+    peaks = entry["peak_flops"]
+    if not isinstance(peaks, dict) or any(not isinstance(v, (int, float)) or v <= 0
+                                          for v in peaks.values()):
+        raise ProfileError(source, f"kind {name!r}: peak_flops must map precisions to "
+                           "positive numbers")
+    numbers = {f: entry.get(f, inherited.get(f)) for f in _KIND_FIELDS
+               if f not in ("efficiency", "source", "peak_flops")}
+    numbers["peak_flops"] = peaks.get("fp32", 0)
+    bad = [f for f, v in numbers.items() if not isinstance(v, (int, float)) or v <= 0]
+    if bad:
+        raise ProfileError(source, f"kind {name!r}: {', '.join(bad)} must be positive numbers")
+    try:
+        efficiency = {cls: KernelEfficiency.parse(value) for cls, value in
+                      entry["efficiency"].items()} if "efficiency" in entry \
+            else dict(inherited["efficiency"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProfileError(source, f"kind {name!r}: efficiency: {exc!r} (each class takes a "
+                           "number or {compute: {precision: fraction}, memory, launch_s})") \
+            from None
+    latency = entry.get("host_link_latency", 0.0)
+    return DeviceKind(name=name, efficiency=efficiency, source=entry["source"],
+                      peaks={k: float(v) for k, v in peaks.items()},
+                      host_link_latency=float(latency), **numbers)
 
 
 # -- cluster.json -------------------------------------------------------------------------
@@ -180,6 +300,9 @@ CLUSTER_SCHEMA = {
         "name": {"type": "string"},
         "description": {"type": "string"},
         "step_overhead": _QUANTITY,
+        "tf32": {"type": "boolean"},
+        "kinds": {"type": "object", "additionalProperties": {"type": "object"}},
+        "kinds_file": {"type": "string"},
         "cluster": {"type": "object", "additionalProperties": {
             "type": "array", "minItems": 1, "items": {"type": "string"}}},
         "devices": {"type": "array", "minItems": 1, "items": {
@@ -250,6 +373,7 @@ def cluster_from_dict(data, source="", kinds=None):
     if errors:
         err = errors[0]
         raise ClusterError(source, f"{_field_path(err.absolute_path)}: {err.message}")
+    kinds = _own_kinds(data, source, kinds)
     tf_cluster = {job: list(addrs) for job, addrs in data.get("cluster", {}).items()}
     devices = []
     for i, entry in enumerate(data["devices"]):
@@ -279,7 +403,26 @@ def cluster_from_dict(data, source="", kinds=None):
                                                    source)
     return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
                    devices=tuple(devices), links=links, tf_cluster=tf_cluster,
-                   source=str(source), step_overhead=overhead)
+                   source=str(source), step_overhead=overhead, tf32=data.get("tf32", True))
+
+
+def _own_kinds(data, source, kinds):
+    """The known kinds plus those the cluster file describes: a kinds file it names
+    (relative to it; errors name that file) and its own ``kinds`` block (errors name
+    the cluster file)."""
+    if "kinds_file" in data:
+        path = Path(source).parent / data["kinds_file"] if source else Path(data["kinds_file"])
+        try:
+            raw = json.loads(path.read_text())["kinds"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ProfileError(path, f"cannot read device kinds: {exc}") from None
+        kinds = kinds_from_dict(raw, path, known=kinds)
+    if "kinds" in data:
+        try:
+            kinds = kinds_from_dict(data["kinds"], source, known=kinds)
+        except ProfileError as exc:
+            raise ClusterError(source, f"kinds: {exc.problem}") from None
+    return kinds
 
 
 def _build_links(devices, spec, source):
@@ -304,7 +447,8 @@ def _build_links(devices, spec, source):
             b = devices[j]
             # Same host by default: through the host, at the slower of the two host links.
             through_host = Link(min(a.kind.host_link_bandwidth, b.kind.host_link_bandwidth),
-                                DEFAULT_SAME_HOST_LATENCY)
+                                max(DEFAULT_SAME_HOST_LATENCY, a.kind.host_link_latency +
+                                    b.kind.host_link_latency))
             links[(i, j)] = (cross if a.host != b.host else
                              make(spec.get("same_host", {}), "links.same_host", through_host))
     names = [d.name for d in devices]

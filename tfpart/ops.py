@@ -8,16 +8,28 @@ Examples
 --------
 >>> op_class("Conv2D"), op_class("Relu"), op_class("Mean"), op_class("ConcatV2")
 ('matmul', 'elementwise', 'reduction', 'data_movement')
+>>> kernel_class("Conv2D"), kernel_class("Conv2DBackpropFilter"), kernel_class("Einsum")
+('conv', 'conv_backprop_filter', 'gemm')
+>>> kernel_class("Relu")  # the coarse class where there is no finer one
+'elementwise'
+>>> class_lineage("conv_backprop_input")
+('conv_backprop_input', 'matmul')
 >>> "ReadVariableOp" in ALIASING_OPS and "ReadVariableOp" in WEIGHT_OPS
 True
 """
 
-MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-              "Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput",
-              "Conv3DBackpropInputV2", "_FusedConv2D", "_FusedMatMul", "Conv"}
+GEMM_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+            "_FusedMatMul"}
+CONV_OPS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "_FusedConv2D", "Conv"}
+CONV_BACKPROP_INPUT_OPS = {"Conv2DBackpropInput", "Conv3DBackpropInputV2",
+                           "DepthwiseConv2dNativeBackpropInput"}
+CONV_BACKPROP_FILTER_OPS = {"Conv2DBackpropFilter", "Conv3DBackpropFilterV2",
+                            "DepthwiseConv2dNativeBackpropFilter"}
+# Ops that run on matrix units (tensor cores): their peak follows the precision.
+MATMUL_OPS = GEMM_OPS | CONV_OPS | CONV_BACKPROP_INPUT_OPS | CONV_BACKPROP_FILTER_OPS
 # Reductions along axes: one FLOP per input element.
 AXIS_REDUCTION_OPS = {"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "All", "Any",
-                      "L2Loss"}
+                      "L2Loss", "BiasAddGrad"}
 REDUCTION_OPS = AXIS_REDUCTION_OPS | {
     "Softmax", "LogSoftmax", "MaxPool", "AvgPool", "MaxPoolV2", "MaxPool3D", "AvgPool3D",
     "FusedBatchNorm", "FusedBatchNormV3", "TopKV2"}
@@ -59,3 +71,29 @@ def op_class(op_type):
     if op_type in DATA_MOVEMENT_OPS:
         return "data_movement"
     return "elementwise"
+
+
+# Kernel classes: op_class split where measured kernels differ (cuDNN's backward
+# convolutions run far below its forward ones). A kind's efficiency table may give a
+# kernel class or only its coarse class; lookups walk class_lineage.
+_KERNEL_CLASSES = [(CONV_OPS, "conv"), (CONV_BACKPROP_INPUT_OPS, "conv_backprop_input"),
+                   (CONV_BACKPROP_FILTER_OPS, "conv_backprop_filter"), (GEMM_OPS, "gemm")]
+KERNEL_CLASSES = ("conv", "conv_backprop_input", "conv_backprop_filter", "gemm",
+                  "elementwise", "reduction", "data_movement")
+COARSE_CLASSES = ("matmul", "elementwise", "reduction", "data_movement")
+
+
+def kernel_class(op_type):
+    """The finest efficiency class of an op type (one of :data:`KERNEL_CLASSES`)."""
+    for ops, name in _KERNEL_CLASSES:
+        if op_type in ops:
+            return name
+    return op_class(op_type)
+
+
+def class_lineage(kernel_class_name):
+    """A kernel class, then the coarse class it refines (if different)."""
+    coarse = "matmul" if kernel_class_name in ("conv", "conv_backprop_input",
+                                               "conv_backprop_filter", "gemm") \
+        else kernel_class_name
+    return (kernel_class_name,) if coarse == kernel_class_name else (kernel_class_name, coarse)

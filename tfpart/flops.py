@@ -12,13 +12,16 @@ Examples
 10
 >>> op_flops("Reshape", [(2, 5), (2,)], [(10,)], {})
 0
+>>> op_flops("Conv2DBackpropFilter", [(1, 8, 8, 3), (4,), (1, 8, 8, 4)], [(3, 3, 3, 4)], {})
+13824
 """
 from __future__ import annotations
 
 import math
 import re
 
-from tfpart.ops import AXIS_REDUCTION_OPS, DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS
+from tfpart.ops import (AXIS_REDUCTION_OPS, CONV_BACKPROP_FILTER_OPS, CONV_BACKPROP_INPUT_OPS,
+                        DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS)
 
 PER_ELEMENT = {"FusedBatchNorm": 4, "FusedBatchNormV3": 4, "Softmax": 5, "LogSoftmax": 5,
                "Gelu": 8, "Erf": 8, "Tanh": 4, "Sigmoid": 4, "Exp": 4, "Log": 4, "Rsqrt": 2,
@@ -41,9 +44,16 @@ def matmul_like_flops(op_type, inputs, outputs, attrs):
     if op_type == "DepthwiseConv2dNative":
         filt = inputs[1]
         return 2 * out * filt[0] * filt[1]
-    if op_type.startswith("Conv") and "BackpropInput" in op_type:
+    if op_type in CONV_BACKPROP_INPUT_OPS:  # (input sizes, filter, output gradient)
         filt, grad = inputs[1], inputs[2]
-        return 2 * math.prod(grad) * math.prod(filt[:-1])
+        per_output = filt[0] * filt[1] if op_type.startswith("Depthwise") else \
+            math.prod(filt[:-1])
+        return 2 * math.prod(grad) * per_output
+    if op_type in CONV_BACKPROP_FILTER_OPS:  # (input, filter sizes, output gradient)
+        grad, filt = inputs[2], outputs[0] if outputs else ()
+        per_output = filt[0] * filt[1] if op_type.startswith("Depthwise") else \
+            math.prod(filt[:-1])
+        return 2 * math.prod(grad) * per_output
     if op_type == "Einsum":
         return einsum_flops(attrs.get("equation", ""), inputs, outputs)
     return 2 * out
