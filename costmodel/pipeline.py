@@ -86,13 +86,15 @@ class PipelineRun:
         return (stages - 1) / (self.microbatches + stages - 1)
 
 
-def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, measured=()):
+def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=None):
     """Simulate ``graph`` (costed at one micro-batch) run ``microbatches`` times through
     its stages. ``device_of`` and ``stage_of`` map op names to device indices and stage
-    numbers; variables are shared by all micro-batches."""
+    numbers; variables are shared by all micro-batches. ``costs`` is a CostModel whose
+    measured profiles and precision policy apply (default: the roofline's, the
+    cluster's)."""
     replicated, placement = _replicate(graph, cluster.device_names, device_of, stage_of,
                                        microbatches)
-    cost = CostModel(replicated, cluster, measured=measured)
+    cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=False)
     end = dict(zip(cost.ops, schedule.end))
     finish = [max((end[f"mb{m}/{op}"] for op in graph.ops if f"mb{m}/{op}" in end),

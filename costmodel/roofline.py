@@ -140,6 +140,11 @@ class CostModel:
             self.inverse_bandwidth[i, j] = self.inverse_bandwidth[j, i] = 1.0 / link.bandwidth
             self.cpu_copy[i, j] = self.cpu_copy[j, i] = link.cpu_copy
 
+    def of(self, graph):
+        """The cost model of another graph (a micro-batch's, a coarsened one) on the
+        same cluster, with the same measured profiles and precision policy."""
+        return CostModel(graph, self.cluster, measured=self.measured, tf32=self.tf32)
+
     def transfer_time(self, nbytes, src, dst):
         """Alpha-beta time to move ``nbytes`` from device ``src`` to ``dst``."""
         if src == dst:

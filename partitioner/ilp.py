@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
-from costmodel import CostModel
 from costmodel.memory import new_output_bytes, output_bytes
 from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.finish import make_plan
@@ -211,7 +210,7 @@ def partition(cost, options=ILPOptions()):
                                 target_units=min(options.max_units,
                                                  options.coarsen.target_units or 10**9))
         coarse = coarsen(graph, cost, target)
-        result = solve(coarse.graph, CostModel(coarse.graph, cluster), cluster, options)
+        result = solve(coarse.graph, cost.of(coarse.graph), cluster, options)
         names = cluster.device_names
         assignment = coarse.expand({u: names[d] for u, d in result.unit_device.items()})
         units = len(coarse.graph)

@@ -45,7 +45,6 @@ import numpy as np
 
 from costmodel.memory import device_memory, new_output_bytes
 from costmodel.pipeline import microbatch_graph, simulate_pipeline
-from costmodel.roofline import CostModel
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from tfpart.errors import PlacementError
@@ -84,11 +83,11 @@ def partition(cost, options=PipelineOptions()):
             for op in coarse.members[units[u]]:
                 device_of[op], stage_of[op] = device, stage
     _place_unconnected(graph, cluster, coarse, set(units), device_of, stage_of)
-    runs = [_simulate_units(graph, cluster, coarse.members, device_of, stage_of, m,
-                            cost.measured) for m in microbatch_candidates(options)]
+    runs = [_simulate_units(cost, coarse.members, device_of, stage_of, m)
+            for m in microbatch_candidates(options)]
     chosen = min(runs, key=lambda run: (run.batch_time, run.microbatches)).microbatches
     best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
-                             chosen, cost.measured)
+                             chosen, cost)
     names = cluster.device_names
     assignment = {op: names[d] for op, d in device_of.items()}
     memory = device_memory(graph, assignment, names)
@@ -115,19 +114,19 @@ def partition(cost, options=PipelineOptions()):
                 microbatch_choices={str(r.microbatches): {
                     "batch_time": r.batch_time, "first_result": r.first_result,
                     "bubble_fraction": r.bubble_fraction} for r in runs})),
-        lower_bound=pipeline_lower_bound(graph, cluster, best.microbatches, cost.measured))
+        lower_bound=pipeline_lower_bound(cost, best.microbatches))
     check_plan(plan, graph, cluster)
     return plan
 
 
-def _simulate_units(graph, cluster, members, device_of, stage_of, microbatches, measured):
+def _simulate_units(cost, members, device_of, stage_of, microbatches):
     """Pipelined simulation of the coarse units (fast enough to try every M)."""
-    micro = microbatch_graph(graph, microbatches)
-    units = regroup(micro, CostModel(micro, cluster, measured=measured), members)
+    micro = microbatch_graph(cost.graph, microbatches)
+    units = regroup(micro, cost.of(micro), members)
     first = {unit: ops[0] for unit, ops in members.items()}
-    return simulate_pipeline(units.graph, cluster,
+    return simulate_pipeline(units.graph, cost.cluster,
                              {u: device_of[first[u]] for u in members},
-                             {u: stage_of[first[u]] for u in members}, microbatches)
+                             {u: stage_of[first[u]] for u in members}, microbatches, cost)
 
 
 def _place_unconnected(graph, cluster, coarse, staged, device_of, stage_of):
@@ -201,12 +200,13 @@ def stage_problem(graph, cost, kinds, units, members):
                         capacity=capacity, count=tuple(len(d) for d in kinds))
 
 
-def pipeline_lower_bound(graph, cluster, microbatches, measured=()):
+def pipeline_lower_bound(cost, microbatches):
     """No schedule of M micro-batches beats the fastest total work spread over every
     executor, nor one micro-batch's critical path (a valid bound on the batch time)."""
     from partitioner.lower_bound import critical_path_bound
 
-    micro = CostModel(microbatch_graph(graph, microbatches), cluster, measured=measured)
+    cluster = cost.cluster
+    micro = cost.of(microbatch_graph(cost.graph, microbatches))
     fastest = np.where(np.isfinite(micro.compute), micro.compute, np.inf).min(axis=1)
     work = float(fastest.sum()) * microbatches / len(set(cluster.executor_of))
     return max(work, critical_path_bound(micro)) + cluster.step_overhead

@@ -140,7 +140,7 @@ def cmd_compile(args):
                                options=options,
                                profiles=args.profile, force=args.force, progress=progress,
                                pipeline=args.pipeline, microbatches=args.microbatches,
-                               verify=args.verify)
+                               verify=args.verify, tf32=False if args.no_tf32 else None)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -391,6 +391,10 @@ def build_parser():
                           "(tfpart profile output) of a device kind; repeatable")
     compile_.add_argument("--verify", action="store_true",
                           help="then run original and compiled models and compare")
+    compile_.add_argument("--no-tf32", action="store_true",
+                          help="price float32 matmuls and convolutions at the fp32 peak "
+                          "(for programs that turn TF32 off; default: the cluster's "
+                          "\"tf32\", which is on)")
     compile_.set_defaults(run=cmd_compile)
     profile = commands.add_parser("profile", help="measure every op of a model here")
     profile.add_argument("model")

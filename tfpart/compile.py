@@ -101,13 +101,15 @@ def algorithm_options(name, options=None):
 
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
-               options=None, profiles=(), progress=None, pipeline=False, microbatches=None):
+               options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
+               tf32=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
     ``algorithm`` names an entry of :mod:`partitioner.registry`, ``options`` its options
     (see :func:`algorithm_options`). With ``pipeline`` (implied by ``microbatches``) the
     algorithm is ``pipeline``: stages run over micro-batches, for throughput, instead of
-    a placement for the latency of one batch."""
+    a placement for the latency of one batch. ``tf32`` (default: the cluster's)
+    says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`)."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
@@ -127,7 +129,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     settings = algorithm_options(chosen.name, options)
     step(f"partitioning {len(graph)} ops into "
          f"{'pipeline stages' if chosen.stages else f'a placement with {chosen.name}'}")
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles))
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles), tf32=tf32)
     mixing = []
     try:
         if chosen.stages:
@@ -144,7 +146,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                     "unread_variables": unread_variables(info, cluster),
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature,
-                    "batch_size": info.batch_size,
+                    "batch_size": info.batch_size, "tf32": cost.tf32,
                     "profiles": [str(p) for p in profiles or ()], "inputs": {
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     if mixing:
@@ -154,7 +156,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm="greedy", options=None, profiles=(), force=False, progress=None,
-                  pipeline=False, microbatches=None, verify=False):
+                  pipeline=False, microbatches=None, verify=False, tf32=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     With ``verify`` the compiled model is run against the original
@@ -171,7 +173,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
         algorithm=algorithm, options=options, profiles=profiles, progress=progress,
-        pipeline=pipeline, microbatches=microbatches)
+        pipeline=pipeline, microbatches=microbatches, tf32=tf32)
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
@@ -222,14 +224,15 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     if unknown:
         raise PlacementError(plan_file, f"places ops on {unknown[0]}, not in {cluster_file}")
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles))
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles),
+                     tf32=plan.context.get("tf32"))
     if plan.stages:  # a pipeline: M micro-batches through the stages
         from costmodel.pipeline import microbatch_graph, simulate_pipeline
 
         index = {name: d for d, name in enumerate(cluster.device_names)}
         device_of = {op: index[d] for op, d in plan.assignment.items() if op in graph.ops}
         run = simulate_pipeline(microbatch_graph(graph, plan.microbatches), cluster, device_of,
-                                plan.stages, plan.microbatches, cost.measured)
+                                plan.stages, plan.microbatches, cost)
         return run, cost, plan
     try:
         schedule = simulate_plan(plan, cost)
