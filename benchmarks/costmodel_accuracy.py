@@ -20,6 +20,10 @@ trivial ``tf.function`` from Python (and, for the workers, of launching it remot
 Run from the repository root::
 
     .venv/bin/python -m benchmarks.costmodel_accuracy [--models mlp,cnn] [--markdown]
+
+``--gpu`` runs the GPU section instead (no GPU needed): predictions against the real
+H100 kernel times in ``../shared/gpu``, cross-validated per model
+(:mod:`benchmarks.gpu_costmodel_accuracy`).
 """
 from __future__ import annotations
 
@@ -90,7 +94,14 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
+    parser.add_argument("--gpu", action="store_true", help="the GPU section instead: "
+                        "cross-validated on measured H100 kernels "
+                        "(benchmarks.gpu_costmodel_accuracy)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        from benchmarks import gpu_costmodel_accuracy
+
+        return gpu_costmodel_accuracy.main(["--markdown"] if args.markdown else [])
 
     from tfpart.profiling import onednn_enabled
     from tfpart.compile import compile_model

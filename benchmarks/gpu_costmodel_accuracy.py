@@ -92,6 +92,13 @@ def evaluate(ops, kind):
     return sums, ratios, everything
 
 
+def print_markdown(columns, rows):
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", default=str(DEFAULT_TABLE))
@@ -114,33 +121,42 @@ def main(argv=None):
                       f"{row['after_all']:.2f}")
     console.print(table)
     per_op = Table(title="Per op, cross-validated prediction / measurement")
-    for column in ("ops", "setting", "n", "p10", "median", "p90",
-                   f"in [{TARGET_OP[0]}, {TARGET_OP[1]}]"):
+    per_op_columns = ("ops", "setting", "n", "p10", "median", "p90",
+                      f"in [{TARGET_OP[0]}, {TARGET_OP[1]}]")
+    for column in per_op_columns:
         per_op.add_column(column, justify="right")
+    per_op_rows = []
     for group, values in sorted(ratios.items()):
-        for precision in sorted({p for p, _ in values}):
-            r = np.array([v for p, v in values if p == precision])
+        for setting in sorted({p for p, _ in values}):
+            r = np.array([v for p, v in values if p == setting])
             inside = np.mean((r >= TARGET_OP[0]) & (r <= TARGET_OP[1]))
-            per_op.add_row(group, precision, str(len(r)), f"{np.percentile(r, 10):.2f}",
-                           f"{np.median(r):.2f}", f"{np.percentile(r, 90):.2f}",
-                           f"{inside:.0%}")
+            per_op_rows.append((group, setting, str(len(r)), f"{np.percentile(r, 10):.2f}",
+                                f"{np.median(r):.2f}", f"{np.percentile(r, 90):.2f}",
+                                f"{inside:.0%}"))
+    for row in per_op_rows:
+        per_op.add_row(*row)
     console.print(per_op)
     params = Table(title=f"Fitted on every op: {args.kind}")
-    for column in ("class", "launch", "memory", "compute by precision"):
+    param_columns = ("class", "launch", "memory", "compute by precision")
+    for column in param_columns:
         params.add_column(column)
-    for name, value in fitted.items():
-        params.add_row(name, f"{value.launch_s * 1e6:.1f} us", f"{value.memory:.3f}",
-                       ", ".join(f"{p} {c:.3f}" for p, c in sorted(value.compute.items())))
+    param_rows = [(name, f"{value.launch_s * 1e6:.1f} us", f"{value.memory:.3f}",
+                   ", ".join(f"{p} {c:.3f}" for p, c in sorted(value.compute.items())))
+                  for name, value in fitted.items()]
+    for row in param_rows:
+        params.add_row(*row)
     console.print(params)
     within = sum(abs(row["after_cv"] - 1) <= TARGET_SUM for row in sums)
     console.print(f"{within} of {len(sums)} model@batch@precision sums within "
                   f"{TARGET_SUM:.0%} (cross-validated)")
     if args.markdown:
-        print("| model@batch | setting | measured ms | before | after (cv) | after (all) |")
-        print("|---|---|---|---|---|---|")
-        for row in sums:
-            print(f"| {row['model']} | {row['setting']} | {row['measured_ms']:.2f} | "
-                  f"{row['before']:.2f} | {row['after_cv']:.2f} | {row['after_all']:.2f} |")
+        columns = ("model@batch", "setting", "measured ms", "before", "after (cv)",
+                   "after (all)")
+        print_markdown(columns, [(r["model"], r["setting"], f"{r['measured_ms']:.2f}",
+                                  f"{r['before']:.2f}", f"{r['after_cv']:.2f}",
+                                  f"{r['after_all']:.2f}") for r in sums])
+        print_markdown(per_op_columns, per_op_rows)
+        print_markdown(param_columns, param_rows)
     return 0
 
 

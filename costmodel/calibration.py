@@ -39,6 +39,7 @@ from tfpart.ops import FREE_OPS, MATMUL_OPS, class_lineage, kernel_class
 
 BYTES_SCALE = {"bf16": 0.5, "fp16": 0.5}  # float32-shaped rows timed in half precision
 MIN_ROWS = 3  # rows a class needs for its own fit
+FP32_UNITS = ("fp32", "fp64", "any")  # precisions off the tensor cores
 _BOUNDS = {"launch_s": (1e-7, 1e-3), "memory": (1e-3, 2.0), "compute": (1e-3, 1.0)}
 
 
@@ -147,26 +148,30 @@ def _fit_class(rows, kind):
                         bounds=(lower, upper), x_scale=1.0)
     launch, memory, compute = unpack(fit.x)
     compute = _settle_undetermined(compute, launch, memory, flops, nbytes, peak, which,
-                                   kind.memory_bandwidth)
+                                   kind.memory_bandwidth, precisions)
     return KernelEfficiency(compute={p: _round(c) for p, c in zip(precisions, compute)},
                             memory=_round(memory), launch_s=_round(launch))
 
 
-def _settle_undetermined(compute, launch, memory, flops, nbytes, peak, which, bandwidth):
+def _settle_undetermined(compute, launch, memory, flops, nbytes, peak, which, bandwidth,
+                         precisions):
     """Compute fractions no row was bound by (every kernel of that precision hit the
-    launch floor or the memory roof) are not determined by the fit: set each to the
-    best fraction determined in the class (1 if none), but never so low that it would
-    bind a measured row."""
+    launch floor or the memory roof) are not determined by the fit. Each takes the
+    best fraction determined in the class on the same units (tensor cores, or the
+    fp32 units), else 1: the measurements put no ceiling below the peak. Never one so
+    low that it would bind a measured row."""
     other = np.maximum(launch, nbytes / (bandwidth * memory))
     bound = flops / (peak * compute[which]) >= other * (1 - 1e-6)
-    determined = [c for j, c in enumerate(compute) if bound[which == j].any()]
+    fp32_units = [p in FP32_UNITS for p in precisions]
     settled = compute.copy()
     for j in range(len(compute)):
         mine = which == j
         if bound[mine].any():
             continue
+        alike = [c for i, c in enumerate(compute)
+                 if bound[which == i].any() and fp32_units[i] == fp32_units[j]]
         lowest = float(np.max(flops[mine] / (peak[mine] * other[mine]))) if mine.any() else 0.0
-        settled[j] = min(1.0, max(lowest, max(determined, default=1.0)))
+        settled[j] = min(1.0, max(lowest, max(alike, default=1.0)))
     return settled
 
 
