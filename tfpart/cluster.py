@@ -55,6 +55,7 @@ import jsonschema
 
 from profiles import DEVICE_KINDS_FILE
 from tfpart.errors import ClusterError, ProfileError
+from tfpart.ops import class_lineage, kernel_class
 from tfpart.units import parse_duration, parse_rate, parse_size
 
 DEFAULT_SAME_HOST_LATENCY = 10e-6
@@ -135,8 +136,6 @@ class DeviceKind:
     def kernel_efficiency(self, op_type, table=None):
         """The :class:`KernelEfficiency` of ``op_type`` from ``table`` (default: the
         kind's own): its kernel class, else its coarse class, else 1."""
-        from tfpart.ops import class_lineage, kernel_class
-
         table = self.efficiency if table is None else table
         for name in class_lineage(kernel_class(op_type)):
             if name in table:
