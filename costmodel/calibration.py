@@ -126,7 +126,8 @@ def _fit_class(rows, kind):
     nbytes = np.array([row.bytes_accessed for row in rows])
     measured = np.array([row.time_s for row in rows])
     weight = np.sqrt([row.count for row in rows])
-    peak = np.array([kind.peak(row.precision) for row in rows])
+    peak = np.array([kind.peak(row.precision) if row.op_type in MATMUL_OPS
+                     else kind.peak_flops for row in rows])
     which = np.array([precisions.index(row.precision) if on_matrix_units else 0
                       for row in rows])
 

@@ -25,11 +25,11 @@ HALF_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
 
 
 def compute_precision(op_type, dtype, kind, tf32=True):
-    """The precision whose peak bounds ``op_type`` on ``kind``.
-
-    Matmuls and convolutions run at their dtype's precision, float32 ones on TF32
-    units where ``kind`` has them (TensorFlow's default) unless ``tf32`` is False;
-    other ops are priced at the fp32 vector peak (they are memory-bound in practice).
+    """The precision ``op_type`` runs at on ``kind``: its dtype's, with float32
+    matmuls and convolutions on TF32 units where ``kind`` has them (TensorFlow's
+    default) unless ``tf32`` is False. It picks the peak of matmuls and convolutions
+    (other ops are priced at the fp32 vector peak: they are memory-bound in practice)
+    and the column of a measured kernel table.
 
     >>> from tfpart.cluster import load_device_kinds
     >>> kinds = load_device_kinds()
@@ -38,13 +38,11 @@ def compute_precision(op_type, dtype, kind, tf32=True):
     >>> compute_precision("MatMul", "float32", kinds["H100"], tf32=False)
     'fp32'
     >>> compute_precision("Conv2D", "bfloat16", kinds["H100"]), compute_precision(
-    ...     "Relu", "bfloat16", kinds["H100"])
+    ...     "Relu", "float32", kinds["H100"])
     ('bf16', 'fp32')
     """
-    if op_type not in MATMUL_OPS:
-        return "fp32"
     precision = HALF_PRECISIONS.get(dtype, "fp32")
-    if precision == "fp32" and tf32 and "tf32" in kind.peaks:
+    if precision == "fp32" and tf32 and "tf32" in kind.peaks and op_type in MATMUL_OPS:
         return "tf32"
     return precision
 
@@ -73,8 +71,8 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
         return 0.0
     fraction = kind.kernel_efficiency(op_type, efficiency)
     overhead = kind.op_overhead_s if overhead is None else overhead
-    kernel = max(fraction.launch_s,
-                 flops / (kind.peak(precision) * fraction.compute_at(precision)),
+    peak = kind.peak(precision) if op_type in MATMUL_OPS else kind.peak_flops
+    kernel = max(fraction.launch_s, flops / (peak * fraction.compute_at(precision)),
                  bytes_accessed / (kind.memory_bandwidth * fraction.memory))
     return kernel + overhead
 
