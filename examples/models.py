@@ -57,10 +57,11 @@ def export_residual_cnn(path, seed=3):
     return path
 
 
-def export_transformer_encoder(path, seq=16, dim=32, heads=4):
+def transformer_encoder(seq=16, dim=32, heads=4, seed=2):
+    """One Keras transformer encoder block over ``seq`` tokens of width ``dim``."""
     import keras
 
-    keras.utils.set_random_seed(2)
+    keras.utils.set_random_seed(seed)
     tokens = keras.Input((seq, dim), name="tokens")
     attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
     x = keras.layers.LayerNormalization()(tokens + attention(tokens, tokens))
@@ -68,7 +69,11 @@ def export_transformer_encoder(path, seq=16, dim=32, heads=4):
     ff = keras.layers.Dense(dim)(ff)
     x = keras.layers.LayerNormalization()(x + ff)
     outputs = keras.layers.Dense(8)(keras.layers.GlobalAveragePooling1D()(x))
-    keras.Model(tokens, outputs).export(str(path), verbose=False)
+    return keras.Model(tokens, outputs, name="transformer_encoder")
+
+
+def export_transformer_encoder(path, seq=16, dim=32, heads=4):
+    transformer_encoder(seq, dim, heads).export(str(path), verbose=False)
     return path
 
 
@@ -179,9 +184,15 @@ def export_parallel_dense(path, branches=6, width=128):
 def export_conv_batchnorm(path):
     """Convolutions each followed by BatchNormalization and ReLU (Conv2D +
     FusedBatchNormV3 + Relu, fused by Grappler at inference), with a residual add."""
+    conv_batchnorm().export(str(path), verbose=False)
+    return path
+
+
+def conv_batchnorm(seed=6):
+    """The model of :func:`export_conv_batchnorm`."""
     import keras
 
-    keras.utils.set_random_seed(6)
+    keras.utils.set_random_seed(seed)
     inputs = keras.Input((24, 24, 3), name="image")
     x = inputs
     for width in (16, 32):
@@ -191,5 +202,32 @@ def export_conv_batchnorm(path):
     y = keras.layers.BatchNormalization()(y)
     x = keras.layers.ReLU()(keras.layers.Add()([x, y]))
     outputs = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(x))
-    keras.Model(inputs, outputs, name="conv_batchnorm").export(str(path), verbose=False)
-    return path
+    return keras.Model(inputs, outputs, name="conv_batchnorm")
+
+
+def dense_mlp(seed=1):
+    """A three-layer Keras MLP (64 -> 128 -> 64 -> 10)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((64,), name="features"),
+                             keras.layers.Dense(128, activation="relu"),
+                             keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(10)], name="dense_mlp")
+
+
+TRAINABLE = {"mlp": dense_mlp, "cnn": residual_cnn, "cnn_bn": conv_batchnorm,
+             "transformer": transformer_encoder}
+OPTIMIZERS = {"sgd_momentum": lambda keras: keras.optimizers.SGD(0.01, momentum=0.9),
+              "adam": lambda keras: keras.optimizers.Adam(1e-3)}
+
+
+def export_training_step(path, model="mlp", optimizer="adam"):
+    """The training version of an example model: ``train_step(x, y)`` with a mean
+    squared error loss and ``optimizer`` (``sgd_momentum`` or ``adam``), exported by
+    :func:`tfpart.training.export_train_step`."""
+    import keras
+
+    from tfpart.training import export_train_step
+
+    return export_train_step(TRAINABLE[model](), OPTIMIZERS[optimizer](keras), "mse", path)

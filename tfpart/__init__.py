@@ -4,7 +4,8 @@ The Python API: ``compile_model`` (the whole pipeline), ``plan_model`` (read and
 partition without writing), ``load`` (load a compiled model with its variable devices),
 ``connect`` (become a client of a cluster's ``tfpart worker`` tasks), ``verify``
 (compare original and compiled), ``time_model``, ``LocalWorkers`` (a multi-host cluster
-on this machine), ``load_cluster``, ``Plan``, ``Cluster``.
+on this machine), ``export_train_step`` (a Keras model's training step as a
+SavedModel signature), ``load_cluster``, ``Plan``, ``Cluster``.
 Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
 import cycles with the packages below it.
 
@@ -18,7 +19,8 @@ _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "Plan": "tfpart.plan", "TfpartError": "tfpart.errors",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
         "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
-        "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers"}
+        "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
+        "export_train_step": "tfpart.training"}
 
 __all__ = sorted(_API)
 

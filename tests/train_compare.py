@@ -1,0 +1,74 @@
+"""Train an example model's exported training step and its compiled version side by
+side, in this process only (``python -m tests.train_compare DIR MODEL OPTIMIZER``),
+and print what tests/e2e/test_training.py asserts on, as JSON.
+
+One model per process, as a user runs them: TensorFlow keeps the functions of every
+SavedModel loaded into a process in one library, and models exported by separate
+processes reuse function names.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+STEPS = 20
+BATCH = 6
+
+
+def batches(signature, seed=0):
+    """``STEPS`` seeded (x, y) batches shaped for ``signature``."""
+    rng = np.random.default_rng(seed)
+    specs = signature.structured_input_signature[1]
+    return [{name: rng.standard_normal([BATCH, *spec.shape[1:]]).astype(np.float32)
+             for name, spec in specs.items()} for _ in range(STEPS)]
+
+
+def weights_of(model):
+    weights = model.signatures["weights"]()
+    return [weights[k].numpy() for k in sorted(weights)]
+
+
+def train(model, data):
+    step = model.signatures["train_step"]
+    return [float(step(**batch)["loss"]) for batch in data], weights_of(model)
+
+
+def main(directory, model, optimizer):
+    from tfpart.runtime import ensure_local_cpus
+
+    ensure_local_cpus(3)
+    import tensorflow as tf
+
+    from examples.models import export_training_step
+    from tests.conftest import local_cluster
+    from tfpart.compile import compile_model
+    from tfpart.runtime import load, runnable
+    from tfpart.verification import verify
+
+    directory = Path(directory)
+    source = export_training_step(directory / "model", model, optimizer)
+    (directory / "cluster.json").write_text(json.dumps(local_cluster(3)))
+    result = compile_model(source, directory / "cluster.json", directory / "out",
+                           batch_size=BATCH, signature="train_step")
+    report = verify(source, directory / "out")
+    original = tf.saved_model.load(str(source))
+    data = batches(original.signatures["train_step"])
+    initial = weights_of(original)
+    expected_losses, expected_weights = train(original, data)
+    with runnable(directory / "out", None, False) as (_, _, local_dir, _):
+        losses, weights = train(load(local_dir), data)
+    print(json.dumps({
+        "devices_used": len(result.plan.devices_used()),
+        "outputs_equal": report.outputs_equal, "ops_checked": report.ops_checked,
+        "op_mismatches": report.op_mismatches, "variables_misplaced":
+            report.variable_mismatches,
+        "losses": losses, "expected_losses": expected_losses,
+        "weights_trained": any(not np.allclose(a, b) for a, b in
+                               zip(initial, expected_weights)),
+        "weights": [w.tolist() for w in weights],
+        "expected_weights": [w.tolist() for w in expected_weights]}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
