@@ -167,6 +167,19 @@ def export_stacked_lstm(path, seq=12, features=16, units=32):
     return path
 
 
+def export_gru(path, seq=10, features=8, units=16):
+    """A Keras GRU over a sequence and a Dense head (its loop unstacks the time axis
+    into a TensorList)."""
+    import keras
+
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((seq, features), name="sequence")
+    x = keras.layers.GRU(units)(inputs)
+    outputs = keras.layers.Dense(3)(x)
+    keras.Model(inputs, outputs, name="gru").export(str(path), verbose=False)
+    return path
+
+
 def export_parallel_dense(path, branches=6, width=128):
     """Parallel Dense+ReLU branches over one input, concatenated (MatMul+BiasAdd+Relu
     patterns that Grappler fuses, with nothing forcing them onto one device)."""

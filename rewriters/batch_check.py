@@ -8,6 +8,9 @@ only tensors that do not carry it (a reduction over the batch, a ``tf.cond`` on 
 sum, a reshape that folds the batch into other dimensions) mixes samples. Ops that read
 only a tensor's shape (``Shape``, ``Size``, ``Rank``) do not, and ops with outputs of
 unknown shape are given the benefit of the doubt (``verify`` still compares outputs).
+So are ops whose outputs are handles (variants such as the TensorList a recurrent
+layer's loop unstacks its time axis into, resources): their shape says nothing of the
+batch inside them.
 
 Examples
 --------
@@ -21,6 +24,7 @@ from __future__ import annotations
 from rewriters.reader import flatten_signature, import_flat
 
 SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "TensorListLength"}
+HANDLE_DTYPES = {"variant", "resource"}
 
 
 def batch_mixing_ops(proto, path, batch_size, signature=None):
@@ -32,8 +36,9 @@ def batch_mixing_ops(proto, path, batch_size, signature=None):
         for op in graph.get_operations():
             for tensor in op.outputs:
                 shape = tensor.shape
+                unknown = shape.rank is None or tensor.dtype.name in HANDLE_DTYPES
                 shapes.setdefault(tensor.name, []).append(
-                    None if shape.rank is None else tuple(shape.as_list()))
+                    None if unknown else tuple(shape.as_list()))
     ops = [(op.name, op.type, [t.name for t in op.inputs], [t.name for t in op.outputs])
            for op in graphs[0].get_operations()]
     return batch_mixing(shapes, ops)

@@ -42,6 +42,23 @@ def test_pipelined_model_matches_original(name, devices, microbatches, exported,
     assert len(stage_devices) == len(set(plan.stages.values()))
 
 
+@pytest.mark.parametrize("name", ["gru", "stacked_lstm"])
+def test_recurrent_layers_micro_batch_like_any_other(name, exported, local_cpus,
+                                                     write_cluster, tmp_path):
+    """Their loops unstack a time-major tensor into a TensorList, which carries the
+    batch inside a handle: no sample is mixed, so micro-batches are allowed."""
+    model = exported(name)
+    cluster = dict(local_cluster(2), links=FAST_LINKS)
+    result = compile_model(model, write_cluster(cluster), tmp_path / "out", batch_size=16,
+                           microbatches=2)
+    assert result.plan.microbatches == 2
+    assert "samples_mixed_by" not in result.plan.context
+    for batch in (7, 16):
+        report = verify(model, tmp_path / "out", batch_size=batch)
+        assert report.outputs_equal, (batch, report.max_abs_diff)
+        assert report.op_mismatches == [] and report.variable_mismatches == []
+
+
 def test_batch_smaller_than_the_microbatch_count_still_matches(exported, local_cpus,
                                                                write_cluster, tmp_path):
     model = exported("mlp_module")
