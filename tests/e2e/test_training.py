@@ -40,3 +40,27 @@ def test_a_placed_training_step_trains_like_the_original(tmp_path, model, optimi
         # zero (it started there); only its size is compared.
         noise_only = optimizer == "adam" and np.abs(want).max() < 1e-4
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 if noise_only else 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_micro_batches_of_a_training_step_are_refused_in_one_line(tmp_path, capsys):
+    """Until gradients are accumulated over micro-batches, a training step's weight
+    gradients (sums over the batch) and batch-norm statistics are reasons to refuse."""
+    from tests.conftest import local_cluster
+    from tfpart.cli import main
+
+    subprocess.run([sys.executable, "-c", "import sys; from examples.models import "
+                    "export_training_step as e; e(sys.argv[1], 'cnn_bn', 'adam')",
+                    str(tmp_path / "model")], check=True, cwd=ROOT, capture_output=True,
+                   timeout=600)
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(local_cluster(3)))
+    out = tmp_path / "out"
+    code = main(["compile", str(tmp_path / "model"), "--signature", "train_step",
+                 "--batch-size", "8", "--cluster", str(cluster), "--microbatches", "4",
+                 "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "mixes the samples of a batch" in err and "StatefulPartitionedCall/" in err
+    assert not out.exists()
