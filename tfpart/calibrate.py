@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from costmodel.calibration import fit_kernel_efficiency, fit_link, kernel_rows
-from costmodel.measured import MeasuredProfile, recount_flops
+from costmodel.calibration import fit_link
+from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
-from tfpart.cluster import load_device_kinds
+from tfpart.cluster import KernelEfficiency, load_device_kinds
 from tfpart.errors import ProfileError
 
 
@@ -88,19 +88,17 @@ def calibrate(kernels_path, links_path=None, kinds_path=DEVICE_KINDS_FILE):
         A table is missing or malformed (the message names the field), or names a
         kind the kinds file does not have.
     """
-    kinds = load_device_kinds(kinds_path)
-    MeasuredProfile.load(kernels_path, kinds)  # validates the table, names the field
-    table = read_json(kernels_path, "kernel table")
-    name = table["device_kind"]
-    kind = kinds[name]
-    ops = [recount_flops(op) for op in table["ops"]]
-    fitted = fit_kernel_efficiency(kernel_rows(ops, kind), kind)
+    # Loading validates the table (errors name the field) and fits it.
+    profile = MeasuredProfile.load(kernels_path, load_device_kinds(kinds_path))
+    name = profile.device_kind
+    fitted = {cls: KernelEfficiency.parse(value)
+              for cls, value in profile.fitted["efficiency"].items()}
     raw = read_json(kinds_path, "kinds file")["kinds"]
     entry = dict(raw[name])
     entry["efficiency"] = {cls: value.to_json() for cls, value in fitted.items()}
     source = entry["source"].split("; calibrated:")[0]
     note = (f"; calibrated: efficiency fitted to {Path(kernels_path).name} "
-            f"({len(table['ops'])} kernels) by tfpart calibrate")
+            f"({len(profile.ops)} kernels) by tfpart calibrate")
     if links_path is not None:
         latency, bandwidth = fit_link(link_rows(read_json(links_path, "copy table"),
                                                 links_path))

@@ -219,11 +219,15 @@ _KIND_FIELDS = ("peak_flops", "memory_bandwidth", "memory", "host_link_bandwidth
 @lru_cache(maxsize=None)
 def load_device_kinds(path=DEVICE_KINDS_FILE):
     """Read the device-kind profiles; raise ProfileError naming the bad entry."""
+    return kinds_from_dict(_kinds_entries(path), path)
+
+
+def _kinds_entries(path):
+    """The ``"kinds"`` mapping of a kinds file; ProfileError naming it if unreadable."""
     try:
-        raw = json.loads(Path(path).read_text())["kinds"]
+        return json.loads(Path(path).read_text())["kinds"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ProfileError(path, f"cannot read device kinds: {exc}") from None
-    return kinds_from_dict(raw, path)
 
 
 def kinds_from_dict(raw, source, known=None):
@@ -411,11 +415,7 @@ def _own_kinds(data, source, kinds):
     the cluster file)."""
     if "kinds_file" in data:
         path = Path(source).parent / data["kinds_file"] if source else Path(data["kinds_file"])
-        try:
-            raw = json.loads(path.read_text())["kinds"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ProfileError(path, f"cannot read device kinds: {exc}") from None
-        kinds = kinds_from_dict(raw, path, known=kinds)
+        kinds = kinds_from_dict(_kinds_entries(path), path, known=kinds)
     if "kinds" in data:
         try:
             kinds = kinds_from_dict(data["kinds"], source, known=kinds)
