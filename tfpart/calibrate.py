@@ -30,7 +30,7 @@ from costmodel.calibration import fit_link
 from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
 from tfpart.cluster import KernelEfficiency, load_device_kinds
-from tfpart.errors import ProfileError
+from tfpart.errors import OutputError, ProfileError
 
 
 def read_json(path, what):
@@ -114,16 +114,20 @@ def write_kind(name, entry, out):
     every other entry kept), then check the file loads."""
     out = Path(out)
     data = read_json(out, "kinds file") if out.exists() else {"kinds": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
+        raise ProfileError(out, "not a kinds file (no \"kinds\" object)")
     data["kinds"][name] = entry
-    text = format_kinds(data)
     staged = out.with_name(f".{out.name}.tmp")
-    staged.write_text(text)
     try:
+        staged.write_text(format_kinds(data))
         load_device_kinds.__wrapped__(staged)
+        staged.replace(out)
     except ProfileError as exc:
-        staged.unlink()
         raise ProfileError(out, exc.problem) from None
-    staged.replace(out)
+    except OSError as exc:
+        raise OutputError(out, f"cannot write: {exc.strerror or exc}") from None
+    finally:
+        staged.unlink(missing_ok=True)
     load_device_kinds.cache_clear()
     return out
 
