@@ -69,9 +69,11 @@ def solve_ilp(problem, time_limit=60.0):
             if np.isfinite(problem.capacity[k]):
                 prob += pulp.lpSum(float(problem.size[u]) * x[u, p] for u in range(n)) <= \
                     float(problem.capacity[k]) + big_size * (1 - y[p, k])
-    status = prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit)
+    # A zero gap: this is the reference the exact DP is checked against (HiGHS stops
+    # within 1e-4 of the optimum by default).
+    status = prob.solve(pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=0.0)
                         if "HiGHS" in pulp.listSolvers(onlyAvailable=True)
-                        else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit))
+                        else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0))
     if pulp.LpStatus[status] != "Optimal":
         raise PlacementError("stage ILP", f"no optimum found ({pulp.LpStatus[status]})")
     return float(pulp.value(load))

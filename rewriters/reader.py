@@ -20,15 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tfpart.flops import op_flops
 from rewriters.fusion import fusion_groups
 from rewriters.functions import (body_functions, callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
+from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
-from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS
+from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
 
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
 
@@ -169,6 +169,8 @@ def read_model(proto, path="", batch_size=None, signature=None):
                               library_index(meta.graph_def.library))
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
     _colocate_fused(opgraph, flat.info.fusion_groups)
+    _colocate_fused(opgraph, optimizer_slot_groups(
+        opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),
@@ -176,8 +178,71 @@ def read_model(proto, path="", batch_size=None, signature=None):
     return opgraph, flat.info
 
 
+def optimizer_slot_groups(opgraph, variables, inputs):
+    """Each trained variable with its optimizer slots (momentum, Adam's moments), so a
+    variable, its slots and its update run on one device.
+
+    A slot is a variable of the same size that the variable's update reads through
+    data edges that carry nothing computed from the batch (``inputs``): Keras
+    optimizers update a slot in place, then read it again (after a control edge) to
+    update the variable, while the gradient is computed from the batch. Scalars
+    (learning rate, step counter) are read by every update and never grouped.
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph()
+    >>> for name, nbytes in [("w", 64), ("m", 64), ("lr", 4), ("x", 0)]:
+    ...     g.add_op(name, op_type="VarHandleOp" if nbytes else "Placeholder",
+    ...              param_bytes=nbytes)
+    >>> for name, op_type in [("grad", "MatMul"), ("m_update", "AssignAddVariableOp"),
+    ...                       ("m_read", "ReadVariableOp"), ("step", "Mul"),
+    ...                       ("w_update", "AssignSubVariableOp")]:
+    ...     g.add_op(name, op_type=op_type)
+    >>> for a, b in [("x", "grad"), ("w", "grad"), ("m", "m_update"), ("grad", "m_update"),
+    ...              ("m", "m_read"), ("m_read", "step"), ("lr", "step"), ("w", "w_update"),
+    ...              ("step", "w_update")]:
+    ...     g.add_edge(a, b)
+    >>> g.add_edge("m_update", "m_read", control=True)
+    >>> optimizer_slot_groups(g, {"w", "m", "lr"}, ["x"])
+    [['w', 'm']]
+    """
+    def data_inputs(name):
+        return [p for p, edge in opgraph.in_edges(name).items() if not edge["control"]]
+
+    batched = set(inputs)
+    for name in opgraph.topological_order():
+        if any(p in batched for p in data_inputs(name)):
+            batched.add(name)
+    groups = []
+    for write in opgraph.ops:
+        if opgraph.ops[write]["op_type"] not in RESOURCE_WRITE_OPS:
+            continue
+        handles = [p for p in data_inputs(write) if p in variables]
+        if not handles:
+            continue
+        target, size = handles[0], opgraph.ops[handles[0]]["param_bytes"]
+        if size <= 8:
+            continue
+        seen, stack, slots = {write}, data_inputs(write), []
+        while stack:
+            name = stack.pop()
+            if name in seen or name in batched:
+                continue
+            seen.add(name)
+            if name in variables:
+                if name != target and opgraph.ops[name]["param_bytes"] == size:
+                    slots.append(name)
+                continue  # a variable's inputs are not its value
+            stack.extend(data_inputs(name))
+        if slots:
+            groups.append([target, *sorted(slots)])
+    return groups
+
+
 def _colocate_fused(opgraph, groups):
-    """Merge the colocation groups of ops that run as one fused kernel."""
+    """Merge the colocation groups of ops that must run on one device (one fused
+    kernel, a variable with its optimizer slots)."""
     labels = UnionFind()
     for members in groups:
         for other in members[1:]:

@@ -48,6 +48,12 @@ FREE_OPS = {"NoOp", "Const", "Placeholder", "PlaceholderWithDefault", "VarHandle
 ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
                 "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
 IDENTITY_OPS = {"Identity", "IdentityN"}
+# Ops that write a variable through its resource handle (optimizer updates among them).
+RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                      "ResourceApplyGradientDescent", "ResourceApplyMomentum",
+                      "ResourceApplyKerasMomentum", "ResourceApplyAdam",
+                      "ResourceApplyAdagradV2", "ResourceApplyRMSProp",
+                      "ResourceScatterAdd", "ResourceScatterUpdate"}
 # Where weights come from: variables, their reads, constants.
 WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 # Kernels that exist only on the host CPU (Python callbacks, I/O, strings, tables).

@@ -28,6 +28,7 @@ def compare(tmp_path, model, optimizer):
 def test_a_placed_training_step_trains_like_the_original(tmp_path, model, optimizer):
     run = compare(tmp_path, model, optimizer)
     assert run["devices_used"] > 1  # really split
+    assert run["slots"] > 0 and run["slots_apart"] == []  # each variable with its slots
     assert run["outputs_equal"] and run["ops_checked"] > 50
     assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
     np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-5, atol=1e-7)
