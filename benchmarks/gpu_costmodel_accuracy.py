@@ -35,6 +35,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.markdown import print_table
 from costmodel.calibration import (default_precision, fit_kernel_efficiency, kernel_rows,
                                    kernel_time)
 from costmodel.measured import recount_flops
@@ -44,22 +45,15 @@ from tfpart.ops import MATMUL_OPS, kernel_class
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TABLE = ROOT.parent / "shared" / "gpu" / "h100_kernels.json"
 # The H100 entry of profiles/device_kinds.json before calibration (commit 28993f6).
-BEFORE = {"matmul": 0.7, "elementwise": 0.8, "reduction": 0.6, "data_movement": 0.8}
+BEFORE = {name: KernelEfficiency.parse(value) for name, value in
+          {"matmul": 0.7, "elementwise": 0.8, "reduction": 0.6, "data_movement": 0.8}.items()}
 BEFORE_OVERHEAD_S = 5e-6
 TARGET_SUM, TARGET_OP = 0.15, (0.6, 1.6)
 
 
-def rows_of(ops, kind, model=None, exclude=None):
-    """Kernel rows of the ops in ``model`` (or of those not in ``exclude``)."""
-    chosen = [op for op in ops if (model is None or model in op["models"])
-              and (exclude is None or exclude not in op["models"])]
-    return chosen, kernel_rows(chosen, kind)
-
-
 def before_time(row, kind):
     """The old prediction: fp32 peak for everything, coarse-class efficiency, 5 us."""
-    table = {name: KernelEfficiency.parse(value) for name, value in BEFORE.items()}
-    return kernel_time(row._replace(precision="fp32"), kind, table) + BEFORE_OVERHEAD_S
+    return kernel_time(row._replace(precision="fp32"), kind, BEFORE) + BEFORE_OVERHEAD_S
 
 
 def evaluate(ops, kind):
@@ -69,12 +63,11 @@ def evaluate(ops, kind):
     everything = fit_kernel_efficiency(kernel_rows(ops, kind), kind)
     sums, ratios = [], {}
     for model in models:
-        _, train_rows = rows_of(ops, kind, exclude=model)
+        train_rows = kernel_rows([op for op in ops if model not in op["models"]], kind)
         cv = fit_kernel_efficiency(train_rows, kind)
         seen = {kernel_class(row.op_type) for row in train_rows}
-        held_ops, _ = rows_of(ops, kind, model=model)
         totals = {}
-        for op in held_ops:
+        for op in (op for op in ops if model in op["models"]):
             count = op["models"][model]
             for row in kernel_rows([dict(op, count=count)], kind):
                 entry = totals.setdefault(row.setting, np.zeros(4))
@@ -90,13 +83,6 @@ def evaluate(ops, kind):
                          "before": before / measured, "after_cv": after / measured,
                          "after_all": full / measured})
     return sums, ratios, everything
-
-
-def print_markdown(columns, rows):
-    print("\n| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 def main(argv=None):
@@ -152,11 +138,13 @@ def main(argv=None):
     if args.markdown:
         columns = ("model@batch", "setting", "measured ms", "before", "after (cv)",
                    "after (all)")
-        print_markdown(columns, [(r["model"], r["setting"], f"{r['measured_ms']:.2f}",
-                                  f"{r['before']:.2f}", f"{r['after_cv']:.2f}",
-                                  f"{r['after_all']:.2f}") for r in sums])
-        print_markdown(per_op_columns, per_op_rows)
-        print_markdown(param_columns, param_rows)
+        for table_columns, table_rows in [
+                (columns, [(r["model"], r["setting"], f"{r['measured_ms']:.2f}",
+                            f"{r['before']:.2f}", f"{r['after_cv']:.2f}",
+                            f"{r['after_all']:.2f}") for r in sums]),
+                (per_op_columns, per_op_rows), (param_columns, param_rows)]:
+            print()
+            print_table(table_columns, table_rows)
     return 0
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.markdown import print_table
 from costmodel import CostModel
 from costmodel.simulate import simulate
 from examples import models as example_models
@@ -100,10 +101,7 @@ def main(argv=None):
         table.add_row(*row)
     Console(width=140).print(table)
     if args.markdown:
-        print("| " + " | ".join(columns) + " |")
-        print("|" + "---|" * len(columns))
-        for row in cells:
-            print("| " + " | ".join(row) + " |")
+        print_table(columns, cells)
     return 0
 
 
