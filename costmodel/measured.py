@@ -107,6 +107,8 @@ class MeasuredProfile:
     def __post_init__(self):
         self._table = {shape_key(op["op_type"], op["input_shapes"]): op for op in self.ops}
         self.precision = self.meta.get("precision", "fp32")  # of time_s
+        self._efficiency = {name: KernelEfficiency.parse(value)
+                            for name, value in self.fitted["efficiency"].items()}
 
     @classmethod
     def from_measurements(cls, device_kind, ops, kind, **meta):
@@ -145,7 +147,7 @@ class MeasuredProfile:
             return 0.0
         return dispatch + roofline_time(attrs["op_type"], attrs["flops"],
                                         attrs["bytes_accessed"], kind,
-                                        efficiency=self.fitted["efficiency"],
+                                        efficiency=self._efficiency,
                                         overhead=self.fitted["op_overhead_s"],
                                         precision=precision)
 

@@ -20,7 +20,7 @@ import numpy as np
 from tfpart.cluster import alpha_beta
 from tfpart.ops import FREE_OPS, MATMUL_OPS
 
-HALF_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+DTYPE_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                    "float64": "fp64", "double": "fp64"}
 
 
@@ -41,7 +41,7 @@ def compute_precision(op_type, dtype, kind, tf32=True):
     ...     "Relu", "float32", kinds["H100"])
     ('bf16', 'fp32')
     """
-    precision = HALF_PRECISIONS.get(dtype, "fp32")
+    precision = DTYPE_PRECISIONS.get(dtype, "fp32")
     if precision == "fp32" and tf32 and "tf32" in kind.peaks and op_type in MATMUL_OPS:
         return "tf32"
     return precision

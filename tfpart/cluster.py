@@ -134,14 +134,13 @@ class DeviceKind:
         return self.peaks.get(precision, self.peak_flops)
 
     def kernel_efficiency(self, op_type, table=None):
-        """The :class:`KernelEfficiency` of ``op_type`` from ``table`` (default: the
-        kind's own): its kernel class, else its coarse class, else 1."""
+        """The :class:`KernelEfficiency` of ``op_type`` from ``table`` (class ->
+        KernelEfficiency; default: the kind's own): its kernel class, else its coarse
+        class, else 1."""
         table = self.efficiency if table is None else table
         for name in class_lineage(kernel_class(op_type)):
             if name in table:
-                value = table[name]
-                return value if isinstance(value, KernelEfficiency) else \
-                    KernelEfficiency.parse(value)
+                return table[name]
         return UNIT_EFFICIENCY
 
 
