@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from costmodel.roofline import roofline_time
@@ -182,6 +183,22 @@ class MeasuredProfile:
             return cls(device_kind=data["device_kind"], ops=data["ops"],
                        fitted=data["fitted"], meta=meta)
         return kernel_table_profile(data["device_kind"], data["ops"], kind, **meta)
+
+
+def load_profile(path):
+    """:meth:`MeasuredProfile.load` with the shipped kinds, once per version of the file
+    (a kernel table is fitted when loaded, and a compile reads its profiles from the
+    early input check, the partitioning and the notes)."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return MeasuredProfile.load(path)  # its error names the file
+    return _load_version(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=32)
+def _load_version(path, mtime_ns, size):
+    return MeasuredProfile.load(path)
 
 
 def kernel_table_profile(device_kind, ops, kind, **meta):

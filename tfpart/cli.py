@@ -163,10 +163,10 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
         if not os.path.isfile(path):
             raise TfpartError(path, "no such file")
     if profiles:
-        from costmodel.measured import MeasuredProfile
+        from costmodel.measured import load_profile
 
         for path in profiles:
-            MeasuredProfile.load(path)
+            load_profile(path)
 
 
 def cmd_profile(args):

@@ -71,10 +71,10 @@ def _samples_mixed_by(proto, model_dir, info, microbatches):
 
 
 def load_profiles(paths):
-    """Measured profiles from files (``tfpart profile`` output)."""
-    from costmodel.measured import MeasuredProfile
+    """Measured profiles from files (``tfpart profile`` output, or kernel tables)."""
+    from costmodel.measured import load_profile
 
-    return [MeasuredProfile.load(path) for path in paths or ()]
+    return [load_profile(path) for path in paths or ()]
 
 
 def profile_notes(paths):
