@@ -168,8 +168,8 @@ def read_model(proto, path="", batch_size=None, signature=None):
         opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
                               library_index(meta.graph_def.library))
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
-    _colocate_fused(opgraph, flat.info.fusion_groups)
-    _colocate_fused(opgraph, optimizer_slot_groups(
+    _merge_colocation_groups(opgraph, flat.info.fusion_groups)
+    _merge_colocation_groups(opgraph, optimizer_slot_groups(
         opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
@@ -240,7 +240,7 @@ def optimizer_slot_groups(opgraph, variables, inputs):
     return groups
 
 
-def _colocate_fused(opgraph, groups):
+def _merge_colocation_groups(opgraph, groups):
     """Merge the colocation groups of ops that must run on one device (one fused
     kernel, a variable with its optimizer slots)."""
     labels = UnionFind()
