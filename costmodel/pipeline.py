@@ -38,19 +38,115 @@ from tfpart.ops import WEIGHT_OPS
 
 
 
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def task_order(schedule, stage, stages, microbatches):
+    """The order in which pipeline stage ``stage`` of ``stages`` runs its tasks:
+    ``(micro-batch, "forward" | "backward")`` pairs.
+
+    ``gpipe`` (fill–drain) runs every micro-batch's forward, then every backward;
+    activations of all M micro-batches are held at once. ``1f1b`` (PipeDream-Flush)
+    runs ``stages - stage - 1`` forwards to fill the pipeline, then alternates one
+    forward and one backward, then drains the backwards: a stage holds the
+    activations of at most ``stages - stage`` micro-batches. Both update the weights
+    once, after the last backward.
+
+    >>> task_order("1f1b", 0, 2, 3)
+    [(0, 'forward'), (1, 'forward'), (0, 'backward'), (2, 'forward'), (1, 'backward'), (2, 'backward')]
+    >>> task_order("gpipe", 1, 2, 2)
+    [(0, 'forward'), (1, 'forward'), (0, 'backward'), (1, 'backward')]
+    """
+    forwards = [(m, "forward") for m in range(microbatches)]
+    backwards = [(m, "backward") for m in range(microbatches)]
+    if schedule == "gpipe":
+        return forwards + backwards
+    if schedule != "1f1b":
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; one of {SCHEDULES}")
+    warmup = min(stages - stage - 1, microbatches)
+    order = forwards[:warmup]
+    for m in range(microbatches - warmup):
+        order += [forwards[warmup + m], backwards[m]]
+    return order + backwards[microbatches - warmup:]
+
+
+def in_flight(schedule, stage, stages, microbatches):
+    """Most micro-batches whose activations stage ``stage`` holds at once.
+
+    >>> [in_flight("1f1b", k, 4, 8) for k in range(4)], in_flight("gpipe", 0, 4, 8)
+    ([4, 3, 2, 1], 8)
+    """
+    held = peak = 0
+    for _, phase in task_order(schedule, stage, stages, microbatches):
+        held += 1 if phase == "forward" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def training_peak_memory(graph, assignment, stage_of, schedule, microbatches):
+    """Predicted peak bytes per device of a pipelined training step.
+
+    A device holds its variables (weights, optimizer slots), one accumulator per
+    gradient it produces, the activations its forward ops keep for the backward pass
+    (a micro-batch's share of them) times the micro-batches its stage holds at once
+    (:func:`in_flight`), and its largest per-micro-batch tensor in flight.
+
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400, phase="forward")
+    >>> g.add_op("y", op_type="MatMul", outputs=[((8, 100), "float32")], phase="forward")
+    >>> g.add_op("dw", op_type="MatMul", outputs=[((10, 10), "float32")], phase="backward")
+    >>> g.add_op("step", op_type="AssignSubVariableOp", phase="update")
+    >>> for a, b in [("w", "y"), ("y", "dw"), ("dw", "step"), ("w", "step")]: g.add_edge(a, b)
+    >>> place = dict.fromkeys(g.ops, "gpu:0")
+    >>> [training_peak_memory(g, place, dict.fromkeys(g.ops, 0), s, 4)["gpu:0"]
+    ...  for s in SCHEDULES]
+    [4800.0, 2400.0]
+    """
+    from costmodel.memory import new_output_bytes
+
+    stages = sorted(set(stage_of.values()))
+    position = {stage: i for i, stage in enumerate(stages)}
+    memory = dict.fromkeys(set(assignment.values()), 0.0)
+    saved = dict.fromkeys(stages, 0.0)
+    largest = dict.fromkeys(memory, 0.0)
+    for op, attrs in graph.ops.items():
+        device, phase = assignment[op], attrs.get("phase")
+        memory[device] += attrs["param_bytes"]
+        out = new_output_bytes(attrs)
+        if phase == "update":
+            continue
+        consumers = [graph.ops[s].get("phase") for s in graph.successors(op)]
+        if phase == "forward" and "backward" in consumers:
+            saved[stage_of[op]] += out
+        if "update" in consumers and out:
+            memory[device] += out  # a gradient's accumulator
+        largest[device] = max(largest[device], out / microbatches)
+    stage_device = {stage_of[op]: assignment[op] for op in stage_of}
+    for stage, device in stage_device.items():
+        held = in_flight(schedule, position[stage], len(stages), microbatches)
+        memory[device] += held * saved[stage] / microbatches
+    return {device: memory[device] + largest[device] for device in memory}
+
+
 def microbatch_graph(graph, microbatches):
     """A copy of ``graph`` costed for one of ``microbatches`` equal micro-batches.
 
     FLOPs and activation bytes shrink by the factor; bytes read from weights (inputs
     coming from variables and constants) do not. Explicit ``cost`` tables (imported
     graphs) are scaled as a whole; times from measured profiles keep their fixed per-op
-    overhead and scale the rest (``batch_fraction``).
+    overhead and scale the rest (``batch_fraction``). A training step's update ops run
+    once per step on whole gradients, so neither they nor the gradients they read
+    shrink.
     """
     if microbatches == 1:
         return graph
     fraction = 1.0 / microbatches
     scaled = OpGraph()
     for name, attrs in graph.ops.items():
+        if attrs.get("phase") == "update":
+            scaled.add_op(name, **attrs)
+            continue
         weight_bytes = sum(edge["bytes"] for src, edge in graph.in_edges(name).items()
                            if graph.ops[src]["op_type"] in WEIGHT_OPS)
         weight_bytes = min(weight_bytes, attrs["bytes_accessed"])
@@ -62,11 +158,11 @@ def microbatch_graph(graph, microbatches):
             new["cost"] = {d: t * fraction for d, t in attrs["cost"].items()}
         scaled.add_op(name, **new)
     for src, dst, edge in graph.edges():
-        is_weight = graph.ops[src]["op_type"] in WEIGHT_OPS
+        whole = graph.ops[src]["op_type"] in WEIGHT_OPS or graph.ops[dst].get("phase") == "update"
         comm = edge.get("comm")
-        scaled.add_edge(src, dst, bytes=edge["bytes"] * (1.0 if is_weight else fraction),
+        scaled.add_edge(src, dst, bytes=edge["bytes"] * (1.0 if whole else fraction),
                         control=edge["control"],
-                        comm=None if comm is None else (np.asarray(comm) * fraction).tolist())
+                        comm=None if comm is None or whole else (np.asarray(comm) * fraction).tolist())
     return scaled
 
 
@@ -86,14 +182,17 @@ class PipelineRun:
         return (stages - 1) / (self.microbatches + stages - 1)
 
 
-def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=None):
+def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=None,
+                      schedule="gpipe"):
     """Simulate ``graph`` (costed at one micro-batch) run ``microbatches`` times through
     its stages. ``device_of`` and ``stage_of`` map op names to device indices and stage
-    numbers; variables are shared by all micro-batches. ``costs`` is a CostModel whose
-    measured profiles and precision policy apply (default: the roofline's, the
-    cluster's)."""
+    numbers; variables are shared by all micro-batches, and so are a training step's
+    update ops, which run once after every micro-batch's backward pass. Each stage runs
+    its forward and backward tasks in the order of ``schedule`` (:func:`task_order`).
+    ``costs`` is a CostModel whose measured profiles and precision policy apply
+    (default: the roofline's, the cluster's)."""
     replicated, placement = _replicate(graph, cluster.device_names, device_of, stage_of,
-                                       microbatches)
+                                       microbatches, schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=False)
     end = dict(zip(cost.ops, schedule.end))
@@ -105,11 +204,16 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                        busy=dict(zip(cluster.device_names, map(float, schedule.busy))))
 
 
-def _replicate(graph, cluster_names, device_of, stage_of, microbatches):
-    """M copies of the ops (variables shared), with a barrier ordering each stage's
-    sinks of micro-batch m - 1 before its sources of micro-batch m."""
+def _phase(attrs):
+    return attrs.get("phase") or "forward"
+
+
+def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule):
+    """M copies of the per-micro-batch ops (variables and update ops shared), with a
+    barrier between consecutive tasks of each stage: the sinks of one task before the
+    sources of the next, in the schedule's order."""
     shared = {op for op, attrs in graph.ops.items()
-              if attrs["op_type"] in ("VarHandleOp", "VariableV2")}
+              if attrs["op_type"] in ("VarHandleOp", "VariableV2") or _phase(attrs) == "update"}
 
     def name(op, m):
         return op if op in shared else f"mb{m}/{op}"
@@ -124,27 +228,31 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches):
                 replicated.add_op(name(op, m), **attrs)
                 placement[name(op, m)] = device_of[op]
         for src, dst, edge in graph.edges():
-            if dst in shared:
+            if src in shared and dst in shared and m:
                 continue
             replicated.add_edge(name(src, m), name(dst, m), bytes=edge["bytes"],
                                 control=edge["control"], comm=edge.get("comm"))
-    same_stage = {(u, v) for u, v, _ in graph.edges() if stage_of.get(u) == stage_of.get(v)}
-    sinks = [op for op in graph.ops if op not in shared
-             and not any((op, v) in same_stage for v in graph.successors(op))]
-    sources = [op for op in graph.ops if op not in shared
-               and not any((u, op) in same_stage for u in graph.predecessors(op)
-                           if u not in shared)]
+    piece = {op: (stage_of.get(op), _phase(graph.ops[op])) for op in graph.ops if op not in shared}
+    same_piece = {(u, v) for u, v, _ in graph.edges()
+                  if u != v and u in piece and v in piece and piece[u] == piece[v]}
+    sinks, sources = {}, {}
+    for op, key in piece.items():
+        if not any((op, v) in same_piece for v in graph.successors(op)):
+            sinks.setdefault(key, []).append(op)
+        if not any((u, op) in same_piece for u in graph.predecessors(op)):
+            sources.setdefault(key, []).append(op)
     zero = {d: 0.0 for d in cluster_names}
-    stage_device = {stage_of[op]: device_of[op] for op in graph.ops if op in stage_of}
-    for m in range(1, microbatches):
-        for stage, device in sorted(stage_device.items()):
-            barrier = f"mb{m}/stage{stage}-waits"
+    stage_device = {stage_of[op]: device_of[op] for op in piece if op in stage_of}
+    stages = sorted(stage_device)
+    for i, stage in enumerate(stages):
+        tasks = [(m, phase) for m, phase in task_order(schedule, i, len(stages), microbatches)
+                 if (stage, phase) in sources]
+        for (m0, phase0), (m1, phase1) in zip(tasks, tasks[1:]):
+            barrier = f"mb{m1}/stage{stage}-{phase1}-waits"
             replicated.add_op(barrier, op_type="NoOp", cost=zero)
-            placement[barrier] = device
-            for op in sinks:
-                if stage_of.get(op) == stage:
-                    replicated.add_edge(name(op, m - 1), barrier, control=True)
-            for op in sources:
-                if stage_of.get(op) == stage:
-                    replicated.add_edge(barrier, name(op, m), control=True)
+            placement[barrier] = stage_device[stage]
+            for op in sinks[(stage, phase0)]:
+                replicated.add_edge(name(op, m0), barrier, control=True)
+            for op in sources[(stage, phase1)]:
+                replicated.add_edge(barrier, name(op, m1), control=True)
     return replicated, placement

@@ -44,9 +44,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from costmodel.memory import device_memory, new_output_bytes
-from costmodel.pipeline import microbatch_graph, simulate_pipeline
+from costmodel.pipeline import (SCHEDULES, microbatch_graph, simulate_pipeline,
+                               training_peak_memory)
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
+from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
+                                         place_followers)
 from tfpart.errors import PlacementError
 from partitioner.validate import check_plan
 from tfpart.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
@@ -59,21 +62,27 @@ class PipelineOptions:
     max_microbatches: int = 32
     target_units: int = 64
     ideal_limit: int = IDEAL_LIMIT
+    schedule: str | None = None  # training steps: "gpipe" or "1f1b"; None: the faster
 
 
 def partition(cost, options=PipelineOptions()):
-    """A pipelined plan: ``plan.stages`` (op -> stage), ``plan.microbatches``."""
+    """A pipelined plan: ``plan.stages`` (op -> stage), ``plan.microbatches`` and, for a
+    training step, ``plan.schedule``."""
     graph, cluster = cost.graph, cost.cluster
     if options.microbatches is not None and not 1 <= options.microbatches:
         raise PlacementError("", f"--microbatches must be at least 1, not "
                              f"{options.microbatches}")
-    coarse = coarsen(graph, cost, CoarsenOptions(target_units=options.target_units,
-                                                 weights_with_reader=True))
+    training = is_training_graph(graph)
+    partners = forward_partners(graph) if training else {}
+    staged = forward_view(graph, cost, partners) if training else graph
+    staged_cost = cost.of(staged) if training else cost
+    coarse = coarsen(staged, staged_cost, CoarsenOptions(target_units=options.target_units,
+                                                         weights_with_reader=True))
     unit_graph = coarse.graph
     units = [u for u in unit_graph.ops if unit_graph.in_degree(u) + unit_graph.out_degree(u)] \
         or list(unit_graph.ops)
     kinds = device_kinds(cluster)
-    problem = stage_problem(graph, cost, kinds, units, coarse.members)
+    problem = stage_problem(staged, staged_cost, kinds, units, coarse.members)
     solution = solve(problem, ideal_limit=options.ideal_limit)
     free = {k: list(devices) for k, devices in enumerate(kinds)}
     device_of, stage_of = {}, {}
@@ -82,25 +91,42 @@ def partition(cost, options=PipelineOptions()):
         for u in members:
             for op in coarse.members[units[u]]:
                 device_of[op], stage_of[op] = device, stage
-    _place_unconnected(graph, cluster, coarse, set(units), device_of, stage_of)
-    runs = [_simulate_units(cost, coarse.members, device_of, stage_of, m)
-            for m in microbatch_candidates(options)]
-    chosen = min(runs, key=lambda run: (run.batch_time, run.microbatches)).microbatches
-    best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
-                             chosen, cost)
+    _place_unconnected(staged, cluster, coarse, set(units), device_of, stage_of)
+    members = coarse.members
+    if training:
+        place_followers(graph, partners, device_of, stage_of)
+        members = _training_units(graph, coarse.members, stage_of)
     names = cluster.device_names
     assignment = {op: names[d] for op, d in device_of.items()}
+    schedules = [options.schedule or "gpipe"] if not training else \
+        [options.schedule] if options.schedule else list(SCHEDULES)
+    runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m, schedule)
+            for m in microbatch_candidates(options) for schedule in schedules}
+    peaks = {key: training_peak_memory(graph, assignment, stage_of, key[1], key[0])
+             if training else {} for key in runs}
+    fitting = [key for key in runs if all(peaks[key].get(d.name, 0) <= d.memory
+                                          for d in cluster.devices)]
+    if not fitting:
+        raise PlacementError("", "no micro-batch count and schedule fits the devices' "
+                             "memory: the training step's activations need more")
+    chosen, schedule = min(fitting, key=lambda key: (
+        runs[key].batch_time, max(peaks[key].values(), default=0), key[0]))
+    best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
+                             chosen, cost, schedule)
     memory = device_memory(graph, assignment, names)
+    peak = peaks[(chosen, schedule)]
     plan = Plan(
         assignment=assignment, algorithm="pipeline", options=asdict(options),
         stages=stage_of, microbatches=best.microbatches,
+        schedule=schedule if training else None,
         predicted=Predicted(
             step_time=float(best.batch_time),
             devices={name: DeviceFigures(
                 kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
                 ops=sum(1 for device in device_of.values() if device == d),
                 memory_bound_bytes=float(memory[name]),
-                memory_bytes=float(cluster.devices[d].memory))
+                memory_bytes=float(cluster.devices[d].memory),
+                peak_memory_bytes=float(peak[name]) if name in peak else None)
                 for d, name in enumerate(names)},
             pipeline=PipelineFigures(
                 throughput=options.batch_size / best.batch_time if best.batch_time else 0.0,
@@ -111,22 +137,41 @@ def partition(cost, options=PipelineOptions()):
                 stages=[StageFigures(device=names[device_of[coarse.members[units[m[0]]][0]]],
                                      units=len(m), load=float(load))
                         for (_, m), load in zip(solution.stages, solution.loads)],
-                microbatch_choices={str(r.microbatches): {
-                    "batch_time": r.batch_time, "first_result": r.first_result,
-                    "bubble_fraction": r.bubble_fraction} for r in runs})),
+                microbatch_choices={
+                    (f"{key[0]} {key[1]}" if training else str(key[0])): {
+                        "batch_time": run.batch_time, "first_result": run.first_result,
+                        "bubble_fraction": run.bubble_fraction,
+                        **({"peak_memory_bytes": max(peaks[key].values())} if training else {})}
+                    for key, run in runs.items()})),
         lower_bound=pipeline_lower_bound(cost, best.microbatches))
     check_plan(plan, graph, cluster)
     return plan
 
 
-def _simulate_units(cost, members, device_of, stage_of, microbatches):
+def _training_units(graph, members, stage_of):
+    """Simulation units of a training step: the staged units of forward ops, each
+    stage's backward ops as one unit (the backward pass only goes back a stage, so
+    the units stay acyclic), and every update op alone (they run once)."""
+    units = {unit: list(ops) for unit, ops in members.items()}
+    for op, attrs in graph.ops.items():
+        if attrs["phase"] == "backward":
+            units.setdefault(f"stage{stage_of[op]}/backward", []).append(op)
+    grouped = {op for ops in units.values() for op in ops}
+    units.update({op: [op] for op in graph.ops if op not in grouped})
+    return units
+
+
+def _simulate_units(cost, members, device_of, stage_of, microbatches, schedule):
     """Pipelined simulation of the coarse units (fast enough to try every M)."""
     micro = microbatch_graph(cost.graph, microbatches)
     units = regroup(micro, cost.of(micro), members)
     first = {unit: ops[0] for unit, ops in members.items()}
+    for unit, op in first.items():
+        units.graph.ops[unit]["phase"] = cost.graph.ops[op].get("phase")
     return simulate_pipeline(units.graph, cost.cluster,
                              {u: device_of[first[u]] for u in members},
-                             {u: stage_of[first[u]] for u in members}, microbatches, cost)
+                             {u: stage_of[first[u]] for u in members}, microbatches, cost,
+                             schedule)
 
 
 def _place_unconnected(graph, cluster, coarse, staged, device_of, stage_of):

@@ -29,6 +29,14 @@ HANDLE_DTYPES = {"variant", "resource"}
 
 def batch_mixing_ops(proto, path, batch_size, signature=None):
     """Names of the ops of ``signature`` that mix the samples of a batch."""
+    shapes, ops = tensor_shapes(proto, path, batch_size, signature)
+    return batch_mixing(shapes, [(name, op_type, inputs, outputs)
+                                 for name, op_type, inputs, _, outputs in ops])
+
+
+def tensor_shapes(proto, path, batch_size, signature=None):
+    """Every tensor's shape at ``batch_size`` and one more (None where unknown or a
+    handle), and the ops as ``(name, type, data inputs, control inputs, outputs)``."""
     graphs = [import_flat(flatten_signature(proto, path, batch, signature), path)
               for batch in (batch_size, batch_size + 1)]
     shapes = {}
@@ -39,9 +47,10 @@ def batch_mixing_ops(proto, path, batch_size, signature=None):
                 unknown = shape.rank is None or tensor.dtype.name in HANDLE_DTYPES
                 shapes.setdefault(tensor.name, []).append(
                     None if unknown else tuple(shape.as_list()))
-    ops = [(op.name, op.type, [t.name for t in op.inputs], [t.name for t in op.outputs])
+    ops = [(op.name, op.type, [t.name for t in op.inputs],
+            [c.name for c in op.control_inputs], [t.name for t in op.outputs])
            for op in graphs[0].get_operations()]
-    return batch_mixing(shapes, ops)
+    return shapes, ops
 
 
 def batch_mixing(shapes, ops):

@@ -31,7 +31,9 @@ from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf_import import tensorflow
+from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
+from tfpart.ops import RESOURCE_WRITE_OPS
 
 PIPELINE_PREFIX = re.compile(r"^(?:.*/)?tfpart_mb\d+_stage\d+/")
 GATE = "tfpart_gate"
@@ -86,8 +88,9 @@ def _save_pipelined(model_dir, proto, plan, staging):
     context = plan.context
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
                              context.get("signature"))
+    regions = _regions(proto, model_dir, flat, context)
     stage_of = _stage_of_every_node(flat, plan)
-    stages = _stage_graphs(flat, plan, stage_of)
+    pieces = _piece_graphs(flat, plan, stage_of, regions.phase)
     values = _variable_values(model_dir, proto, flat)
     meta = proto.meta_graphs[0]
     outputs = {key: flat.outputs[int(t.name.rsplit(":", 1)[1])] for key, t in
@@ -102,7 +105,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module = tf.Module()
     module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
                               for name in sorted(values)}
-    pipeline = _PipelineBody(flat, plan, stage_of, stages, module.variables_by_op, outputs)
+    pipeline = _PipelineBody(flat, plan, regions, pieces, module.variables_by_op, outputs)
     module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
     try:
         concrete = module.serve.get_concrete_function()
@@ -113,16 +116,38 @@ def _save_pipelined(model_dir, proto, plan, staging):
     return {name.replace("/", "_"): plan.assignment[name] for name in values}
 
 
-class _PipelineBody:
-    """The traced body of the pipelined signature (a callable for ``tf.function``)."""
+def _regions(proto, model_dir, flat, context):
+    """The training step's regions, or every op forward for an inference signature."""
+    writes = any(node.op in RESOURCE_WRITE_OPS for node in flat.graph_def.node)
+    if writes:
+        regions = step_regions(proto, model_dir, flat.info.batch_size, flat.info.signature)
+        if regions.is_training:
+            return regions
+    return StepRegions(phase={node.name: FORWARD for node in flat.graph_def.node},
+                       boundary=set(), data_dependent=set(), batched=set())
 
-    def __init__(self, flat, plan, stage_of, stages, variables, outputs):
-        self.flat, self.plan, self.stage_of = flat, plan, stage_of
-        self.stages, self.variables, self.outputs = stages, variables, outputs
-        self.order = sorted(stages)
-        self.device = {k: stages[k].node[0].device for k in self.order}
-        self.sinks = {k: _sinks(stages[k]) for k in self.order}
-        self.members = {k: {node.name for node in stages[k].node} for k in self.order}
+
+class _PipelineBody:
+    """The traced body of the pipelined signature (a callable for ``tf.function``).
+
+    Each micro-batch imports every piece ``(stage, phase)`` of the per-micro-batch ops;
+    on each stage the pieces run in the order of the plan's schedule
+    (:func:`costmodel.pipeline.task_order`), enforced by control edges. A training
+    step then accumulates what the update reads (gradients, the loss), each
+    micro-batch weighted by its share of the batch, and imports the update once.
+    """
+
+    def __init__(self, flat, plan, regions, pieces, variables, outputs):
+        self.flat, self.plan, self.regions = flat, plan, regions
+        self.pieces, self.variables, self.outputs = pieces, variables, outputs
+        self.stages = sorted({k for k, phase in pieces if phase != UPDATE})
+        self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
+                       if phase != UPDATE}
+        self.sinks = {key: _sinks(graph) for key, graph in pieces.items()}
+        self.members = {key: {node.name for node in graph.node}
+                        for key, graph in pieces.items()}
+        self.piece_of = {name: key for key, names in self.members.items() for name in names}
+        self.depends = _piece_dependencies(pieces, self.piece_of)
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -130,63 +155,142 @@ class _PipelineBody:
         m_count = self.plan.microbatches
         keys = sorted(self.flat.inputs)
         handles = {f"{name}:0": graph.capture(var.handle) for name, var in self.variables.items()}
-        first_device = self.device[self.order[0]]
+        first_device = self.device[self.stages[0]]
         with tf.device(first_device):
             rows = tf.shape(args[0])[0]
             size = (rows + m_count - 1) // m_count
-        done = {}  # stage -> sink ops of the previous micro-batch
-        results = {key: [] for key in self.outputs}
+        envs, ops_of, real = [], [], []
         for m in range(m_count):
             # A micro-batch past the end of a small batch runs on one borrowed row whose
             # result is dropped: oneDNN's fused convolutions mis-shape empty inputs.
             with tf.device(first_device):
-                real = tf.clip_by_value(rows - m * size, 0, size)
+                real.append(tf.clip_by_value(rows - m * size, 0, size))
                 start = tf.maximum(tf.minimum(m * size, rows - 1), 0)
-                stop = start + tf.maximum(real, 1)
+                stop = start + tf.maximum(real[m], 1)
             env = dict(handles)
             for key, value in zip(keys, args):
                 placeholder = self.flat.inputs[key][0]
                 with tf.device(self.plan.assignment.get(placeholder, first_device)):
                     env[f"{placeholder}:0"] = value[start:stop]
-            ops_of = {}
-            for k in self.order:
-                with tf.device(self.device[k]), tf.control_dependencies(done.get(k, [])):
-                    gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}")
-                imported = self._import(k, m, env, ops_of, gate)
-                done[k] = [imported[name] for name in self.sinks[k]]
-            for key, tensor in self.outputs.items():
-                results[key].append(env[tensor][:real])
-        merged = {}
-        for key, parts in results.items():
-            with tf.device(self.plan.assignment.get(self.outputs[key].rsplit(":", 1)[0],
-                                                    first_device)):
-                merged[key] = tf.concat(parts, axis=0)
-        return merged
+            envs.append(env)
+            ops_of.append({})
+        done = {}  # stage -> sink ops of its previous task
+        for m, k, phase in self._import_order():
+            with tf.device(self.device[k]), tf.control_dependencies(done.get(k, [])):
+                gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}_{phase}")
+            imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
+                                    ops_of[m], {f"^{GATE}": gate})
+            done[k] = [imported[name] for name in self.sinks[(k, phase)]]
+        with tf.device(first_device):
+            shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
+        update_env = dict(handles)
+        update_env.update(self._accumulated(envs, shares))
+        if (UPDATE, UPDATE) in self.pieces:
+            control = self._all_microbatches(ops_of)
+            self._import((UPDATE, UPDATE), "tfpart_update", update_env, {}, control)
+        results = {}
+        for key, tensor in self.outputs.items():
+            if tensor in update_env:
+                results[key] = tf.identity(update_env[tensor])
+                continue
+            with tf.device(self.plan.assignment.get(tensor.rsplit(":", 1)[0], first_device)):
+                results[key] = tf.concat([env[tensor][:r] for env, r in zip(envs, real)],
+                                         axis=0)
+        return results
 
-    def _import(self, k, m, env, ops_of, gate):
-        """Import stage ``k`` for micro-batch ``m``; add its tensors to ``env``."""
+    def _import_order(self):
+        """``(micro-batch, stage, phase)`` in an order that follows each stage's schedule
+        and imports every piece after the pieces it reads."""
+        from costmodel.pipeline import task_order
+
+        m_count, schedule = self.plan.microbatches, self.plan.schedule or "gpipe"
+        queues = {k: [(m, phase) for m, phase in task_order(schedule, i, len(self.stages),
+                                                            m_count)
+                      if (k, phase) in self.pieces]
+                  for i, k in enumerate(self.stages)}
+        imported, order = set(), []
+        while any(queues.values()):
+            ready = [k for k, queue in queues.items() if queue and all(
+                (queue[0][0], *piece) in imported or piece not in self.pieces
+                for piece in self.depends[(k, queue[0][1])])]
+            if not ready:
+                stuck = next((k, q[0]) for k, q in queues.items() if q)
+                raise PlacementError("", f"the {schedule} schedule cannot run stage "
+                                     f"{stuck[0]}'s {stuck[1][1]} of micro-batch "
+                                     f"{stuck[1][0]}: the stages read each other's results "
+                                     "in both directions")
+            for k in ready:
+                m, phase = queues[k].pop(0)
+                imported.add((m, k, phase))
+                order.append((m, k, phase))
+        return order
+
+    def _accumulated(self, envs, shares):
+        """Each tensor the update reads or the signature returns once per step: the
+        micro-batches' values weighted by their share of the batch if computed from
+        the batch, else micro-batch 0's (a weight read, a constant)."""
         tf = tensorflow()
-        stage, members = self.stages[k], self.members[k]
-        input_map = {f"^{GATE}": gate}
-        for node in stage.node:
+        regions, total = self.regions, {}
+        for tensor in sorted(regions.boundary):
+            op = tensor.rsplit(":", 1)[0]
+            if tensor in regions.batched:
+                continue
+            if op not in regions.data_dependent or not envs[0][tensor].dtype.is_floating:
+                total[tensor] = envs[0][tensor]
+                continue
+            with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])):
+                dtype = envs[0][tensor].dtype
+                total[tensor] = tf.add_n([env[tensor] * tf.cast(share, dtype)
+                                          for env, share in zip(envs, shares)],
+                                         name=f"tfpart_accumulate/{op}")
+        return total
+
+    def _all_microbatches(self, ops_of):
+        """Control inputs of the update on a per-micro-batch op: after every copy."""
+        tf = tensorflow()
+        control = {}
+        for node in self.pieces[(UPDATE, UPDATE)].node:
+            for source in node.input:
+                name = source[1:]
+                if source.startswith("^") and name != GATE and name in ops_of[0]:
+                    with tf.device(ops_of[0][name].device), \
+                            tf.control_dependencies([ops[name] for ops in ops_of]):
+                        control[source] = tf.constant(0.0)
+        with tf.control_dependencies([]):
+            control[f"^{GATE}"] = tf.constant(0.0)
+        return control
+
+    def _import(self, key, prefix, env, ops_of, control):
+        """Import piece ``key`` under ``prefix``; add its tensors to ``env``."""
+        tf = tensorflow()
+        piece, members = self.pieces[key], self.members[key]
+        input_map = dict(control)
+        for node in piece.node:
             for source in node.input:
                 if source.startswith("^"):
                     name = source[1:]
-                    if name != GATE and name not in members:
+                    if source not in input_map and name not in members:
                         input_map[source] = _control_tensor(ops_of[name])
                 elif source.split(":")[0] not in members:
                     tensor = source if ":" in source else f"{source}:0"
                     input_map[tensor] = env[tensor]
-        names = [node.name for node in stage.node]
-        ops = tf.graph_util.import_graph_def(stage, input_map=input_map,
-                                             return_elements=names,
-                                             name=f"tfpart_mb{m}_stage{k}")
+        names = [node.name for node in piece.node]
+        ops = tf.graph_util.import_graph_def(piece, input_map=input_map,
+                                             return_elements=names, name=prefix)
         imported = dict(zip(names, ops))
         for name, op in imported.items():
             ops_of[name] = op
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _piece_dependencies(pieces, piece_of):
+    """For each piece, the pieces whose ops it reads (by data or control)."""
+    return {key: {piece_of[source.lstrip("^").split(":")[0]] for node in graph.node
+                  for source in node.input
+                  if source.lstrip("^").split(":")[0] in piece_of} - {key}
+            for key, graph in pieces.items()}
 
 
 def _sinks(stage):
@@ -215,32 +319,37 @@ def _stage_of_every_node(flat, plan):
     return stage_of
 
 
-def _stage_graphs(flat, plan, stage_of):
-    """One GraphDef per stage: its nodes on its device, the source nodes gated."""
+def _piece_graphs(flat, plan, stage_of, phase_of):
+    """One GraphDef per ``(stage, phase)`` of the per-micro-batch ops, and one
+    ``(UPDATE, UPDATE)`` of the update's ops: each node on its planned device, the
+    nodes reading nothing else of their piece gated."""
     tf = tensorflow()
     skip = {p for p, _, _ in flat.inputs.values()} | set(flat.variable_ops.values())
-    stages = {}
+    pieces = {}
     for node in flat.graph_def.node:
         if node.name in skip:
             continue
-        k = stage_of[node.name]
-        if k not in stages:
-            stages[k] = tf.compat.v1.GraphDef()
-            stages[k].versions.CopyFrom(flat.graph_def.versions)
-        new = stages[k].node.add()
+        phase = phase_of[node.name]
+        key = (UPDATE, UPDATE) if phase == UPDATE else (stage_of[node.name], phase)
+        if key not in pieces:
+            pieces[key] = tf.compat.v1.GraphDef()
+            pieces[key].versions.CopyFrom(flat.graph_def.versions)
+        new = pieces[key].node.add()
         new.CopyFrom(node)
         new.attr.pop("_class", None)
         device = plan.assignment.get(node.name)
         if device is None:
             device = next(plan.assignment[n.name] for n in flat.graph_def.node
-                          if stage_of[n.name] == k and n.name in plan.assignment)
+                          if stage_of[n.name] == stage_of[node.name]
+                          and n.name in plan.assignment)
         new.device = device
-        sources = [s.lstrip("^").split(":")[0] for s in node.input]
-        if not any(stage_of[s] == k and s not in skip for s in sources):
-            new.input.append(f"^{GATE}")
-    for stage in stages.values():
-        stage.library.CopyFrom(private_library(stage.node, flat.graph_def.library))
-    return stages
+    for graph in pieces.values():
+        members = {node.name for node in graph.node}
+        for node in graph.node:
+            if not any(s.lstrip("^").split(":")[0] in members for s in node.input):
+                node.input.append(f"^{GATE}")
+        graph.library.CopyFrom(private_library(graph.node, flat.graph_def.library))
+    return pieces
 
 
 def _variable_values(model_dir, proto, flat):

@@ -45,6 +45,8 @@ class ModelInfo:
     signatures: list = field(default_factory=list)
     fusion_groups: list = field(default_factory=list)  # lists of ops run as one kernel
     unread_variables: dict = field(default_factory=dict)  # node id -> (op name, bytes)
+    training: bool = False  # the signature updates variables from the batch
+    nonlinear: list = field(default_factory=list)  # ops making samples depend on the batch
 
 
 def variable_op_name(node_id, saved_variable):
@@ -171,11 +173,25 @@ def read_model(proto, path="", batch_size=None, signature=None):
     _merge_colocation_groups(opgraph, flat.info.fusion_groups)
     _merge_colocation_groups(opgraph, optimizer_slot_groups(
         opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
+    if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
+        _mark_phases(opgraph, flat.info, proto, path, signature)
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),
                                                    _variable_bytes(node.variable))
     return opgraph, flat.info
+
+
+def _mark_phases(opgraph, info, proto, path, signature):
+    """Each op's phase of a training step (:mod:`rewriters.training_regions`)."""
+    from rewriters.training_regions import step_regions
+
+    regions = step_regions(proto, path, info.batch_size, signature)
+    if not regions.is_training:
+        return
+    info.training, info.nonlinear = True, regions.nonlinear
+    for name, attrs in opgraph.ops.items():
+        attrs["phase"] = regions.phase.get(name, "update")
 
 
 def optimizer_slot_groups(opgraph, variables, inputs):

@@ -56,13 +56,15 @@ def _check_fits(graph, cluster, source):
 
 def _samples_mixed_by(proto, model_dir, info, microbatches):
     """Ops that mix a batch's samples, which forbid micro-batches (see
-    :mod:`rewriters.batch_check`): an error if micro-batches were asked for, else the
-    pipeline keeps whole batches."""
+    :mod:`rewriters.batch_check`; in a training step, only reductions over the batch
+    that feed back into per-sample ops, :mod:`rewriters.training_regions`): an error if
+    micro-batches were asked for, else the pipeline keeps whole batches."""
     from rewriters.batch_check import batch_mixing_ops
 
     if microbatches == 1:
         return []
-    mixing = batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
+    mixing = info.nonlinear if info.training else \
+        batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
     if mixing and microbatches is not None:
         raise ModelError(model_dir, f"op {mixing[0]} mixes the samples of a batch, so "
                          f"{microbatches} micro-batches would change the outputs; use "

@@ -37,6 +37,7 @@ NODE_DEFAULTS = {
     "param_bytes": 0,
     "allowed_kinds": None,
     "stateful": False,
+    "phase": None,  # in a training step: "forward", "backward" or "update"
 }
 
 

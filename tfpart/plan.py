@@ -91,6 +91,7 @@ class Plan:
     options: dict = field(default_factory=dict)
     stages: dict | None = None
     microbatches: int = 1
+    schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
     predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
