@@ -9,6 +9,14 @@ micro-batch m wait, by control edges, for the sink ops of stage k for micro-batc
 m - 1, while stage k + 1 works on micro-batch m - 1. This is the schedule the
 simulator predicts (:mod:`costmodel.pipeline`).
 
+A training step (:mod:`rewriters.training_regions`) runs each micro-batch's forward
+and backward ops on the stages, in the order of the plan's ``schedule`` on each stage
+(``gpipe``: every forward, then every backward; ``1f1b``: one forward, one backward
+after the pipeline fills). What the optimizer's update reads (the gradients, and the
+loss the signature returns) is accumulated over the micro-batches, each weighted by its
+share of the batch, which keeps a mean loss's gradients exact; the update then runs
+once per step, each op on its planned device.
+
 Mechanism: the signature is flattened into one GraphDef (:mod:`rewriters.reader`),
 cut into one GraphDef per stage, and each (micro-batch, stage) is imported into a
 ``tf.function`` with ``import_graph_def``, its inputs from other stages mapped to the
@@ -17,7 +25,8 @@ tensors those stages produced for the same micro-batch and its variables to capt
 ``tf.saved_model.save``, so the output is a SavedModel like any other; its variables
 then get their planned devices in the object graph (``SavedVariable.device``), which
 lets the compile machine save plans for devices it does not have. Only the compiled
-signature is kept. Imported ops are named ``tfpart_mb<m>_stage<k>/<original name>``.
+signature is kept. Imported ops are named ``tfpart_mb<m>_stage<k>/<original name>``
+(a training step's update: ``tfpart_update/<original name>``).
 
 As a pass of :mod:`rewriters.passes` it is :func:`pipeline_pass`, run for plans with
 stages.
@@ -35,7 +44,7 @@ from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_region
 from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
 
-PIPELINE_PREFIX = re.compile(r"^(?:.*/)?tfpart_mb\d+_stage\d+/")
+PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+|tfpart_update)/")
 GATE = "tfpart_gate"
 
 
@@ -44,6 +53,8 @@ def original_op_name(name):
 
     >>> original_op_name("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul")
     'model/dense/MatMul'
+    >>> original_op_name("StatefulPartitionedCall/tfpart_update/adam/Sqrt")
+    'adam/Sqrt'
     """
     return PIPELINE_PREFIX.sub("", name)
 

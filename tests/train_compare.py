@@ -29,9 +29,28 @@ def weights_of(model):
     return [weights[k].numpy() for k in sorted(weights)]
 
 
-def train(model, data):
+def weight_ops(source):
+    """The variable op of each output of the source's ``weights`` signature, in order:
+    a pipelined model keeps only its compiled signature, and its variables by op."""
+    from rewriters.reader import flatten_signature
+    from rewriters.savedmodel_io import read_saved_model
+
+    proto = read_saved_model(source)
+    flat = flatten_signature(proto, source, None, "weights")
+    nodes = {node.name: node for node in flat.graph_def.node}
+    outputs = proto.meta_graphs[0].signature_def["weights"].outputs
+    found = []
+    for key in sorted(outputs):
+        node = nodes[flat.outputs[int(outputs[key].name.rsplit(":", 1)[1])].split(":")[0]]
+        while node.op != "VarHandleOp":
+            node = nodes[node.input[0].split(":")[0]]
+        found.append(node.name)
+    return found
+
+
+def train(model, data, weights=weights_of):
     step = model.signatures["train_step"]
-    return [float(step(**batch)["loss"]) for batch in data], weights_of(model)
+    return [float(step(**batch)["loss"]) for batch in data], weights(model)
 
 
 def slots_by_name(assignment):
@@ -50,7 +69,7 @@ def slots_by_name(assignment):
     return pairs
 
 
-def main(directory, model, optimizer):
+def main(directory, model, optimizer, microbatches=None, schedule=None):
     import tensorflow as tf
 
     # One intra-op thread: oneDNN's multi-threaded reductions (the backward-filter
@@ -70,19 +89,26 @@ def main(directory, model, optimizer):
     directory = Path(directory)
     source = export_training_step(directory / "model", model, optimizer)
     (directory / "cluster.json").write_text(json.dumps(local_cluster(3)))
+    pipelined = microbatches is not None
     result = compile_model(source, directory / "cluster.json", directory / "out",
-                           batch_size=BATCH, signature="train_step")
+                           batch_size=BATCH, signature="train_step",
+                           microbatches=int(microbatches) if pipelined else None,
+                           options={"schedule": schedule} if schedule else None)
     report = verify(source, directory / "out")
     original = tf.saved_model.load(str(source))
     data = batches(original.signatures["train_step"])
     initial = weights_of(original)
     expected_losses, expected_weights = train(original, data)
     with runnable(directory / "out", None, False) as (_, _, local_dir, _):
-        losses, weights = train(load(local_dir), data)
+        by_op = weight_ops(source)
+        losses, weights = train(load(local_dir), data, (lambda m: [
+            m.variables_by_op[name].numpy() for name in by_op]) if pipelined else weights_of)
     assignment = result.plan.assignment
     slots = slots_by_name(assignment)
     print(json.dumps({
         "devices_used": len(result.plan.devices_used()),
+        "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,
+        "stages": len(set((result.plan.stages or {}).values())),
         "slots": len(slots),
         "slots_apart": [pair for pair in slots if assignment[pair[0]] != assignment[pair[1]]],
         "outputs_equal": report.outputs_equal, "ops_checked": report.ops_checked,
