@@ -21,10 +21,8 @@ Examples
 """
 from __future__ import annotations
 
-from rewriters.reader import flatten_signature, import_flat
-
-SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "TensorListLength"}
-HANDLE_DTYPES = {"variant", "resource"}
+from rewriters.reader import tensor_shapes
+from tfpart.ops import SHAPE_ONLY_OPS
 
 
 def batch_mixing_ops(proto, path, batch_size, signature=None):
@@ -32,25 +30,6 @@ def batch_mixing_ops(proto, path, batch_size, signature=None):
     shapes, ops = tensor_shapes(proto, path, batch_size, signature)
     return batch_mixing(shapes, [(name, op_type, inputs, outputs)
                                  for name, op_type, inputs, _, outputs in ops])
-
-
-def tensor_shapes(proto, path, batch_size, signature=None):
-    """Every tensor's shape at ``batch_size`` and one more (None where unknown or a
-    handle), and the ops as ``(name, type, data inputs, control inputs, outputs)``."""
-    graphs = [import_flat(flatten_signature(proto, path, batch, signature), path)
-              for batch in (batch_size, batch_size + 1)]
-    shapes = {}
-    for graph in graphs:
-        for op in graph.get_operations():
-            for tensor in op.outputs:
-                shape = tensor.shape
-                unknown = shape.rank is None or tensor.dtype.name in HANDLE_DTYPES
-                shapes.setdefault(tensor.name, []).append(
-                    None if unknown else tuple(shape.as_list()))
-    ops = [(op.name, op.type, [t.name for t in op.inputs],
-            [c.name for c in op.control_inputs], [t.name for t in op.outputs])
-           for op in graphs[0].get_operations()]
-    return shapes, ops
 
 
 def batch_mixing(shapes, ops):

@@ -132,6 +132,10 @@ def _regions(proto, model_dir, flat, context):
     writes = any(node.op in RESOURCE_WRITE_OPS for node in flat.graph_def.node)
     if writes:
         regions = step_regions(proto, model_dir, flat.info.batch_size, flat.info.signature)
+        if regions.misplaced_writes:
+            raise PlacementError(model_dir, f"op {regions.misplaced_writes[0]} writes a "
+                                 "variable before the forward pass reads it; a training "
+                                 "step pipelines only if its writes follow the gradients")
         if regions.is_training:
             return regions
     return StepRegions(phase={node.name: FORWARD for node in flat.graph_def.node},

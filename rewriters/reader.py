@@ -30,6 +30,7 @@ from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
 from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
 
+HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
 
 
@@ -147,6 +148,25 @@ def import_flat(flat, path=""):
             raise ModelError(path, f"cannot rebuild signature {flat.info.signature!r}: "
                              f"{str(exc).splitlines()[0]}") from None
     return graph
+
+
+def tensor_shapes(proto, path, batch_size, signature=None):
+    """Every tensor's shape at ``batch_size`` and one more (None where unknown or a
+    handle), and the ops as ``(name, type, data inputs, control inputs, outputs)``."""
+    graphs = [import_flat(flatten_signature(proto, path, batch, signature), path)
+              for batch in (batch_size, batch_size + 1)]
+    shapes = {}
+    for graph in graphs:
+        for op in graph.get_operations():
+            for tensor in op.outputs:
+                shape = tensor.shape
+                unknown = shape.rank is None or tensor.dtype.name in HANDLE_DTYPES
+                shapes.setdefault(tensor.name, []).append(
+                    None if unknown else tuple(shape.as_list()))
+    ops = [(op.name, op.type, [t.name for t in op.inputs],
+            [c.name for c in op.control_inputs], [t.name for t in op.outputs])
+           for op in graphs[0].get_operations()]
+    return shapes, ops
 
 
 def read_model(proto, path="", batch_size=None, signature=None):

@@ -50,8 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
-from rewriters.batch_check import SHAPE_ONLY_OPS, tensor_shapes
-from tfpart.ops import RESOURCE_WRITE_OPS
+from rewriters.reader import flatten_signature, tensor_shapes
+from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 #: Ops whose outputs depend on their inputs' shapes only (a gradient's seed of ones).
@@ -80,8 +80,6 @@ class StepRegions:
 
 def step_regions(proto, path, batch_size, signature=None):
     """The :class:`StepRegions` of a SavedModel signature."""
-    from rewriters.reader import flatten_signature
-
     flat = flatten_signature(proto, path, batch_size, signature)
     shapes, ops = tensor_shapes(proto, path, batch_size, signature)
     placeholders = {f"{p}:0" for p, _, _ in flat.inputs.values()}

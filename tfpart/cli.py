@@ -83,8 +83,9 @@ def print_plan(result, default_cluster):
                       "batch: the stages run whole batches (no micro-batches)")
     if plan.stages:
         p = plan.predicted.pipeline
+        schedule = f" ({plan.schedule} schedule)" if plan.schedule else ""
         console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "
-                      f"{plan.microbatches} micro-batches (bubble "
+                      f"{plan.microbatches} micro-batches{schedule} (bubble "
                       f"{100 * p.bubble_fraction:.0f}%); predicted throughput "
                       f"{p.throughput:.1f} samples/s, first result after "
                       f"{_seconds(p.first_result)}, one micro-batch every "
@@ -131,16 +132,16 @@ def cmd_compile(args):
         raise OutputError(args.output, "already exists (use --force to replace it)")
     from tfpart.compile import algorithm_options, compile_model
 
-    algorithm = "pipeline" if args.pipeline or args.microbatches is not None else \
-        args.algorithm
+    pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None
+    algorithm = "pipeline" if pipeline else args.algorithm
     options = algorithm_options(algorithm, args.option or ())  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
                                signature=args.signature, algorithm=algorithm,
                                options=options,
                                profiles=args.profile, force=args.force, progress=progress,
-                               pipeline=args.pipeline, microbatches=args.microbatches,
-                               verify=args.verify, tf32=False if args.no_tf32 else None)
+                               pipeline=pipeline, microbatches=args.microbatches,
+                               schedule=args.schedule, verify=args.verify, tf32=False if args.no_tf32 else None)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -386,6 +387,10 @@ def build_parser():
                           "pipeline stages run over micro-batches (for throughput)")
     compile_.add_argument("--microbatches", type=int, help="micro-batches per batch "
                           "(implies --pipeline; default: chosen by simulation)")
+    compile_.add_argument("--schedule", choices=["gpipe", "1f1b"], help="order of a "
+                          "pipelined training step's forward and backward passes: gpipe "
+                          "(fill-drain) or 1f1b (less activation memory); implies "
+                          "--pipeline; default: the faster within memory")
     compile_.add_argument("--force", action="store_true", help="replace an existing output")
     compile_.add_argument("--profile", action="append", help="measured profile "
                           "(tfpart profile output) of a device kind; repeatable")

@@ -104,13 +104,14 @@ def algorithm_options(name, options=None):
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
-               tf32=None):
+               schedule=None, tf32=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
     ``algorithm`` names an entry of :mod:`partitioner.registry`, ``options`` its options
     (see :func:`algorithm_options`). With ``pipeline`` (implied by ``microbatches``) the
     algorithm is ``pipeline``: stages run over micro-batches, for throughput, instead of
-    a placement for the latency of one batch. ``tf32`` (default: the cluster's)
+    a placement for the latency of one batch; ``schedule`` ("gpipe" or "1f1b") fixes a
+    training step's pipeline schedule, else the faster one within memory. ``tf32`` (default: the cluster's)
     says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`)."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
@@ -127,7 +128,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     _check_fits(graph, cluster, cluster.source or model_dir)
 
     t0 = time.perf_counter()
-    chosen = get_algorithm("pipeline" if pipeline or microbatches is not None else algorithm)
+    pipeline = pipeline or microbatches is not None or schedule is not None
+    chosen = get_algorithm("pipeline" if pipeline else algorithm)
     settings = algorithm_options(chosen.name, options)
     step(f"partitioning {len(graph)} ops into "
          f"{'pipeline stages' if chosen.stages else f'a placement with {chosen.name}'}")
@@ -138,7 +140,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             microbatches = settings.microbatches if microbatches is None else microbatches
             mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
             settings = dataclasses.replace(settings, batch_size=info.batch_size,
-                                           microbatches=1 if mixing else microbatches)
+                                           microbatches=1 if mixing else microbatches,
+                                           schedule=schedule or settings.schedule)
         plan = chosen.partition(cost, options=settings)
     except PlacementError as exc:
         raise PlacementError(exc.path or cluster.source, exc.problem) from None
@@ -158,7 +161,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm="greedy", options=None, profiles=(), force=False, progress=None,
-                  pipeline=False, microbatches=None, verify=False, tf32=None):
+                  pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     With ``verify`` the compiled model is run against the original
@@ -175,7 +178,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
         algorithm=algorithm, options=options, profiles=profiles, progress=progress,
-        pipeline=pipeline, microbatches=microbatches, tf32=tf32)
+        pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32)
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
@@ -234,7 +237,7 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
         index = {name: d for d, name in enumerate(cluster.device_names)}
         device_of = {op: index[d] for op, d in plan.assignment.items() if op in graph.ops}
         run = simulate_pipeline(microbatch_graph(graph, plan.microbatches), cluster, device_of,
-                                plan.stages, plan.microbatches, cost)
+                                plan.stages, plan.microbatches, cost, plan.schedule or "gpipe")
         return run, cost, plan
     try:
         schedule = simulate_plan(plan, cost)
