@@ -6,8 +6,9 @@ One model per process, as a user runs them: TensorFlow keeps the functions of ev
 SavedModel loaded into a process in one library, and models exported by separate
 processes reuse function names.
 """
+import argparse
 import json
-import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +70,15 @@ def slots_by_name(assignment):
     return pairs
 
 
-def main(directory, model, optimizer, microbatches=None, schedule=None):
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("model")
+    parser.add_argument("optimizer")
+    parser.add_argument("--microbatches", type=int)
+    parser.add_argument("--schedule")
+    parser.add_argument("--workers", type=int)
+    args = parser.parse_args(argv)
     import tensorflow as tf
 
     # One intra-op thread: oneDNN's multi-threaded reductions (the backward-filter
@@ -82,30 +91,44 @@ def main(directory, model, optimizer, microbatches=None, schedule=None):
 
     from examples.models import export_training_step
     from tests.conftest import local_cluster
+    from tfpart.cluster import load_cluster
+    from tfpart.local_workers import LocalWorkers
+
+    directory = args.directory
+    source = export_training_step(directory / "model", args.model, args.optimizer)
+    workers = LocalWorkers(args.workers, directory) if args.workers else nullcontext()
+    with workers:
+        cluster_file = workers.path if args.workers else directory / "cluster.json"
+        if not args.workers:
+            cluster_file.write_text(json.dumps(local_cluster(3)))
+        cluster = load_cluster(cluster_file) if args.workers else None
+        print(json.dumps(compare(source, directory / "out", cluster_file, cluster, args)))
+
+
+def compare(source, out, cluster_file, cluster, args):
+    """Compile, verify, then train the original and the compiled model side by side."""
+    import tensorflow as tf
+
     from tfpart.compile import compile_model
     from tfpart.runtime import load, runnable
     from tfpart.verification import verify
 
-    directory = Path(directory)
-    source = export_training_step(directory / "model", model, optimizer)
-    (directory / "cluster.json").write_text(json.dumps(local_cluster(3)))
-    pipelined = microbatches is not None
-    result = compile_model(source, directory / "cluster.json", directory / "out",
-                           batch_size=BATCH, signature="train_step",
-                           microbatches=int(microbatches) if pipelined else None,
-                           options={"schedule": schedule} if schedule else None)
-    report = verify(source, directory / "out")
+    pipelined = args.microbatches is not None
+    result = compile_model(source, cluster_file, out, batch_size=BATCH,
+                           signature="train_step", microbatches=args.microbatches,
+                           options={"schedule": args.schedule} if args.schedule else None)
+    report = verify(source, out, cluster=cluster)
     original = tf.saved_model.load(str(source))
     data = batches(original.signatures["train_step"])
     initial = weights_of(original)
     expected_losses, expected_weights = train(original, data)
-    with runnable(directory / "out", None, False) as (_, _, local_dir, _):
+    with runnable(out, cluster, False) as (_, _, local_dir, _):
         by_op = weight_ops(source)
         losses, weights = train(load(local_dir), data, (lambda m: [
             m.variables_by_op[name].numpy() for name in by_op]) if pipelined else weights_of)
     assignment = result.plan.assignment
     slots = slots_by_name(assignment)
-    print(json.dumps({
+    return {
         "devices_used": len(result.plan.devices_used()),
         "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,
         "stages": len(set((result.plan.stages or {}).values())),
@@ -118,8 +141,8 @@ def main(directory, model, optimizer, microbatches=None, schedule=None):
         "weights_trained": any(not np.allclose(a, b) for a, b in
                                zip(initial, expected_weights)),
         "weights": [w.tolist() for w in weights],
-        "expected_weights": [w.tolist() for w in expected_weights]}))
+        "expected_weights": [w.tolist() for w in expected_weights]}
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

@@ -12,9 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compare(tmp_path, model, optimizer, *pipelining):
+def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None):
+    options = [f"--{key}={value}" for key, value in [
+        ("microbatches", microbatches), ("schedule", schedule), ("workers", workers)]
+        if value is not None]
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
-                           optimizer, *map(str, pipelining)], cwd=ROOT, capture_output=True,
+                           optimizer, *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -44,6 +47,17 @@ def test_a_placed_training_step_trains_like_the_original(tmp_path, model, optimi
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 if noise_only else 1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_a_placed_training_step_trains_like_the_original_across_workers(tmp_path):
+    run = compare(tmp_path, "transformer", "adam", workers=3)
+    assert run["devices_used"] > 1 and run["stages"] == 0
+    assert run["outputs_equal"] and run["ops_checked"] > 50
+    assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
+    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-5, atol=1e-7)
+    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-5)
+
+
 def assert_weights_close(got_weights, want_weights, rtol):
     """Each weight tensor within ``rtol`` of the original's, measured against the
     tensor's largest entry: Adam divides by the root of the squared gradients, so an
@@ -58,17 +72,21 @@ def assert_weights_close(got_weights, want_weights, rtol):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, optimizer, microbatches, schedule", [
+@pytest.mark.parametrize("model, optimizer, microbatches, schedule, workers", [
     # a batch of 6: 4 micro-batches of 2, 2, 2 and none; 1 micro-batch through stages
-    pytest.param("mlp", "sgd_momentum", 4, "1f1b", marks=pytest.mark.any_onednn),
-    pytest.param("mlp", "adam", 1, "gpipe", marks=pytest.mark.any_onednn),
-    pytest.param("cnn", "sgd_momentum", 2, "gpipe", marks=pytest.mark.any_onednn),
-    ("cnn", "adam", 4, "1f1b"),
-    pytest.param("transformer", "sgd_momentum", 4, "gpipe", marks=pytest.mark.any_onednn),
-    ("transformer", "adam", 2, "1f1b")])
-def test_a_pipelined_training_step_trains_like_the_original(tmp_path, model, optimizer,
-                                                            microbatches, schedule):
-    run = compare(tmp_path, model, optimizer, microbatches, schedule)
+    pytest.param("mlp", "sgd_momentum", 4, "1f1b", None, marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 1, "gpipe", None, marks=pytest.mark.any_onednn),
+    pytest.param("cnn", "sgd_momentum", 2, "gpipe", None, marks=pytest.mark.any_onednn),
+    ("cnn", "adam", 4, "1f1b", None),
+    pytest.param("transformer", "sgd_momentum", 4, "gpipe", None,
+                 marks=pytest.mark.any_onednn),
+    ("transformer", "adam", 2, "1f1b", None),
+    # across three tfpart worker processes (TensorFlow's distributed runtime)
+    pytest.param("mlp", "adam", 4, "1f1b", 3, marks=pytest.mark.any_onednn),
+    pytest.param("cnn", "sgd_momentum", 2, "gpipe", 3, marks=pytest.mark.any_onednn)])
+def test_a_pipelined_training_step_trains_like_the_original(
+        tmp_path, model, optimizer, microbatches, schedule, workers):
+    run = compare(tmp_path, model, optimizer, microbatches, schedule, workers)
     assert run["stages"] > 1 and run["devices_used"] > 1
     assert (run["microbatches"], run["schedule"]) == (microbatches, schedule)
     assert run["slots"] > 0 and run["slots_apart"] == []
