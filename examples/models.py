@@ -72,6 +72,22 @@ def transformer_encoder(seq=16, dim=32, heads=4, seed=2):
     return keras.Model(tokens, outputs, name="transformer_encoder")
 
 
+def transformer_stack(blocks=4, seq=32, dim=64, heads=4, seed=2):
+    """``blocks`` transformer encoder blocks (the training benchmark's transformer)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((seq, dim), name="tokens")
+    x = tokens
+    for _ in range(blocks):
+        attention = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
+        x = keras.layers.LayerNormalization()(x + attention(x, x))
+        ff = keras.layers.Dense(4 * dim, activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(dim)(ff))
+    outputs = keras.layers.Dense(8)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(tokens, outputs, name="transformer_stack")
+
+
 def export_transformer_encoder(path, seq=16, dim=32, heads=4):
     transformer_encoder(seq, dim, heads).export(str(path), verbose=False)
     return path
@@ -137,9 +153,9 @@ def export_inception_v3(path):
     return path
 
 
-def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
+def conv_tower(layers=9, width=64, size=16, seed=0):
     """A plain tower of 3x3 convolutions (equal layers, small weights, much arithmetic
-    per sample): the pipeline throughput benchmark's model."""
+    per sample): the throughput benchmarks' model."""
     import keras
 
     keras.utils.set_random_seed(seed)
@@ -149,7 +165,12 @@ def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
         x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     outputs = keras.layers.Dense(10)(x)
-    keras.Model(inputs, outputs, name="conv_tower").export(str(path), verbose=False)
+    return keras.Model(inputs, outputs, name="conv_tower")
+
+
+def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
+    """:func:`conv_tower` exported for inference."""
+    conv_tower(layers, width, size, seed).export(str(path), verbose=False)
     return path
 
 
@@ -167,7 +188,7 @@ def export_stacked_lstm(path, seq=12, features=16, units=32):
     return path
 
 
-def export_gru(path, seq=10, features=8, units=16):
+def gru(seq=10, features=8, units=16):
     """A Keras GRU over a sequence and a Dense head (its loop unstacks the time axis
     into a TensorList)."""
     import keras
@@ -176,7 +197,12 @@ def export_gru(path, seq=10, features=8, units=16):
     inputs = keras.Input((seq, features), name="sequence")
     x = keras.layers.GRU(units)(inputs)
     outputs = keras.layers.Dense(3)(x)
-    keras.Model(inputs, outputs, name="gru").export(str(path), verbose=False)
+    return keras.Model(inputs, outputs, name="gru")
+
+
+def export_gru(path, seq=10, features=8, units=16):
+    """:func:`gru` exported for inference."""
+    gru(seq, features, units).export(str(path), verbose=False)
     return path
 
 
@@ -230,7 +256,8 @@ def dense_mlp(seed=1):
 
 
 TRAINABLE = {"mlp": dense_mlp, "cnn": residual_cnn, "cnn_bn": conv_batchnorm,
-             "transformer": transformer_encoder}
+             "transformer": transformer_encoder, "conv_tower": conv_tower,
+             "transformer_stack": transformer_stack, "gru": gru}
 OPTIMIZERS = {"sgd_momentum": lambda keras: keras.optimizers.SGD(0.01, momentum=0.9),
               "adam": lambda keras: keras.optimizers.Adam(1e-3)}
 

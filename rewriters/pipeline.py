@@ -99,7 +99,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
     context = plan.context
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
                              context.get("signature"))
-    regions = _regions(proto, model_dir, flat, context)
+    regions = _regions(proto, model_dir, flat)
     stage_of = _stage_of_every_node(flat, plan)
     pieces = _piece_graphs(flat, plan, stage_of, regions.phase)
     values = _variable_values(model_dir, proto, flat)
@@ -127,12 +127,11 @@ def _save_pipelined(model_dir, proto, plan, staging):
     return {name.replace("/", "_"): plan.assignment[name] for name in values}
 
 
-def _regions(proto, model_dir, flat, context):
+def _regions(proto, model_dir, flat):
     """The training step's regions, or every op forward for an inference signature."""
-    writes = any(node.op in RESOURCE_WRITE_OPS for node in flat.graph_def.node)
-    if writes:
+    if any(node.op in RESOURCE_WRITE_OPS for node in flat.graph_def.node):
         regions = step_regions(proto, model_dir, flat.info.batch_size, flat.info.signature)
-        if regions.misplaced_writes:
+        if regions.is_training and regions.misplaced_writes:
             raise PlacementError(model_dir, f"op {regions.misplaced_writes[0]} writes a "
                                  "variable before the forward pass reads it; a training "
                                  "step pipelines only if its writes follow the gradients")

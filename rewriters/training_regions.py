@@ -69,13 +69,12 @@ class StepRegions:
     batched: set  # tensors that carry the batch
     nonlinear: list = field(default_factory=list)  # ops making samples depend on the batch
     misplaced_writes: list = field(default_factory=list)  # writes the forward pass reads
+    writes_from_batch: list = field(default_factory=list)  # writes of computed values
 
     @property
     def is_training(self):
         """Whether the update region writes a variable from what the batch computed."""
         return any(self.phase[w] == UPDATE for w in self.writes_from_batch)
-
-    writes_from_batch: list = field(default_factory=list)
 
 
 def step_regions(proto, path, batch_size, signature=None):
@@ -89,13 +88,13 @@ def step_regions(proto, path, batch_size, signature=None):
 
 def batched_tensors(shapes, ops, placeholders):
     """Tensors that carry the batch: their shape differs between the two batch sizes,
-    or it is unknown (or a handle) and their op reads a tensor that carries it."""
+    or it is not fully known (or a handle) and their op reads a tensor that carries it."""
     batched = set(placeholders)
     for name, op_type, inputs, _, outputs in _topological(ops):
         reads = any(t in batched for t in inputs)
         for tensor in outputs:
             first, second = shapes[tensor]
-            if first is None or second is None:
+            if first is None or second is None or None in first or None in second:
                 if reads and op_type not in VALUE_FREE_OPS:
                     batched.add(tensor)
             elif first != second:

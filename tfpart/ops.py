@@ -45,7 +45,8 @@ FREE_OPS = {"NoOp", "Const", "Placeholder", "PlaceholderWithDefault", "VarHandle
             "VarIsInitializedOp", "EnsureShape", "CheckNumerics", "PreventGradient",
             "Snapshot"}
 # Ops whose outputs depend on their inputs' shapes only, never their values.
-SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "TensorListLength"}
+SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "TensorListLength", "VariableShape",
+                  "TensorListElementShape"}
 # Ops whose output shares their input's buffer (no new memory on their device).
 ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
                 "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
