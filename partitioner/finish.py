@@ -56,8 +56,12 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
             peak_memory_bytes=float(schedule.peak_memory[d]),
             memory_bound_bytes=float(memory_bound[name]),
             memory_bytes=float(cluster.devices[d].memory))
+    hosts = [device.host for device in cluster.devices]
     predicted = Predicted(step_time=float(schedule.makespan), devices=per_device,
                           bytes_moved=float(schedule.bytes_moved),
+                          transfers=len(schedule.transfers),
+                          cross_host_transfers=sum(hosts[src] != hosts[dst] for _, src, dst, _, _
+                                                   in schedule.transfers),
                           links={f"{names[a]} -> {names[b]}": float(n)
                                  for (a, b), n in sorted(schedule.link_bytes.items())})
     plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),

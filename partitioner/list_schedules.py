@@ -1,5 +1,6 @@
-"""Schedules several algorithms start from: the fastest single device, and m-ETF's
-earliest-task-first list schedule with memory limits.
+"""Placements several algorithms start from or compare with: the fastest single
+device, m-ETF's earliest-task-first list schedule with memory limits, m-TOPO's
+memory-filling topological order and the even topological split.
 
 Algorithms call these rather than each other (the import-linter contract in
 ``pyproject.toml`` keeps the algorithm modules independent).
@@ -30,7 +31,7 @@ import numpy as np
 
 from costmodel.memory import device_memory
 from costmodel.simulate import data_ready_time, upward_rank
-from partitioner.units import MemoryLedger, no_device_error, placement_units
+from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
 from partitioner.validate import check_memory
 
 
@@ -119,4 +120,59 @@ def earliest_task_first(cost):
                 ready.add(j)
     names = cluster.device_names
     check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster)
+    return device_of
+
+
+def memory_topological(cost):
+    """m-TOPO's placement (Baechi, SoCC 2020; ``placer/m_topo.py`` in their code): the
+    topological order of the placement units, filling one device up to its share of
+    the model's memory before moving to the next.
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If some unit fits or runs on no device that has room left.
+    """
+    graph, cluster = cost.graph, cost.cluster
+    units = placement_units(graph, cost)
+    ledger = MemoryLedger(cluster)
+    n = len(cluster)
+    share = sum(u.footprint for u in units) / n
+    cursor, chosen = 0, []
+    for unit in units:
+        d = cursor
+        while d < n and not (ledger.fits(unit, d) and (
+                d == n - 1 or ledger.used[d] == 0 or
+                ledger.used[d] + unit.footprint <= share * 1.0001)):
+            d += 1
+        if d == n:  # no device from the cursor on has room: the first that does
+            fits = [k for k in range(n) if ledger.fits(unit, k)]
+            if not fits:
+                raise no_device_error(unit, cost)
+            d = fits[0]
+        else:
+            cursor = d
+        ledger.take(unit, d)
+        chosen.append(d)
+    return expand(units, chosen, len(cost.ops))
+
+
+def topological_split(cost):
+    """One contiguous piece of the topological order per device, in cluster order,
+    balanced by mean op time; a colocation group goes with its first op (the split a
+    person makes by hand). Memory is not checked."""
+    graph, cluster = cost.graph, cost.cluster
+    n_dev = len(cluster)
+    mean_time = cost.mean_time()
+    total = mean_time.sum()
+    device_of = np.zeros(len(cost.ops), dtype=int)
+    group_device, done = {}, 0.0
+    for name in graph.topological_order():
+        i = cost.index[name]
+        group = graph.ops[name]["colocation"]
+        if group not in group_device:
+            group_device[group] = min(int(done / total * n_dev), n_dev - 1) \
+                if total > 0 else 0
+        device_of[i] = group_device[group]
+        done += mean_time[i]
     return device_of

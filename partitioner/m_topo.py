@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from partitioner.finish import make_plan
-from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
+from partitioner.list_schedules import memory_topological
 
 
 @dataclass(frozen=True)
@@ -30,26 +30,6 @@ class MTopoOptions:
 
 
 def partition(cost, options=MTopoOptions()):
-    graph, cluster = cost.graph, cost.cluster
-    units = placement_units(graph, cost)
-    ledger = MemoryLedger(cluster)
-    n = len(cluster)
-    share = sum(u.footprint for u in units) / n
-    cursor, chosen = 0, []
-    for unit in units:
-        d = cursor
-        while d < n and not (ledger.fits(unit, d) and (
-                d == n - 1 or ledger.used[d] == 0 or
-                ledger.used[d] + unit.footprint <= share * 1.0001)):
-            d += 1
-        if d == n:  # no device from the cursor on has room: the first that does
-            fits = [k for k in range(n) if ledger.fits(unit, k)]
-            if not fits:
-                raise no_device_error(unit, cost)
-            d = fits[0]
-        else:
-            cursor = d
-        ledger.take(unit, d)
-        chosen.append(d)
-    return make_plan(cost, expand(units, chosen, len(cost.ops)), "m_topo",
-                     options)
+    """m-TOPO's placement (:func:`partitioner.list_schedules.memory_topological`) as a
+    checked Plan."""
+    return make_plan(cost, memory_topological(cost), "m_topo", options)

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from partitioner.finish import make_plan
+from partitioner.list_schedules import topological_split
 
 
 @dataclass(frozen=True)
@@ -33,18 +32,6 @@ class TopoSplitOptions:
 
 
 def partition(cost, options=TopoSplitOptions()):
-    graph, cluster = cost.graph, cost.cluster
-    n_dev = len(cluster)
-    mean_time = cost.mean_time()
-    order = [cost.index[name] for name in graph.topological_order()]
-    total = mean_time.sum()
-    device_of = np.zeros(len(cost.ops), dtype=int)
-    group_device, done = {}, 0.0
-    for i in order:
-        group = graph.ops[cost.ops[i]]["colocation"]
-        if group not in group_device:
-            share = min(int(done / total * n_dev), n_dev - 1) if total > 0 else 0
-            group_device[group] = share
-        device_of[i] = group_device[group]
-        done += mean_time[i]
-    return make_plan(cost, device_of, "topo_split", options)
+    """The even topological split
+    (:func:`partitioner.list_schedules.topological_split`) as a checked Plan."""
+    return make_plan(cost, topological_split(cost), "topo_split", options)

@@ -70,6 +70,8 @@ class Predicted:
     devices: dict  # device name -> DeviceFigures
     bytes_moved: float = 0.0
     links: dict = field(default_factory=dict)  # "src -> dst" -> bytes
+    transfers: int | None = None  # tensor copies between devices in a step
+    cross_host_transfers: int | None = None  # of which between hosts
     pipeline: PipelineFigures | None = None
     solver: dict | None = None  # the ILP's status, objective, bound and times
 

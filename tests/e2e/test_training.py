@@ -101,6 +101,37 @@ def test_a_pipelined_training_step_trains_like_the_original(
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_path):
+    """At 8 micro-batches, fill-drain keeps every micro-batch's activations until the
+    backward passes start; 1F1B keeps at most (stages - stage) of them. The measured
+    peak (resident memory over what the loaded model holds, in a fresh process) must
+    follow the predicted order."""
+    from tests.conftest import local_cluster
+    from tfpart.compile import compile_model
+
+    subprocess.run([sys.executable, "-c", "import sys; from examples.models import "
+                    "export_training_step as e; e(sys.argv[1], 'conv_tower', 'sgd_momentum')",
+                    str(tmp_path / "model")], check=True, cwd=ROOT, capture_output=True,
+                   timeout=600)
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(local_cluster(2)))
+    predicted, measured = {}, {}
+    for schedule in ("gpipe", "1f1b"):
+        out = tmp_path / schedule
+        plan = compile_model(tmp_path / "model", cluster, out, batch_size=256,
+                             signature="train_step", microbatches=8,
+                             options={"schedule": schedule}).plan
+        predicted[schedule] = sum(d.peak_memory_bytes for d in plan.predicted.devices.values())
+        done = subprocess.run([sys.executable, "-m", "tests.memory_peak", str(out), "3"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        measured[schedule] = json.loads(done.stdout.strip().splitlines()[-1])["growth_bytes"]
+    assert predicted["1f1b"] < predicted["gpipe"]
+    assert measured["1f1b"] < measured["gpipe"], measured
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
 def test_micro_batches_of_a_batch_norm_training_step_are_refused_in_one_line(tmp_path,
                                                                              capsys):
     """Batch-norm statistics in training mode make every sample depend on the whole
