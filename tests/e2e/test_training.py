@@ -104,8 +104,8 @@ def test_a_pipelined_training_step_trains_like_the_original(
 def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_path):
     """At 8 micro-batches, fill-drain keeps every micro-batch's activations until the
     backward passes start; 1F1B keeps at most (stages - stage) of them. The measured
-    peak (resident memory over what the loaded model holds, in a fresh process) must
-    follow the predicted order."""
+    peak (TensorFlow's CPU allocator during a step, in a fresh process:
+    tests/memory_peak.py) must follow the predicted order."""
     from tests.conftest import local_cluster
     from tfpart.compile import compile_model
 
