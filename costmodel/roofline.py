@@ -133,10 +133,12 @@ class CostModel:
         self.latency = np.zeros((n_dev, n_dev))
         self.inverse_bandwidth = np.zeros((n_dev, n_dev))
         self.cpu_copy = np.zeros((n_dev, n_dev), dtype=bool)
+        self.message_cost = np.zeros((n_dev, n_dev))
         for (i, j), link in cluster.links.items():
             self.latency[i, j] = self.latency[j, i] = link.latency
             self.inverse_bandwidth[i, j] = self.inverse_bandwidth[j, i] = 1.0 / link.bandwidth
             self.cpu_copy[i, j] = self.cpu_copy[j, i] = link.cpu_copy
+            self.message_cost[i, j] = self.message_cost[j, i] = link.message_cost
 
     def of(self, graph):
         """The cost model of another graph (a micro-batch's, a coarsened one) on the

@@ -13,7 +13,9 @@ Model
   other transfers (so concurrent transfers share its bandwidth), and arrive ``latency``
   after the last byte leaves: latencies of concurrent transfers overlap, as
   TensorFlow's receives run concurrently. On a ``cpu_copy`` link the copy also
-  occupies both endpoints' executors, which compute nothing meanwhile.
+  occupies both endpoints' executors, which compute nothing meanwhile. Each copy is a
+  Send/Recv pair: its link's ``message_cost`` of executor time is taken at both ends
+  when it starts, so spreading ops is never free, even off the critical path.
 * The cluster's ``step_overhead`` (a client launching the step on remote workers) is
   added once to the step.
 * Memory: each device holds its variables for the whole step, plus every activation
@@ -134,6 +136,8 @@ def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_un
         if cost.cpu_copy[src, dst]:
             for e in ends:
                 busy_until[e] = link_free[(src, dst)]
+        for e in ends:  # the Send and the Recv each take their executor a moment
+            busy_until[e] = max(busy_until[e], begin) + cost.message_cost[src, dst]
         finish = link_free[(src, dst)] + (total - on_link)
         arrival[(i, dst)] = finish
         schedule.transfers.append((i, src, dst, begin, finish))

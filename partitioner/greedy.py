@@ -7,19 +7,29 @@ times, as HEFT does). The first op of a colocation group decides the group's dev
 among the devices that have a kernel for every op of the group and room for the
 group's variables and the op's tensors, and that leave room for the variables of the
 groups still unplaced (a first-fit-decreasing packing must exist), the one where the op
-would finish earliest, counting the transfers of its inputs and fitting it into an idle
-slot of that device's executor when one is long enough (insertion). The rest of the
-group follows. Groups that cost nothing and read nothing (variables with their reads,
-constants) are then moved next to their heaviest consumer. If the whole graph on one
-device simulates faster, that placement is taken instead.
+would finish earliest, counting the transfers of its inputs as the simulator makes them
+(one copy per producer and destination device, queued on its directed link, in an idle
+slot of the link when one is long enough) and fitting it into an idle slot of that
+device's executor (insertion). The rest of the group follows. Groups that cost nothing
+and read nothing (variables with their reads, constants) are then moved next to their
+heaviest consumer.
 
 On graphs small enough for the local search, the search starts from the better of this
 placement and m-ETF's (Baechi's earliest-start rule does better where transfers
 dominate), so the result is never worse than m-ETF's.
 
-Finally a local search moves the heaviest groups, one at a time, to whichever other
+Then a local search moves the heaviest groups, one at a time, to whichever other
 device lowers the simulated step time, for at most ``refine_evaluations`` simulations
-(graphs above ``refine_max_ops`` ops skip it). Everything is deterministic.
+(graphs above ``refine_max_ops`` ops skip it).
+
+Last, the plan is judged by simulation against gathered variants of itself (the groups
+of its least busy devices, then single groups, moved to the devices they exchange the
+most bytes with) and the baselines: the fastest single device, m-ETF, m-TOPO and the
+topological split. The fastest wins; among placements within 1% of it and no slower
+than any baseline, the one moving the fewest bytes between devices, then using the
+fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
+Send/Recv pair). So the greedy is never slower than a baseline by simulation.
+Everything is deterministic.
 
 References
 ----------
@@ -51,11 +61,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.memory import device_memory, new_output_bytes, output_bytes
-from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
+from costmodel.simulate import ready_order, simulate, upward_rank
 from partitioner.finish import make_plan
-from partitioner.list_schedules import earliest_task_first, fastest_single_device
+from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
+                                        memory_topological, topological_split)
 from partitioner.units import placement_units
+from partitioner.validate import check_memory
 from tfpart.errors import PlacementError
+
+
+GATHER_TOLERANCE = 0.01  # placements this close in simulated step count as equal
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,54 @@ class _Slots:
 
     def book(self, start, end):
         bisect.insort(self.intervals, (start, end))
+
+
+class _Links:
+    """Transfers booked so far, as the simulator makes them: one copy of a tensor per
+    producer and destination device, queued on its directed link (a copy fits an idle
+    slot of the link when one is long enough)."""
+
+    def __init__(self):
+        self.slots = {}  # (src, dst) -> _Slots of the link's busy intervals
+        self.arrival = {}  # (producer, dst) -> when its copy is on dst
+
+    def ready_time(self, cost, i, d, end, device_of):
+        """When all inputs of op ``i`` can be on device ``d``, and the copies that takes
+        (to :meth:`book` if ``i`` goes there)."""
+        graph = cost.graph
+        ready, copies, tentative = 0.0, [], {}
+        inputs = sorted(((end[cost.index[p]], cost.index[p], edge)
+                         for p, edge in graph.in_edges(cost.ops[i]).items()),
+                        key=lambda item: item[:2])
+        for finish, p, edge in inputs:
+            src = device_of[p]
+            if edge["control"] or src == d:
+                ready = max(ready, finish)
+                continue
+            if (p, d) in self.arrival:
+                ready = max(ready, self.arrival[(p, d)])
+                continue
+            on_link, total = cost.edge_link_time(edge, src, d), cost.edge_time(edge, src, d)
+            booked = tentative.setdefault((src, d), [])
+            begin = self._earliest((src, d), booked, finish, on_link)
+            booked.append((begin, begin + on_link))
+            copies.append((p, src, begin, on_link, begin + total))
+            ready = max(ready, begin + total)
+        return ready, copies
+
+    def _earliest(self, link, booked, ready, duration):
+        slots = self.slots.get(link)
+        begin = slots.earliest(ready, duration) if slots else ready
+        while True:
+            clash = next((b for b in booked if b[0] < begin + duration and begin < b[1]), None)
+            if clash is None:
+                return begin
+            begin = slots.earliest(clash[1], duration) if slots else clash[1]
+
+    def book(self, d, copies):
+        for p, src, begin, on_link, arrival in copies:
+            self.slots.setdefault((src, d), _Slots()).book(begin, begin + on_link)
+            self.arrival[(p, d)] = arrival
 
 
 def _group_tables(graph, cost):
@@ -148,6 +211,7 @@ def partition(cost, options=GreedyOptions()):
     slots = [_Slots() for _ in range(max(executor_of) + 1)]
     used = np.zeros(n_dev)
     group_device, received = {}, set()
+    links = _Links()
     unplaced = _Unplaced(group_params)
     for i in ready_order(cost, priority):
         group = graph.ops[cost.ops[i]]["colocation"]
@@ -168,12 +232,12 @@ def partition(cost, options=GreedyOptions()):
                 continue
             if new_params and not unplaced.leaves_room(group, capacity - used, d, need):
                 continue
-            start = slots[executor_of[d]].earliest(
-                data_ready_time(cost, i, d, end, device_of), cost.compute[i, d],
-                options.insertion)
+            ready, copies = links.ready_time(cost, i, d, end, device_of)
+            start = slots[executor_of[d]].earliest(ready, cost.compute[i, d],
+                                                   options.insertion)
             key = (start + cost.compute[i, d], used[d] / capacity[d], d)
             if best_key is None or key < best_key:
-                best, best_key, best_need = d, key, need
+                best, best_key, best_need, best_copies = d, key, need, copies
         if best is None:
             free = max(capacity[d] - used[d] for d in candidates)
             need = new_params + own_bytes[i]
@@ -188,13 +252,13 @@ def partition(cost, options=GreedyOptions()):
         device_of[i] = best
         end[i] = best_key[0]
         slots[executor_of[best]].book(end[i] - cost.compute[i, best], end[i])
+        links.book(best, best_copies)
         used[best] += best_need
         for pred, edge in cost.graph.in_edges(cost.ops[i]).items():
             p = cost.index[pred]
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-    device_of = _better_than_one_device(graph, cost, cluster, device_of, float(end.max()))
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
         device_of = _better_start(cost, device_of, priority)
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
@@ -207,30 +271,108 @@ def partition(cost, options=GreedyOptions()):
         if simulate(cost, searched, priority, memory=False).makespan < \
                 simulate(cost, device_of, priority, memory=False).makespan:
             device_of[:] = searched
-    device_of = _never_slower_than_one_device(graph, cost, cluster, device_of, priority)
+    device_of = _no_worse_than_baselines(cost, device_of, priority, options)
     return make_plan(cost, device_of, "greedy", options, priority)
 
 
-def _better_than_one_device(graph, cost, cluster, device_of, scheduled_makespan):
-    """The list schedule, unless the whole graph on one device is faster (when transfers
-    cost more than parallelism gains, a greedy spreads work it should not)."""
-    alone = fastest_single_device(cost)
-    if alone is not None and alone[1] < scheduled_makespan + cluster.step_overhead:
-        return np.full(len(cost.ops), alone[0])
-    return device_of
+def _no_worse_than_baselines(cost, device_of, priority, options):
+    """The placement to keep, judged by simulated steps (the measure a plan is judged
+    by): the fastest of this placement, its gathered variants (:func:`_gathered`) and
+    the baselines (the fastest single device, m-ETF, m-TOPO, the topological split), or
+    among those within 1% of the fastest and no slower than any baseline, the one that
+    moves the fewest bytes between devices and uses the fewest devices."""
+    def judge(placement):
+        schedule = simulate(cost, placement, priority, memory=False)
+        return schedule.makespan, schedule.bytes_moved, len(np.unique(placement))
+
+    own = [device_of, *_gathered(cost, device_of, judge, options.refine_evaluations)]
+    judged = [(judge(p), p) for p in own]
+    baselines = [(judge(p), p) for p in _baselines(cost)]
+    fastest = min(j[0] for j, _ in judged + baselines)
+    limit = min([fastest * (1 + GATHER_TOLERANCE)] + [j[0] for j, _ in baselines])
+    eligible = [(j, p) for j, p in judged + baselines if j[0] <= limit]
+    return min(eligible, key=lambda item: (item[0][1], item[0][2], item[0][0]))[1]
 
 
-def _never_slower_than_one_device(graph, cost, cluster, device_of, priority):
-    """The placement, or the fastest single device that holds the model if its
-    simulated step (the measure the plan is judged by) is no slower."""
+def _baselines(cost):
+    """The baselines' placements that fit in memory."""
+    found = []
     alone = fastest_single_device(cost)
-    if alone is None or (device_of == alone[0]).all():
-        return device_of
-    single = np.full(len(cost.ops), alone[0])
-    if simulate(cost, single, priority, memory=False).makespan <= \
-            simulate(cost, device_of, priority, memory=False).makespan:
-        return single
-    return device_of
+    if alone is not None:
+        found.append(np.full(len(cost.ops), alone[0]))
+    names = cost.cluster.device_names
+    for place in (earliest_task_first, memory_topological, topological_split):
+        try:
+            placement = place(cost)
+            check_memory(cost.graph, {op: names[d] for op, d in zip(cost.ops, placement)},
+                         cost.cluster)
+        except PlacementError:
+            continue
+        found.append(placement)
+    return found
+
+
+def _gathered(cost, device_of, judge, evaluations):
+    """Variants of ``device_of`` with fewer cross-device bytes whose simulated step stays
+    within 1% of its own: each device's groups in turn (least busy device first) moved
+    to the device they exchange the most bytes with, then, with the evaluations left,
+    single groups (cheapest first) moved to their neighbours' device."""
+    graph, cluster = cost.graph, cost.cluster
+    units = [unit.members for unit in placement_units(graph, cost)]
+    current = device_of.copy()
+    best = judge(current)
+    limit = best[0] * (1 + GATHER_TOLERANCE)
+    runnable = [np.all(np.isfinite(cost.compute[members]), axis=0) for members in units]
+    busy = np.bincount(current, weights=cost.compute[np.arange(len(current)), current],
+                       minlength=len(cluster))
+
+    def try_move(moves):
+        nonlocal current, best
+        trial = current.copy()
+        for k, target in moves:
+            trial[units[k]] = target
+        names = cluster.device_names
+        memory = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, trial)}, names)
+        if any(memory[device.name] > device.memory for device in cluster.devices):
+            return
+        judged = judge(trial)
+        if judged[0] <= limit and judged[1:] < best[1:]:
+            current, best = trial, judged
+
+    for d in sorted(set(current.tolist()), key=lambda d: busy[d]):
+        if evaluations <= 0 or len(set(current.tolist())) == 1:
+            break
+        moves = [(k, _neighbour_device(cost, units[k], current, runnable[k], exclude=d))
+                 for k, members in enumerate(units) if current[members[0]] == d]
+        if moves and all(target is not None for _, target in moves):
+            evaluations -= 1
+            try_move(moves)
+    mean_time = cost.mean_time()
+    for k in sorted(range(len(units)), key=lambda k: mean_time[units[k]].sum()):
+        if evaluations <= 0:
+            break
+        target = _neighbour_device(cost, units[k], current, runnable[k])
+        if target is not None and target != current[units[k][0]]:
+            evaluations -= 1
+            try_move([(k, target)])
+    return [current] if (current != device_of).any() else []
+
+
+def _neighbour_device(cost, members, device_of, runnable, exclude=None):
+    """The device, other than ``exclude``, that the group ``members`` exchanges the most
+    bytes with and that can run it (None if no neighbour qualifies)."""
+    graph = cost.graph
+    inside = set(members)
+    exchanged = {}
+    for m in members:
+        edges = [*graph.in_edges(cost.ops[m]).items(), *graph.out_edges(cost.ops[m]).items()]
+        for other, edge in edges:
+            if other in inside:
+                continue
+            d = device_of[cost.index[other]]
+            if d != exclude and runnable[d]:
+                exchanged[d] = exchanged.get(d, 0.0) + edge["bytes"]
+    return max(sorted(exchanged), key=exchanged.get, default=None)
 
 
 def _better_start(cost, device_of, priority):

@@ -19,7 +19,9 @@ cluster.json (see ``profiles/clusters/`` for examples)::
     }
 
 A link with ``"cpu_copy": true`` is a copy made by its endpoints' own cores (gRPC
-between CPU worker processes): neither device computes while it runs.
+between CPU worker processes): neither device computes while it runs. Every copy is
+a Send/Recv pair that also costs each end ``message_cost`` of executor time (default
+5 µs, a kernel launch at each end), so a copy is never free even off the critical path.
 ``"tf32": false`` says float32 matmuls and convolutions run in full fp32 (TensorFlow
 uses TF32 units by default where a GPU has them; turn them off in the program with
 ``tf.config.experimental.enable_tensor_float_32_execution(False)``). A ``kinds`` block
@@ -59,6 +61,7 @@ from tfpart.ops import class_lineage, kernel_class
 from tfpart.units import parse_duration, parse_rate, parse_size
 
 DEFAULT_SAME_HOST_LATENCY = 10e-6
+DEFAULT_MESSAGE_COST = 5e-6  # executor seconds a Send or a Recv takes at its end
 DEFAULT_CROSS_HOST = {"bandwidth": "10Gbit/s", "latency": "50us"}
 
 
@@ -168,6 +171,7 @@ class Link:
     bandwidth: float
     latency: float
     cpu_copy: bool = False  # the endpoints' cores do the copy (TCP between CPU processes)
+    message_cost: float = DEFAULT_MESSAGE_COST  # executor seconds per copy at each end
 
     def transfer_time(self, nbytes):
         """Alpha-beta time of moving ``nbytes`` over this link."""
@@ -293,7 +297,8 @@ def _kind(name, entry, base, source):
 
 # -- cluster.json -------------------------------------------------------------------------
 _QUANTITY = {"type": ["number", "string"]}
-_LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY, "cpu_copy": {"type": "boolean"}}
+_LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY, "cpu_copy": {"type": "boolean"},
+               "message_cost": _QUANTITY}
 CLUSTER_SCHEMA = {
     "type": "object",
     "required": ["devices"],
@@ -433,7 +438,11 @@ def _build_links(devices, spec, source):
             latency = _quantity(parse_duration, entry["latency"], f"{where}.latency", source)
         elif "latency" in entry:
             latency = 0.0
-        return Link(bandwidth=bandwidth, latency=latency,
+        message_cost = default.message_cost
+        if "message_cost" in entry:
+            message_cost = 0.0 if entry["message_cost"] == 0 else _quantity(
+                parse_duration, entry["message_cost"], f"{where}.message_cost", source)
+        return Link(bandwidth=bandwidth, latency=latency, message_cost=message_cost,
                     cpu_copy=entry.get("cpu_copy", default.cpu_copy))
 
     cross = make(spec.get("cross_host", {}), "links.cross_host",

@@ -107,3 +107,73 @@ def test_single_device_baseline_picks_the_fastest_that_fits():
     cluster = cluster_of_devices(["V100", "A100-80GB", "H100"])  # V100 is too small
     plan = single_device.partition(CostModel(graph, cluster))
     assert plan.devices_used() == [cluster.device_names[2]]
+
+
+def baseline_placements(cost):
+    """Every baseline's placement that is valid here: each single device, m-ETF, m-TOPO
+    and the topological split, as (name, device index per op)."""
+    from partitioner.list_schedules import (earliest_task_first, memory_topological,
+                                            topological_split)
+    from partitioner.validate import check_memory
+
+    names = cost.cluster.device_names
+    found = [(f"single {d}", np.full(len(cost.ops), d)) for d in range(len(names))]
+    for place in (earliest_task_first, memory_topological, topological_split):
+        try:
+            found.append((place.__name__, place(cost)))
+        except PlacementError:
+            continue
+    valid = []
+    for name, placement in found:
+        plan = Plan(assignment={op: names[d] for op, d in zip(cost.ops, placement)})
+        try:
+            check_plan(plan, cost.graph, cost.cluster)
+            check_memory(cost.graph, plan.assignment, cost.cluster)
+        except PlacementError:
+            continue
+        valid.append((name, placement))
+    return valid
+
+
+@PROPERTY
+@given(random_dags(min_ops=3, control=True, restricted=True),
+       random_clusters(min_devices=2, slow_links=True, tight_memory=True))
+def test_never_slower_than_any_baseline_with_contended_links(graph, cluster):
+    cost = CostModel(graph, cluster)
+    try:
+        plan = greedy.partition(cost)
+    except PlacementError as exc:  # restrictions and tight memory can leave no plan
+        assert "no device can run" in str(exc) or "MB" in str(exc)
+        return
+    check_plan(plan, graph, cluster)
+    for name, placement in baseline_placements(cost):
+        assert plan.step_time <= simulate(cost, placement).makespan * (1 + 1e-9), name
+
+
+@PROPERTY
+@given(random_dags(min_ops=3, control=True), random_clusters(min_devices=2, slow_links=True))
+def test_plans_count_the_copies_between_devices_and_hosts(graph, cluster):
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(cost)
+    copies = {(src, plan.assignment[dst]) for src, dst, edge in graph.edges()
+              if not edge["control"] and plan.assignment[src] != plan.assignment[dst]}
+    host = {device.name: device.host for device in cluster.devices}
+    assert plan.predicted.transfers == len(copies)
+    assert plan.predicted.cross_host_transfers == sum(
+        host[plan.assignment[src]] != host[dst] for src, dst in copies)
+
+
+def test_work_that_gains_nothing_stays_with_its_neighbours():
+    """A chain on one fast device with a light side branch: moving the branch to the
+    other device gains nothing measurable, so the plan keeps one device and no copy."""
+    graph = OpGraph()
+    for i in range(6):
+        graph.add_op(f"layer{i}", op_type="MatMul", flops=1e12)
+        if i:
+            graph.add_edge(f"layer{i - 1}", f"layer{i}", bytes=1e6)
+    graph.add_op("side", op_type="Relu", bytes_accessed=1e3)
+    graph.add_edge("layer2", "side", bytes=1e6)
+    graph.add_edge("side", "layer5", bytes=1e6)
+    cluster = cluster_of_devices(["V100", "V100"])
+    plan = greedy.partition(CostModel(graph, cluster))
+    assert len(plan.devices_used()) == 1 and plan.predicted.transfers == 0
