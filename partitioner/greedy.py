@@ -28,7 +28,9 @@ most bytes with) and the baselines: the fastest single device, m-ETF, m-TOPO and
 topological split. The fastest wins; among placements within 1% of it and no slower
 than any baseline, the one moving the fewest bytes between devices, then using the
 fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
-Send/Recv pair). So the greedy is never slower than a baseline by simulation.
+Send/Recv pair). So the greedy is never slower than a baseline by simulation (m-ETF,
+whose time grows with the square of the graph, only up to ``refine_max_ops`` ops; the
+baselines but the single device up to ``compare_max_ops``).
 Everything is deterministic.
 
 References
@@ -77,12 +79,16 @@ GATHER_TOLERANCE = 0.01  # placements this close in simulated step count as equa
 class GreedyOptions:
     """``memory_headroom``: fraction of each device's memory kept free;
     ``insertion``: fill idle slots; ``refine_evaluations``: simulations the local search
-    may spend (0 turns it off); ``refine_max_ops``: no local search above this size."""
+    (and the gathering) may spend (0 turns it off); ``refine_max_ops``: no local search,
+    no m-ETF start and no m-ETF among the baselines above this size (m-ETF's time grows
+    with the square of the graph); ``compare_max_ops``: above this size the plan is only
+    compared with the fastest single device (each comparison is a simulation)."""
 
     memory_headroom: float = 0.0
     insertion: bool = True
     refine_evaluations: int = 100
     refine_max_ops: int = 1500
+    compare_max_ops: int = 20000
 
 
 class _Slots:
@@ -239,10 +245,12 @@ def partition(cost, options=GreedyOptions()):
             if best_key is None or key < best_key:
                 best, best_key, best_need, best_copies = d, key, need, copies
         if best is None:
-            free = max(capacity[d] - used[d] for d in candidates)
+            roomiest = max(candidates, key=lambda d: capacity[d] - used[d])
+            free = capacity[roomiest] - used[roomiest]
             need = new_params + own_bytes[i]
-            why = (f"the roomiest device that can run it has {free / 1e6:.1f} MB left"
-                   if need > free else "any device it fits on would leave no room for the "
+            why = (f"the roomiest device that can run it, {cluster.devices[roomiest].name}, "
+                   f"has {free / 1e6:.1f} MB left" if need > free else
+                   "any device it fits on would leave no room for the "
                    f"{unplaced.total / 1e6:.1f} MB of variables still to place")
             raise PlacementError("", f"out of memory placing {cost.ops[i]}: it needs "
                                  f"{need / 1e6:.1f} MB, and {why}")
@@ -259,8 +267,10 @@ def partition(cost, options=GreedyOptions()):
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+    baselines = _baselines(cost, with_etf=n_ops <= options.refine_max_ops,
+                           cheap_only=n_ops > options.compare_max_ops)
     if options.refine_evaluations and n_ops <= options.refine_max_ops:
-        device_of = _better_start(cost, device_of, priority)
+        device_of = _better_start(cost, device_of, priority, baselines.get("m-ETF"))
         _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
         # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
         # its reader whatever the plan says, so the plan must too; other free groups
@@ -271,11 +281,13 @@ def partition(cost, options=GreedyOptions()):
         if simulate(cost, searched, priority, memory=False).makespan < \
                 simulate(cost, device_of, priority, memory=False).makespan:
             device_of[:] = searched
-    device_of = _no_worse_than_baselines(cost, device_of, priority, options)
+    device_of = _no_worse_than_baselines(cost, device_of, priority, list(baselines.values()),
+                                         options.refine_evaluations
+                                         if n_ops <= options.compare_max_ops else 0)
     return make_plan(cost, device_of, "greedy", options, priority)
 
 
-def _no_worse_than_baselines(cost, device_of, priority, options):
+def _no_worse_than_baselines(cost, device_of, priority, baselines, evaluations):
     """The placement to keep, judged by simulated steps (the measure a plan is judged
     by): the fastest of this placement, its gathered variants (:func:`_gathered`) and
     the baselines (the fastest single device, m-ETF, m-TOPO, the topological split), or
@@ -285,30 +297,36 @@ def _no_worse_than_baselines(cost, device_of, priority, options):
         schedule = simulate(cost, placement, priority, memory=False)
         return schedule.makespan, schedule.bytes_moved, len(np.unique(placement))
 
-    own = [device_of, *_gathered(cost, device_of, judge, options.refine_evaluations)]
+    own = [device_of, *_gathered(cost, device_of, judge, evaluations)]
     judged = [(judge(p), p) for p in own]
-    baselines = [(judge(p), p) for p in _baselines(cost)]
+    baselines = [(judge(p), p) for p in baselines]
     fastest = min(j[0] for j, _ in judged + baselines)
     limit = min([fastest * (1 + GATHER_TOLERANCE)] + [j[0] for j, _ in baselines])
     eligible = [(j, p) for j, p in judged + baselines if j[0] <= limit]
     return min(eligible, key=lambda item: (item[0][1], item[0][2], item[0][0]))[1]
 
 
-def _baselines(cost):
-    """The baselines' placements that fit in memory."""
-    found = []
+def _baselines(cost, with_etf=True, cheap_only=False):
+    """The baselines' placements that fit in memory, by name: the fastest single
+    device, and unless ``cheap_only``, m-ETF (if ``with_etf``), m-TOPO and the
+    topological split."""
+    found = {}
     alone = fastest_single_device(cost)
     if alone is not None:
-        found.append(np.full(len(cost.ops), alone[0]))
+        found["single device"] = np.full(len(cost.ops), alone[0])
+    if cheap_only:
+        return found
     names = cost.cluster.device_names
-    for place in (earliest_task_first, memory_topological, topological_split):
+    places = {"m-ETF": earliest_task_first} if with_etf else {}
+    places.update({"m-TOPO": memory_topological, "topological split": topological_split})
+    for name, place in places.items():
         try:
             placement = place(cost)
             check_memory(cost.graph, {op: names[d] for op, d in zip(cost.ops, placement)},
                          cost.cluster)
         except PlacementError:
             continue
-        found.append(placement)
+        found[name] = placement
     return found
 
 
@@ -375,12 +393,10 @@ def _neighbour_device(cost, members, device_of, runnable, exclude=None):
     return max(sorted(exchanged), key=exchanged.get, default=None)
 
 
-def _better_start(cost, device_of, priority):
+def _better_start(cost, device_of, priority, alternative):
     """For the local search, the better of this schedule and m-ETF's (earliest start
-    rather than earliest finish: better when transfers dominate)."""
-    try:
-        alternative = earliest_task_first(cost)
-    except PlacementError:
+    rather than earliest finish: better when transfers dominate), if it has one."""
+    if alternative is None:
         return device_of
     mine = simulate(cost, device_of, priority, memory=False).makespan
     theirs = simulate(cost, alternative, priority, memory=False).makespan

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from costmodel import CostModel, simulate
 from partitioner import greedy, single_device
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.cluster import cluster_of_devices
+from tfpart.cluster import cluster_from_dict, cluster_of_devices
 from tfpart.errors import PlacementError
 from tfpart.graph import OpGraph
 from tfpart.plan import Plan
@@ -177,3 +177,13 @@ def test_work_that_gains_nothing_stays_with_its_neighbours():
     cluster = cluster_of_devices(["V100", "V100"])
     plan = greedy.partition(CostModel(graph, cluster))
     assert len(plan.devices_used()) == 1 and plan.predicted.transfers == 0
+
+
+def test_out_of_memory_names_the_device_that_binds():
+    graph = OpGraph()
+    graph.add_op("huge", op_type="MatMul", flops=1e9, param_bytes=70 * 10**6)
+    cluster = cluster_from_dict({"devices": [
+        {"name": "/job:worker/task:0/device:GPU:0", "kind": "T4", "memory": "60MB"},
+        {"name": "/job:worker/task:0/device:GPU:1", "kind": "T4", "memory": "50MB"}]})
+    with pytest.raises(PlacementError, match="GPU:0, has 60.0 MB left"):
+        greedy.partition(CostModel(graph, cluster))
