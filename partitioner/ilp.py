@@ -14,8 +14,15 @@ Constraints:
 
 minimising ``C`` (plus the cluster's fixed step overhead). HiGHS (through pulp) is used
 and reports its bound; CBC is the fallback. Graphs larger than ``max_units`` are
-coarsened first and the result mapped back to ops. The plan records the solver's status,
-objective and bound; its predicted step time is, as for every algorithm, the simulator's.
+coarsened first and the result mapped back to ops.
+
+The solver starts from the greedy's placement (:mod:`partitioner.earliest_finish`; on a
+coarsened graph each unit on the device most of its ops have), passed to HiGHS through
+its own API (``setSolution``, which pulp's interface lacks) with the simulator's
+schedule of it. The ILP's model has no link contention, so its plan is then judged by
+simulation against the greedy's and the faster kept (``solver.kept``): the ILP is never
+slower than the greedy. The plan records the solver's status, objective and bound;
+its predicted step time is, as for every algorithm, the simulator's.
 
 Example
 -------
@@ -40,7 +47,9 @@ import numpy as np
 import pulp
 
 from costmodel.memory import new_output_bytes, output_bytes
+from costmodel.simulate import simulate
 from partitioner.coarsen import CoarsenOptions, coarsen
+from partitioner.earliest_finish import greedy_placement
 from partitioner.finish import make_plan
 from partitioner.lower_bound import critical_path_bound
 from tfpart.errors import PlacementError
@@ -64,14 +73,38 @@ class ILPResult:
     seconds: float
 
 
-def _solver(options):
+class _StartedHiGHS(pulp.HiGHS):
+    """pulp's HiGHS interface, given a starting solution (variable name -> value)
+    through HiGHS's own ``setSolution`` before it runs."""
+
+    def __init__(self, start, **options):
+        super().__init__(**options)
+        self.start = start
+
+    def callSolver(self, lp):
+        if self.start:
+            import highspy
+
+            values = [0.0] * len(lp.variables())
+            for var in lp.variables():
+                values[var.index] = float(self.start.get(var.name, 0.0))
+            solution = highspy.HighsSolution()
+            solution.col_value = values  # one assignment: the binding returns copies
+            solution.value_valid = True
+            lp.solverModel.setSolution(solution)
+        lp.solverModel.run()
+
+
+def _solver(options, start=None):
     if options.solver == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
-        return pulp.HiGHS(msg=False, timeLimit=options.time_limit, gapRel=options.mip_gap)
+        return _StartedHiGHS(start, msg=False, timeLimit=options.time_limit,
+                             gapRel=options.mip_gap)
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=options.time_limit, gapRel=options.mip_gap)
 
 
-def solve(graph, cost, cluster, options=ILPOptions()):
-    """Solve the placement ILP on ``graph`` as it is (every op a unit)."""
+def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
+    """Solve the placement ILP on ``graph`` as it is (every op a unit), starting from
+    the placement ``initial`` (device index per op of ``cost.ops``) if given."""
     units = list(cost.ops)
     n_dev = len(cluster)
     executors = cluster.executor_of
@@ -103,15 +136,17 @@ def solve(graph, cost, cluster, options=ILPOptions()):
             for d in range(n_dev):
                 if (members[0], d) in x or (other, d) in x:
                     prob += x.get((members[0], d), 0) == x.get((other, d), 0)
+    transfers = []
     for k, (u, v, edge) in enumerate(graph.edges()):
         transfer = prob.add_variable(f"t_{k}", lowBound=0)
+        transfers.append((transfer, u, v, edge))
         for a in range(n_dev):
             for b in range(n_dev):
                 c = cost.edge_time(edge, a, b) / unit
                 if a != b and c > 0 and (u, a) in x and (v, b) in x:
                     prob += transfer >= c * (x[u, a] + x[v, b] - 1)
         prob += start[v] >= start[u] + duration[u] + transfer
-    _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon)
+    pairs = _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon)
     # Valid inequalities that tighten the relaxation: no executor can be busier than the
     # makespan, and no schedule beats the critical path.
     for e in sorted(set(executors)):
@@ -119,16 +154,21 @@ def solve(graph, cost, cluster, options=ILPOptions()):
                                        for d in range(n_dev)
                                        if executors[d] == e and (u, d) in x)
     prob += makespan >= critical_path_bound(cost) / unit
-    _memory(prob, graph, units, x, cluster)
+    copies = _memory(prob, graph, units, x, cluster)
+    values = None
+    if initial is not None:
+        values = _start_values(cost, initial, unit, x, transfers, pairs, copies)
     t0 = time.perf_counter()
-    solver = _solver(options)
+    solver = _solver(options, values)
     status = prob.solve(solver)
     seconds = time.perf_counter() - t0
     if pulp.LpStatus[status] == "Infeasible":
         raise _infeasible(graph, cluster)
     assignment = {u: max(range(n_dev), key=lambda d: (x[u, d].value() or 0) if (u, d) in x
                          else -1) for u in units}
-    if any(x[u, assignment[u]].value() is None for u in units):
+    found = getattr(prob, "sol_status", pulp.LpSolutionOptimal) in (
+        pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if not found or any(x[u, assignment[u]].value() is None for u in units):
         raise PlacementError("", f"the ILP found no solution within {options.time_limit} s; "
                              "raise the time limit or coarsen further")
     objective = float(pulp.value(prob.objective)) * unit + cluster.step_overhead
@@ -138,8 +178,32 @@ def solve(graph, cost, cluster, options=ILPOptions()):
                      objective=objective, bound=bound + cluster.step_overhead, seconds=seconds)
 
 
+def _start_values(cost, device_of, unit, x, transfers, pairs, copies):
+    """Every variable's value (by name) for the placement ``device_of`` scheduled by the
+    simulator: the solver's starting solution."""
+    schedule = simulate(cost, device_of, memory=False)
+    where = dict(zip(cost.ops, device_of))
+    executors = cost.cluster.executor_of
+    values = {var.name: float(where[u] == d) for (u, d), var in x.items()}
+    for i, u in enumerate(cost.ops):
+        values[f"s_{i}"] = schedule.start[i] / unit
+    values["makespan"] = float(schedule.end.max(initial=0.0)) / unit
+    for var, u, v, edge in transfers:
+        values[var.name] = cost.edge_time(edge, where[u], where[v]) / unit
+    index = cost.index
+    for same, first, u, v in pairs:
+        values[same.name] = float(executors[where[u]] == executors[where[v]])
+        values[first.name] = float(schedule.start[index[u]] <= schedule.start[index[v]])
+    for var, u, d, readers in copies:
+        values[var.name] = float(where[u] != d and any(where[r] == d for r in readers))
+    return values
+
+
 def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon):
+    """No two units overlap on an executor; returns the ``(same, first, u, v)``
+    variables of every unordered pair."""
     counter = itertools.count()
+    pairs = []
     reach = graph.descendants()
     groups = sorted(set(executors))
     for i, u in enumerate(units):
@@ -155,10 +219,15 @@ def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizo
             prob += start[v] >= start[u] + duration[u] - horizon * (1 - first) - \
                 horizon * (1 - same)
             prob += start[u] >= start[v] + duration[v] - horizon * first - horizon * (1 - same)
+            pairs.append((same, first, u, v))
+    return pairs
 
 
 def _memory(prob, graph, units, x, cluster):
+    """Each device's memory bound; returns the ``(copy, u, d, readers)`` variables of
+    the copies devices receive."""
     counter = itertools.count()
+    copies = []
     for d, device in enumerate(cluster.devices):
         terms = []
         for u in units:
@@ -173,8 +242,10 @@ def _memory(prob, graph, units, x, cluster):
                 for v in readers:
                     prob += copy >= x[v, d] - (x[u, d] if (u, d) in x else 0)
                 terms.append(received * copy)
+                copies.append((copy, u, d, readers))
         if terms:
             prob += pulp.lpSum(terms) <= device.memory
+    return copies
 
 
 def _bound(prob, solver, objective):
@@ -200,29 +271,67 @@ def _infeasible(graph, cluster):
 
 
 def partition(cost, options=ILPOptions()):
-    """Optimal (or best found, with bound) placement. Graphs of more than
-    ``options.max_units`` ops are coarsened first; the result is then optimal for the
-    coarse graph only (status ``coarse ...``), and its bound bounds that graph only."""
+    """Optimal (or best found, with bound) placement, started from the greedy's and
+    never slower than it by simulation. Graphs of more than ``options.max_units`` ops
+    are coarsened first; the result is then optimal for the coarse graph only (status
+    ``coarse ...``), and its bound bounds that graph only."""
+    graph = cost.graph
+    try:
+        greedy, _ = greedy_placement(cost)
+    except PlacementError:
+        greedy = None
+    try:
+        device_of, result, units = _solve_model(cost, options, greedy)
+    except PlacementError:
+        if greedy is None:
+            raise
+        # no solution within the time limit (CBC, which takes no start): the greedy's
+        device_of, units = greedy, len(graph)
+        result = ILPResult(unit_device={}, status="no solution", objective=None,
+                           bound=0.0, seconds=options.time_limit)
+    kept = "ilp"
+    if greedy is not None and (result.status == "no solution" or simulate(
+            cost, greedy, memory=False).makespan < simulate(cost, device_of,
+                                                             memory=False).makespan):
+        device_of, kept = greedy, "greedy"
+    plan = make_plan(cost, device_of, "ilp", options)
+    plan.predicted.solver = {"status": result.status, "objective": result.objective,
+                             "bound": result.bound, "units": units,
+                             "solve_seconds": result.seconds, "kept": kept,
+                             "started_from": "greedy" if greedy is not None else None}
+    return plan
+
+
+def _solve_model(cost, options, greedy):
+    """The ILP's placement (device index per op), its result, and the units solved."""
     graph, cluster = cost.graph, cost.cluster
+    names = cluster.device_names
     if len(graph) > options.max_units:
         target = CoarsenOptions(chains=options.coarsen.chains,
                                 name_scope_depth=options.coarsen.name_scope_depth,
                                 target_units=min(options.max_units,
                                                  options.coarsen.target_units or 10**9))
         coarse = coarsen(graph, cost, target)
-        result = solve(coarse.graph, cost.of(coarse.graph), cluster, options)
-        names = cluster.device_names
+        coarse_cost = cost.of(coarse.graph)
+        start = None if greedy is None else _by_majority(coarse, cost, greedy, coarse_cost)
+        result = solve(coarse.graph, coarse_cost, cluster, options, start)
         assignment = coarse.expand({u: names[d] for u, d in result.unit_device.items()})
         units = len(coarse.graph)
         result.status = f"coarse {result.status}"
     else:
-        result = solve(graph, cost, cluster, options)
-        names = cluster.device_names
+        result = solve(graph, cost, cluster, options, greedy)
         assignment = {u: names[d] for u, d in result.unit_device.items()}
         units = len(graph)
-    device_of = np.array([names.index(assignment[op]) for op in cost.ops])
-    plan = make_plan(cost, device_of, "ilp", options)
-    plan.predicted.solver = {"status": result.status, "objective": result.objective,
-                             "bound": result.bound, "units": units,
-                             "solve_seconds": result.seconds}
-    return plan
+    return np.array([names.index(assignment[op]) for op in cost.ops]), result, units
+
+
+def _by_majority(coarse, cost, device_of, coarse_cost):
+    """A placement of the coarse units: each unit where most of its ops' time is."""
+    chosen = []
+    for unit in coarse_cost.ops:
+        members = [cost.index[op] for op in coarse.members[unit]]
+        weights = np.bincount(device_of[members], weights=cost.mean_time()[members] + 1e-12,
+                              minlength=len(cost.cluster))
+        runnable = np.isfinite(coarse_cost.compute[coarse_cost.index[unit]])
+        chosen.append(int(np.argmax(np.where(runnable, weights, -1.0))))
+    return np.array(chosen)
