@@ -90,6 +90,10 @@ def print_plan(result, default_cluster):
                       f"{p.throughput:.1f} samples/s, first result after "
                       f"{_seconds(p.first_result)}, one micro-batch every "
                       f"{_seconds(p.interval)}")
+    if plan.predicted.transfers is not None:
+        console.print(f"{plan.predicted.transfers} tensor copies between devices per step "
+                      f"({plan.predicted.cross_host_transfers} between hosts, "
+                      f"{_bytes(plan.predicted.bytes_moved)})")
     console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
                   f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
