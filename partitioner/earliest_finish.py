@@ -88,7 +88,7 @@ class GreedyOptions:
     insertion: bool = True
     refine_evaluations: int = 100
     refine_max_ops: int = 1500
-    compare_max_ops: int = 20000
+    compare_max_ops: int = 5000
 
 
 class _Slots:
@@ -288,13 +288,14 @@ def greedy_placement(cost, options=GreedyOptions()):
         if simulate(cost, searched, priority, memory=False).makespan < \
                 simulate(cost, device_of, priority, memory=False).makespan:
             device_of[:] = searched
+    gather = (len(cluster) if n_ops <= options.compare_max_ops else 0,
+              options.refine_evaluations if n_ops <= options.refine_max_ops else 0)
     device_of = _no_worse_than_baselines(cost, device_of, priority, list(baselines.values()),
-                                         options.refine_evaluations
-                                         if n_ops <= options.compare_max_ops else 0)
+                                         gather)
     return device_of, priority
 
 
-def _no_worse_than_baselines(cost, device_of, priority, baselines, evaluations):
+def _no_worse_than_baselines(cost, device_of, priority, baselines, gather):
     """The placement to keep, judged by simulated steps (the measure a plan is judged
     by): the fastest of this placement, its gathered variants (:func:`_gathered`) and
     the baselines (the fastest single device, m-ETF, m-TOPO, the topological split), or
@@ -304,7 +305,7 @@ def _no_worse_than_baselines(cost, device_of, priority, baselines, evaluations):
         schedule = simulate(cost, placement, priority, memory=False)
         return schedule.makespan, schedule.bytes_moved, len(np.unique(placement))
 
-    own = [device_of, *_gathered(cost, device_of, judge, evaluations)]
+    own = [device_of, *_gathered(cost, device_of, judge, *gather)]
     judged = [(judge(p), p) for p in own]
     baselines = [(judge(p), p) for p in baselines]
     fastest = min(j[0] for j, _ in judged + baselines)
@@ -337,11 +338,12 @@ def _baselines(cost, with_etf=True, cheap_only=False):
     return found
 
 
-def _gathered(cost, device_of, judge, evaluations):
+def _gathered(cost, device_of, judge, device_moves, group_moves):
     """Variants of ``device_of`` with fewer cross-device bytes whose simulated step stays
-    within 1% of its own: each device's groups in turn (least busy device first) moved
-    to the device they exchange the most bytes with, then, with the evaluations left,
-    single groups (cheapest first) moved to their neighbours' device."""
+    within 1% of its own: each device's groups in turn (least busy device first; at most
+    ``device_moves`` tries) moved to the device they exchange the most bytes with, then
+    single groups (cheapest first; at most ``group_moves`` tries) moved to their
+    neighbours' device. Each try is a simulation."""
     graph, cluster = cost.graph, cost.cluster
     units = [unit.members for unit in placement_units(graph, cost)]
     current = device_of.copy()
@@ -364,21 +366,20 @@ def _gathered(cost, device_of, judge, evaluations):
         if judged[0] <= limit and judged[1:] < best[1:]:
             current, best = trial, judged
 
-    for d in sorted(set(current.tolist()), key=lambda d: busy[d]):
-        if evaluations <= 0 or len(set(current.tolist())) == 1:
+    for d in sorted(set(current.tolist()), key=lambda d: busy[d])[:device_moves]:
+        if len(set(current.tolist())) == 1:
             break
         moves = [(k, _neighbour_device(cost, units[k], current, runnable[k], exclude=d))
                  for k, members in enumerate(units) if current[members[0]] == d]
         if moves and all(target is not None for _, target in moves):
-            evaluations -= 1
             try_move(moves)
     mean_time = cost.mean_time()
     for k in sorted(range(len(units)), key=lambda k: mean_time[units[k]].sum()):
-        if evaluations <= 0:
+        if group_moves <= 0:
             break
         target = _neighbour_device(cost, units[k], current, runnable[k])
         if target is not None and target != current[units[k][0]]:
-            evaluations -= 1
+            group_moves -= 1
             try_move([(k, target)])
     return [current] if (current != device_of).any() else []
 
