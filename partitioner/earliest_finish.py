@@ -8,10 +8,12 @@ times, as HEFT does). The first op of a colocation group decides the group's dev
 among the devices that have a kernel for every op of the group and room for the
 group's variables and the op's tensors, and that leave room for the variables of the
 groups still unplaced (a first-fit-decreasing packing must exist), the one where the op
-would finish earliest, counting the transfers of its inputs as the simulator makes them
-(one copy per producer and destination device, queued on its directed link, in an idle
-slot of the link when one is long enough) and fitting it into an idle slot of that
-device's executor (insertion). The rest of the group follows. Groups that cost nothing
+would finish earliest, counting the transfers of its inputs and fitting it into an idle
+slot of that device's executor (insertion). The schedule is made twice: with each
+transfer taking its own alpha-beta time, and with transfers queued as the simulator
+queues them (one copy per producer and destination device, on its directed link, in an
+idle slot of the link when one is long enough); the placement that simulates faster is
+kept. The rest of the group follows. Groups that cost nothing
 and read nothing (variables with their reads, constants) are then moved next to their
 heaviest consumer.
 
@@ -64,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.memory import device_memory, new_output_bytes, output_bytes
-from costmodel.simulate import ready_order, simulate, upward_rank
+from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
@@ -121,13 +123,16 @@ class _Links:
     producer and destination device, queued on its directed link (a copy fits an idle
     slot of the link when one is long enough)."""
 
-    def __init__(self):
+    def __init__(self, contended=True):
+        self.contended = contended  # else each transfer takes its own alpha-beta time
         self.slots = {}  # (src, dst) -> _Slots of the link's busy intervals
         self.arrival = {}  # (producer, dst) -> when its copy is on dst
 
     def ready_time(self, cost, i, d, end, device_of):
         """When all inputs of op ``i`` can be on device ``d``, and the copies that takes
         (to :meth:`book` if ``i`` goes there)."""
+        if not self.contended:
+            return data_ready_time(cost, i, d, end, device_of), []
         graph = cost.graph
         ready, copies, tentative = 0.0, [], {}
         inputs = sorted(((end[cost.index[p]], cost.index[p], edge)
@@ -205,26 +210,62 @@ def greedy_placement(cost, options=GreedyOptions()):
     """The device index of every op of ``cost.ops``, and the simulator priority the
     placement was judged with.
 
+    The list schedule is made twice, with transfers queued per link and with each
+    transfer alone (the simulator's queues are in time order, the list schedule's in
+    placement order, so neither estimate is exact), and the one whose placement
+    simulates faster is kept (graphs above ``compare_max_ops`` ops: the second only).
+
     Raises
     ------
     tfpart.errors.PlacementError
         If an op runs on no device, or memory runs out (naming the roomiest device).
     """
     graph, cluster = cost.graph, cost.cluster
+    n_ops = len(cost.ops)
+    priority = upward_rank(cost)
+    device_of = _list_schedule(cost, options, priority, contended=False)
+    if n_ops <= options.compare_max_ops:
+        queued = _list_schedule(cost, options, priority, contended=True)
+        if simulate(cost, queued, priority, memory=False).makespan < \
+                simulate(cost, device_of, priority, memory=False).makespan:
+            device_of = queued
+    baselines = _baselines(cost, with_etf=n_ops <= options.refine_max_ops,
+                           cheap_only=n_ops > options.compare_max_ops)
+    if options.refine_evaluations and n_ops <= options.refine_max_ops:
+        device_of = _better_start(cost, device_of, priority, baselines.get("m-ETF"))
+        _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
+        # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
+        # its reader whatever the plan says, so the plan must too; other free groups
+        # follow their readers again only if that is no slower.
+        searched = device_of.copy()
+        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+        _move_free_groups_to_consumers(graph, cost, cluster, searched, generators_only=True)
+        if simulate(cost, searched, priority, memory=False).makespan < \
+                simulate(cost, device_of, priority, memory=False).makespan:
+            device_of[:] = searched
+    gather = (len(cluster) if n_ops <= options.compare_max_ops else 0,
+              options.refine_evaluations if n_ops <= options.refine_max_ops else 0)
+    device_of = _no_worse_than_baselines(cost, device_of, priority, list(baselines.values()),
+                                         gather)
+    return device_of, priority
+
+
+def _list_schedule(cost, options, priority, contended):
+    """The earliest-finish list schedule's placement, its transfers queued per link
+    (``contended``) or each alone."""
+    graph, cluster = cost.graph, cost.cluster
     n_ops, n_dev = cost.compute.shape
     capacity = np.array([d.memory for d in cluster.devices]) * (1 - options.memory_headroom)
     group_params, group_runnable = _group_tables(graph, cost)
     out_bytes = np.array([output_bytes(graph.ops[name]) for name in cost.ops], dtype=float)
     own_bytes = np.array([new_output_bytes(graph.ops[name]) for name in cost.ops], dtype=float)
-    priority = upward_rank(cost)
-
     device_of = np.full(n_ops, -1)
     end = np.zeros(n_ops)
     executor_of = cluster.executor_of
     slots = [_Slots() for _ in range(max(executor_of) + 1)]
     used = np.zeros(n_dev)
     group_device, received = {}, set()
-    links = _Links()
+    links = _Links(contended)
     unplaced = _Unplaced(group_params)
     for i in ready_order(cost, priority):
         group = graph.ops[cost.ops[i]]["colocation"]
@@ -274,25 +315,7 @@ def greedy_placement(cost, options=GreedyOptions()):
             if not edge["control"] and device_of[p] != best:
                 received.add((p, best))
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-    baselines = _baselines(cost, with_etf=n_ops <= options.refine_max_ops,
-                           cheap_only=n_ops > options.compare_max_ops)
-    if options.refine_evaluations and n_ops <= options.refine_max_ops:
-        device_of = _better_start(cost, device_of, priority, baselines.get("m-ETF"))
-        _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
-        # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
-        # its reader whatever the plan says, so the plan must too; other free groups
-        # follow their readers again only if that is no slower.
-        searched = device_of.copy()
-        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-        _move_free_groups_to_consumers(graph, cost, cluster, searched, generators_only=True)
-        if simulate(cost, searched, priority, memory=False).makespan < \
-                simulate(cost, device_of, priority, memory=False).makespan:
-            device_of[:] = searched
-    gather = (len(cluster) if n_ops <= options.compare_max_ops else 0,
-              options.refine_evaluations if n_ops <= options.refine_max_ops else 0)
-    device_of = _no_worse_than_baselines(cost, device_of, priority, list(baselines.values()),
-                                         gather)
-    return device_of, priority
+    return device_of
 
 
 def _no_worse_than_baselines(cost, device_of, priority, baselines, gather):
