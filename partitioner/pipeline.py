@@ -10,6 +10,12 @@ each runs on that minimise the largest stage load: compute plus the transfers in
 and out of the stage. A stage's memory is its variables plus its activations at the
 full batch (M micro-batches in flight hold at most that much).
 
+A training step (ops marked with a phase by the reader) is staged in its forward graph
+(:mod:`partitioner.training_stages`): each forward op carries its backward ops' time,
+its backward ops then join its stage and the update ops their variables; the schedule
+(GPipe or 1F1B, ``options.schedule`` overrides) is chosen with M, among the pairs whose
+predicted peak memory (:func:`costmodel.pipeline.training_peak_memory`) fits.
+
 The micro-batch count M (``options.microbatches`` overrides) is the one whose
 simulated batch time is least among 1, 2, 4, … up to the batch size: more micro-batches
 shrink the pipeline bubble (K - 1) / (M + K - 1) but make every op run at a smaller
