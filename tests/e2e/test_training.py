@@ -94,7 +94,8 @@ def test_a_pipelined_training_step_trains_like_the_original(
     assert run["slots"] > 0 and run["slots_apart"] == []
     assert run["outputs_equal"] and run["ops_checked"] > 50
     assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
-    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-5, atol=1e-7)
+    # micro-batches sum each reduction in another order: 1e-4, as for the weights
+    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
     assert run["weights_trained"]
     assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
 
