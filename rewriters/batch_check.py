@@ -27,7 +27,7 @@ from tfpart.ops import SHAPE_ONLY_OPS
 
 def batch_mixing_ops(proto, path, batch_size, signature=None):
     """Names of the ops of ``signature`` that mix the samples of a batch."""
-    shapes, ops = tensor_shapes(proto, path, batch_size, signature)
+    shapes, ops, _ = tensor_shapes(proto, path, batch_size, signature)
     return batch_mixing(shapes, [(name, op_type, inputs, outputs)
                                  for name, op_type, inputs, _, outputs in ops])
 

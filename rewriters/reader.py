@@ -152,9 +152,11 @@ def import_flat(flat, path=""):
 
 def tensor_shapes(proto, path, batch_size, signature=None):
     """Every tensor's shape at ``batch_size`` and one more (None where unknown or a
-    handle), and the ops as ``(name, type, data inputs, control inputs, outputs)``."""
-    graphs = [import_flat(flatten_signature(proto, path, batch, signature), path)
-              for batch in (batch_size, batch_size + 1)]
+    handle), the ops as ``(name, type, data inputs, control inputs, outputs)``, and the
+    flattened signature at ``batch_size``."""
+    flats = [flatten_signature(proto, path, batch, signature)
+             for batch in (batch_size, batch_size + 1)]
+    graphs = [import_flat(flat, path) for flat in flats]
     shapes = {}
     for graph in graphs:
         for op in graph.get_operations():
@@ -166,7 +168,7 @@ def tensor_shapes(proto, path, batch_size, signature=None):
     ops = [(op.name, op.type, [t.name for t in op.inputs],
             [c.name for c in op.control_inputs], [t.name for t in op.outputs])
            for op in graphs[0].get_operations()]
-    return shapes, ops
+    return shapes, ops, flats[0]
 
 
 def read_model(proto, path="", batch_size=None, signature=None):

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
-from rewriters.reader import flatten_signature, tensor_shapes
+from rewriters.reader import tensor_shapes
 from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
@@ -79,8 +79,7 @@ class StepRegions:
 
 def step_regions(proto, path, batch_size, signature=None):
     """The :class:`StepRegions` of a SavedModel signature."""
-    flat = flatten_signature(proto, path, batch_size, signature)
-    shapes, ops = tensor_shapes(proto, path, batch_size, signature)
+    shapes, ops, flat = tensor_shapes(proto, path, batch_size, signature)
     placeholders = {f"{p}:0" for p, _, _ in flat.inputs.values()}
     batched = batched_tensors(shapes, ops, placeholders)
     return classify(ops, batched, flat.outputs)
