@@ -30,10 +30,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
-from costmodel.memory import new_output_bytes, output_bytes
-from tfpart.ops import ALIASING_OPS
+from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 
 
 @dataclass
@@ -74,15 +74,36 @@ def upward_rank(cost):
     >>> bool(rank[0] > rank[1] > rank[2] > 0)
     True
     """
-    graph = cost.graph
-    mean_time = cost.mean_time()
-    rank = np.zeros(len(cost.ops))
-    for name in reversed(cost.graph.topological_order()):
-        i = cost.index[name]
+    a = graph_arrays(cost)
+    return longest_path_to_exit(a.topological, a.succ_ptr, a.succ_op, a.succ_edge,
+                                cost.mean_time(), mean_edge_times(cost))
+
+
+def mean_edge_times(cost):
+    """:meth:`CostModel.mean_edge_time` of every edge, by edge id of
+    :func:`~costmodel.arrays.graph_arrays`."""
+    a = graph_arrays(cost)
+    n_dev = len(cost.cluster)
+    if n_dev < 2:
+        return np.zeros(len(a.edge_bytes))
+    mask = ~np.eye(n_dev, dtype=bool)
+    times = np.where(a.edge_bytes > 0, np.mean(cost.latency[mask]) +
+                     a.edge_bytes * np.mean(cost.inverse_bandwidth[mask]), 0.0)
+    has_table = a.comm_row >= 0
+    times[has_table] = a.comm[a.comm_row[has_table]][:, mask].mean(axis=1)
+    return times
+
+
+@numba.njit(cache=True)
+def longest_path_to_exit(topological, succ_ptr, succ_op, succ_edge, op_time, edge_time):
+    """Per op, the longest path from its start to an exit, op and edge times included."""
+    rank = np.zeros(len(topological))
+    for k in range(len(topological) - 1, -1, -1):
+        i = topological[k]
         tail = 0.0
-        for succ, edge in graph.out_edges(name).items():
-            tail = max(tail, cost.mean_edge_time(edge) + rank[cost.index[succ]])
-        rank[i] = mean_time[i] + tail
+        for s in range(succ_ptr[i], succ_ptr[i + 1]):
+            tail = max(tail, edge_time[succ_edge[s]] + rank[succ_op[s]])
+        rank[i] = op_time[i] + tail
     return rank
 
 
@@ -91,18 +112,17 @@ def ready_order(cost, priority):
 
     Each yielded op must be finished by the caller before the next ``next()``.
     """
-    graph = cost.graph
-    key = cost.graph.structural_key
-    waiting = {name: graph.in_degree(name) for name in cost.ops}
-    heap = [(-priority[cost.index[n]], key(n)) for n, deg in waiting.items() if deg == 0]
+    a = graph_arrays(cost)
+    waiting = np.diff(a.pred_ptr)
+    heap = [(-priority[i], a.tie[i], i) for i in np.flatnonzero(waiting == 0).tolist()]
     heapq.heapify(heap)
     while heap:
-        _, (*_, name) = heapq.heappop(heap)
-        yield cost.index[name]
-        for succ in graph.successors(name):
-            waiting[succ] -= 1
-            if waiting[succ] == 0:
-                heapq.heappush(heap, (-priority[cost.index[succ]], key(succ)))
+        *_, i = heapq.heappop(heap)
+        yield i
+        for j in a.succ_op[a.succ_ptr[i]:a.succ_ptr[i + 1]].tolist():
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, (-priority[j], a.tie[j], j))
 
 
 def data_ready_time(cost, i, device, end, placed_on):
@@ -115,35 +135,6 @@ def data_ready_time(cost, i, device, end, placed_on):
     return ready
 
 
-def _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_until):
-    """Queue the transfers of op ``i``'s outputs to every other device that reads them."""
-    src = device_of[i]
-    per_device = {}  # dst -> (bytes, time on the link, total time): the tensor goes once
-    for succ, edge in cost.graph.out_edges(cost.ops[i]).items():
-        dst = device_of[cost.index[succ]]
-        if dst != src and not edge["control"]:
-            old = per_device.get(dst, (0.0, 0.0, 0.0))
-            per_device[dst] = (max(old[0], edge["bytes"]),
-                               max(old[1], cost.edge_link_time(edge, src, dst)),
-                               max(old[2], cost.edge_time(edge, src, dst)))
-    executor_of = cost.cluster.executor_of
-    for dst, (nbytes, on_link, total) in sorted(per_device.items()):
-        begin = max(end[i], link_free.get((src, dst), 0.0))
-        ends = (executor_of[src], executor_of[dst])
-        if cost.cpu_copy[src, dst]:
-            begin = max(begin, *(busy_until[e] for e in ends))
-        link_free[(src, dst)] = begin + on_link
-        if cost.cpu_copy[src, dst]:
-            for e in ends:
-                busy_until[e] = link_free[(src, dst)]
-        for e in ends:  # the Send and the Recv each take their executor a moment
-            busy_until[e] = max(busy_until[e], begin) + cost.message_cost[src, dst]
-        finish = link_free[(src, dst)] + (total - on_link)
-        arrival[(i, dst)] = finish
-        schedule.transfers.append((i, src, dst, begin, finish))
-        schedule.link_bytes[(src, dst)] = schedule.link_bytes.get((src, dst), 0.0) + nbytes
-
-
 def simulate(cost, device_of, priority=None, memory=True):
     """Simulate one step with op ``i`` on device index ``device_of[i]``.
 
@@ -151,7 +142,7 @@ def simulate(cost, device_of, priority=None, memory=True):
     is idle it starts, among the ops whose inputs are on its devices, the one of
     highest ``priority`` (upward rank by default; ties by what the ops are). With
     ``memory=False`` the peak-memory sweep is skipped (for searches that only compare
-    step times).
+    step times). The event loop is compiled (:func:`_simulate_events`).
 
     Examples
     --------
@@ -167,75 +158,140 @@ def simulate(cost, device_of, priority=None, memory=True):
     >>> round(one.makespan, 3), two.makespan < one.makespan
     (3.0, True)
     """
-    device_of = np.asarray(device_of, dtype=int)
-    priority = upward_rank(cost) if priority is None else priority
-    n_ops, n_dev = cost.compute.shape
-    executor_of = cost.cluster.executor_of
-    graph = cost.graph
-    start, end = np.zeros(n_ops), np.zeros(n_ops)
-    busy_until = np.zeros(max(executor_of, default=0) + 1)  # also held by cpu_copy transfers
-    running = np.zeros(len(busy_until), dtype=bool)
-    queues = [[] for _ in busy_until]  # per executor: ready ops by priority
-    schedule = Schedule(device=device_of, start=start, end=end, makespan=0.0,
-                        busy=np.zeros(n_dev))
-    link_free, arrival = {}, {}
-    waiting = np.array([graph.in_degree(name) for name in cost.ops])
-    ready_at = np.zeros(n_ops)
-    events = []  # (time, order, kind, payload): kind 0 = op finished, 1 = op ready, 2 = wake
-    sequence = 0
-
-    def push(time, kind, payload):
-        nonlocal sequence
-        heapq.heappush(events, (time, sequence, kind, payload))
-        sequence += 1
-
-    def try_start(e, now):
-        if running[e] or not queues[e]:
-            return
-        if busy_until[e] > now:
-            push(busy_until[e], 2, e)
-            return
-        _, _, i = heapq.heappop(queues[e])
-        start[i] = now
-        end[i] = now + cost.compute[i, device_of[i]]
-        running[e] = True
-        busy_until[e] = end[i]
-        schedule.busy[device_of[i]] += cost.compute[i, device_of[i]]
-        schedule.order.append(i)
-        push(end[i], 0, i)
-
-    for i in np.flatnonzero(waiting == 0):
-        push(0.0, 1, int(i))
-    while events:
-        now, _, kind, payload = heapq.heappop(events)
-        if kind == 1:  # all inputs of op `payload` are on its device
-            e = executor_of[device_of[payload]]
-            heapq.heappush(queues[e], (-priority[payload],
-                                       cost.graph.structural_key(cost.ops[payload]), payload))
-            try_start(e, now)
-        elif kind == 2:
-            try_start(payload, now)
-        else:  # op `payload` finished: send its outputs, wake its consumers
-            i = payload
-            e = executor_of[device_of[i]]
-            running[e] = False
-            _send_outputs(cost, i, device_of, end, link_free, arrival, schedule, busy_until)
-            d_i = device_of[i]
-            for succ in graph.successors(cost.ops[i]):
-                j = cost.index[succ]
-                d_j = device_of[j]
-                ready_at[j] = max(ready_at[j], end[i] if d_j == d_i else
-                                  arrival.get((i, d_j), end[i]))
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    push(ready_at[j], 1, j)
-            try_start(e, now)
-    schedule.makespan = float(max(end.max(initial=0.0),
-                                  max((t[4] for t in schedule.transfers), default=0.0)))
-    schedule.makespan += cost.cluster.step_overhead
+    device_of = np.asarray(device_of, dtype=np.int64)
+    priority = upward_rank(cost) if priority is None else np.asarray(priority, dtype=float)
+    a = graph_arrays(cost)
+    executor_of = np.asarray(cost.cluster.executor_of, dtype=np.int64)
+    start, end, busy, order, transfers, link_bytes = _simulate_events(
+        device_of, priority, a.tie, cost.compute, executor_of, a.succ_ptr, a.succ_op,
+        a.succ_edge, a.edge_bytes, a.edge_control, a.comm_row, a.comm, cost.latency,
+        cost.inverse_bandwidth, cost.cpu_copy, cost.message_cost)
+    makespan = max(end.max(initial=0.0), transfers[:, 4].max(initial=0.0))
+    src, dst = np.nonzero(link_bytes)
+    schedule = Schedule(
+        device=device_of, start=start, end=end,
+        makespan=float(makespan) + cost.cluster.step_overhead, busy=busy,
+        link_bytes={(int(s), int(d)): float(link_bytes[s, d]) for s, d in zip(src, dst)},
+        transfers=[(int(i), int(s), int(d), float(b), float(f))
+                   for i, s, d, b, f in transfers] if memory else [],
+        order=order.tolist())
     if memory:
         schedule.peak_memory = peak_memory(cost, schedule)
     return schedule
+
+
+@numba.njit(cache=True)
+def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, succ_op,
+                     succ_edge, edge_bytes, edge_control, comm_row, comm, latency,
+                     inverse_bandwidth, cpu_copy, message_cost):
+    """The event loop of :func:`simulate`: start and end per op, busy seconds per
+    device, the order ops started in, the transfers (rows: op, src, dst, begin,
+    finish) and the bytes per directed link."""
+    n_ops, n_dev = compute.shape
+    n_exec = executor_of.max() + 1
+    start, end = np.zeros(n_ops), np.zeros(n_ops)
+    busy = np.zeros(n_dev)
+    busy_until = np.zeros(n_exec)  # also held by cpu_copy transfers
+    running = np.zeros(n_exec, dtype=np.bool_)
+    queue = np.empty((n_exec, n_ops), dtype=np.int64)
+    queued = np.zeros(n_exec, dtype=np.int64)
+    link_free = np.zeros((n_dev, n_dev))
+    link_bytes = np.zeros((n_dev, n_dev))
+    arrival = np.full((n_ops, n_dev), -1.0)
+    transfers = np.empty((len(succ_op), 5))
+    n_transfers = 0
+    order = np.empty(n_ops, dtype=np.int64)
+    n_started = 0
+    waiting = np.zeros(n_ops, dtype=np.int64)
+    for k in range(len(succ_op)):
+        waiting[succ_op[k]] += 1
+    ready_at = np.zeros(n_ops)
+    # (time, sequence, kind, payload): kind 0 = op finished, 1 = op ready, 2 = wake
+    events = [(0.0, 0, 0, 0)]
+    events.pop()
+    sequence = 0
+    for i in range(n_ops):
+        if waiting[i] == 0:
+            heapq.heappush(events, (0.0, sequence, 1, i))
+            sequence += 1
+    copy_bytes, copy_link, copy_total = np.zeros(n_dev), np.zeros(n_dev), np.zeros(n_dev)
+    copy_to = np.zeros(n_dev, dtype=np.bool_)
+    while len(events) > 0:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == 1:  # all inputs of op `payload` are on its device
+            e = executor_of[device_of[payload]]
+            heap_push(queue, queued, e, payload, priority, tie)
+        elif kind == 2:
+            e = payload
+        else:  # op `payload` finished: send its outputs, wake its consumers
+            i = payload
+            src = device_of[i]
+            e = executor_of[src]
+            running[e] = False
+            copy_to[:] = False
+            for k in range(succ_ptr[i], succ_ptr[i + 1]):  # one copy per destination
+                dst = device_of[succ_op[k]]
+                edge = succ_edge[k]
+                if dst == src or edge_control[edge]:
+                    continue
+                on_link, total = edge_times(edge, src, dst, edge_bytes, comm_row, comm,
+                                            latency, inverse_bandwidth)
+                if not copy_to[dst]:
+                    copy_to[dst] = True
+                    copy_bytes[dst], copy_link[dst], copy_total[dst] = 0.0, 0.0, 0.0
+                copy_bytes[dst] = max(copy_bytes[dst], edge_bytes[edge])
+                copy_link[dst] = max(copy_link[dst], on_link)
+                copy_total[dst] = max(copy_total[dst], total)
+            for dst in range(n_dev):
+                if not copy_to[dst]:
+                    continue
+                begin = max(end[i], link_free[src, dst])
+                ends = (executor_of[src], executor_of[dst])
+                if cpu_copy[src, dst]:
+                    begin = max(begin, busy_until[ends[0]], busy_until[ends[1]])
+                link_free[src, dst] = begin + copy_link[dst]
+                for x in ends:
+                    if cpu_copy[src, dst]:
+                        busy_until[x] = link_free[src, dst]
+                for x in ends:  # the Send and the Recv each take their executor a moment
+                    busy_until[x] = max(busy_until[x], begin) + message_cost[src, dst]
+                finish = link_free[src, dst] + (copy_total[dst] - copy_link[dst])
+                arrival[i, dst] = finish
+                transfers[n_transfers, 0] = i
+                transfers[n_transfers, 1] = src
+                transfers[n_transfers, 2] = dst
+                transfers[n_transfers, 3] = begin
+                transfers[n_transfers, 4] = finish
+                n_transfers += 1
+                link_bytes[src, dst] += copy_bytes[dst]
+            for k in range(succ_ptr[i], succ_ptr[i + 1]):
+                j = succ_op[k]
+                d_j = device_of[j]
+                there = end[i] if d_j == src or arrival[i, d_j] < 0 else arrival[i, d_j]
+                ready_at[j] = max(ready_at[j], there)
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    heapq.heappush(events, (ready_at[j], sequence, 1, j))
+                    sequence += 1
+        # try to start the next op on executor e
+        if running[e] or queued[e] == 0:
+            continue
+        if busy_until[e] > now:
+            heapq.heappush(events, (busy_until[e], sequence, 2, e))
+            sequence += 1
+            continue
+        i = heap_pop(queue, queued, e, priority, tie)
+        d = device_of[i]
+        start[i] = now
+        end[i] = now + compute[i, d]
+        running[e] = True
+        busy_until[e] = end[i]
+        busy[d] += compute[i, d]
+        order[n_started] = i
+        n_started += 1
+        heapq.heappush(events, (end[i], sequence, 0, i))
+        sequence += 1
+    return start, end, busy, order[:n_started], transfers[:n_transfers], link_bytes
 
 
 def simulate_plan(plan, cost):
@@ -263,39 +319,57 @@ def simulate_plan(plan, cost):
 
 def peak_memory(cost, schedule):
     """Peak bytes per device: variables plus the most activations alive at once."""
-    graph = cost.graph
-    device_of, start, end = schedule.device, schedule.start, schedule.end
-    params = np.zeros(cost.compute.shape[1])
-    owner_of = {}  # op index -> op index whose buffer its output lives in
-    allocated = {}  # (owner, device) -> (time, bytes)
-    freed = {}  # (owner, device) -> time its last reader (or send) there ends
-    for i in schedule.order:
-        attrs = graph.ops[cost.ops[i]]
-        d = device_of[i]
-        params[d] += attrs["param_bytes"]
-        inputs = [cost.index[p] for p, e in graph.in_edges(cost.ops[i]).items() if not e["control"]]
-        if attrs["op_type"] in ALIASING_OPS and inputs and device_of[inputs[0]] == d:
-            owner_of[i] = owner_of[inputs[0]]
-        else:
-            owner_of[i] = i
-            allocated[(i, d)] = (start[i], new_output_bytes(attrs))
-        for p in inputs:
-            key = (owner_of[p], d)
-            freed[key] = max(freed.get(key, 0.0), end[i])
-    for i, src, dst, begin, finish in schedule.transfers:
-        owner = owner_of[i]
-        allocated[(owner, dst)] = (begin, output_bytes(graph.ops[cost.ops[i]]))
-        freed[(owner, src)] = max(freed.get((owner, src), 0.0), finish)
-    events = []
-    for (owner, d), (t0, nbytes) in allocated.items():
-        if nbytes <= 0:
-            continue
-        is_output = graph.out_degree(cost.ops[owner]) == 0
-        t1 = schedule.makespan if is_output else max(freed.get((owner, d), t0), t0)
-        events += [(t0, 1, d, nbytes), (t1, 0, d, -nbytes)]
-    events.sort()  # at equal times, frees (0) before allocations (1)
-    live, peak = np.zeros_like(params), np.zeros_like(params)
-    for _, _, d, delta in events:
-        live[d] += delta
-        peak[d] = max(peak[d], live[d])
+    a = graph_arrays(cost)
+    n_dev = cost.compute.shape[1]
+    transfers = np.asarray(schedule.transfers, dtype=float).reshape(-1, 5)
+    alloc_time, alloc_bytes, freed = _buffer_lifetimes(
+        np.asarray(schedule.order, dtype=np.int64), schedule.device, schedule.start,
+        schedule.end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control, a.aliasing,
+        a.own_bytes, a.out_bytes, transfers, n_dev)
+    owner, device = np.nonzero(alloc_bytes > 0)
+    t0, nbytes = alloc_time[owner, device], alloc_bytes[owner, device]
+    is_output = np.diff(a.succ_ptr)[owner] == 0
+    t1 = np.where(is_output, schedule.makespan, np.maximum(freed[owner, device], t0))
+    # at equal times frees (kind 0) before allocations (kind 1), as the sweep's order
+    times, kinds = np.concatenate([t0, t1]), np.repeat([1, 0], len(t0))
+    devices, deltas = np.concatenate([device, device]), np.concatenate([nbytes, -nbytes])
+    order = np.lexsort((deltas, devices, kinds, times))
+    peak = np.zeros(n_dev)
+    for d in range(n_dev):
+        mine = deltas[order][devices[order] == d]
+        peak[d] = max(0.0, np.cumsum(mine).max(initial=0.0))
+    params = np.bincount(schedule.device, a.param_bytes, minlength=n_dev)
     return params + peak
+
+
+@numba.njit(cache=True)
+def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge,
+                      edge_control, aliasing, own_bytes, out_bytes, transfers, n_dev):
+    """Per (owner op, device): when its buffer is allocated, its bytes, and when its last
+    reader (or send) there ends. An aliasing op's output lives in the buffer of its
+    first input when that is on its device; a received copy is a buffer of its own."""
+    n_ops = len(device_of)
+    owner = np.arange(n_ops)
+    alloc_time, alloc_bytes = np.zeros((n_ops, n_dev)), np.zeros((n_ops, n_dev))
+    freed = np.zeros((n_ops, n_dev))
+    for i in order:
+        d = device_of[i]
+        first = -1
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if not edge_control[pred_edge[k]]:
+                first = pred_op[k]
+                break
+        if aliasing[i] and first >= 0 and device_of[first] == d:
+            owner[i] = owner[first]
+        else:
+            alloc_time[i, d], alloc_bytes[i, d] = start[i], own_bytes[i]
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if not edge_control[pred_edge[k]]:
+                o = owner[pred_op[k]]
+                freed[o, d] = max(freed[o, d], end[i])
+    for row in range(len(transfers)):
+        i, src, dst = int(transfers[row, 0]), int(transfers[row, 1]), int(transfers[row, 2])
+        o = owner[i]
+        alloc_time[o, dst], alloc_bytes[o, dst] = transfers[row, 3], out_bytes[i]
+        freed[o, src] = max(freed[o, src], transfers[row, 4])
+    return alloc_time, alloc_bytes, freed

@@ -60,13 +60,13 @@ Examples
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
-from costmodel.memory import device_memory, new_output_bytes, output_bytes
-from costmodel.simulate import data_ready_time, ready_order, simulate, upward_rank
+from costmodel.arrays import edge_times, fits_memory, graph_arrays, heap_pop, heap_push
+from costmodel.simulate import simulate, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
@@ -93,117 +93,16 @@ class GreedyOptions:
     compare_max_ops: int = 5000
 
 
-class _Slots:
-    """Busy intervals of one executor, to find the earliest idle slot for an op."""
-
-    MAX_GAPS = 64  # gaps examined before settling for the end of the schedule
-
-    def __init__(self):
-        self.intervals = []  # sorted (start, end)
-
-    def earliest(self, ready, duration, insertion=True):
-        tail = self.intervals[-1][1] if self.intervals else 0.0
-        if not insertion or not self.intervals:
-            return max(ready, tail)
-        k = bisect.bisect_left(self.intervals, (ready, -1.0))
-        previous_end = self.intervals[k - 1][1] if k else 0.0
-        for start, end in self.intervals[k:k + self.MAX_GAPS]:
-            begin = max(ready, previous_end)
-            if begin + duration <= start:
-                return begin
-            previous_end = max(previous_end, end)
-        return max(ready, tail, previous_end)
-
-    def book(self, start, end):
-        bisect.insort(self.intervals, (start, end))
-
-
-class _Links:
-    """Transfers booked so far, as the simulator makes them: one copy of a tensor per
-    producer and destination device, queued on its directed link (a copy fits an idle
-    slot of the link when one is long enough)."""
-
-    def __init__(self, contended=True):
-        self.contended = contended  # else each transfer takes its own alpha-beta time
-        self.slots = {}  # (src, dst) -> _Slots of the link's busy intervals
-        self.arrival = {}  # (producer, dst) -> when its copy is on dst
-
-    def ready_time(self, cost, i, d, end, device_of):
-        """When all inputs of op ``i`` can be on device ``d``, and the copies that takes
-        (to :meth:`book` if ``i`` goes there)."""
-        if not self.contended:
-            return data_ready_time(cost, i, d, end, device_of), []
-        graph = cost.graph
-        ready, copies, tentative = 0.0, [], {}
-        inputs = sorted(((end[cost.index[p]], cost.index[p], edge)
-                         for p, edge in graph.in_edges(cost.ops[i]).items()),
-                        key=lambda item: item[:2])
-        for finish, p, edge in inputs:
-            src = device_of[p]
-            if edge["control"] or src == d:
-                ready = max(ready, finish)
-                continue
-            if (p, d) in self.arrival:
-                ready = max(ready, self.arrival[(p, d)])
-                continue
-            on_link, total = cost.edge_link_time(edge, src, d), cost.edge_time(edge, src, d)
-            booked = tentative.setdefault((src, d), [])
-            begin = self._earliest((src, d), booked, finish, on_link)
-            booked.append((begin, begin + on_link))
-            copies.append((p, src, begin, on_link, begin + total))
-            ready = max(ready, begin + total)
-        return ready, copies
-
-    def _earliest(self, link, booked, ready, duration):
-        slots = self.slots.get(link)
-        begin = slots.earliest(ready, duration) if slots else ready
-        while True:
-            clash = next((b for b in booked if b[0] < begin + duration and begin < b[1]), None)
-            if clash is None:
-                return begin
-            begin = slots.earliest(clash[1], duration) if slots else clash[1]
-
-    def book(self, d, copies):
-        for p, src, begin, on_link, arrival in copies:
-            self.slots.setdefault((src, d), _Slots()).book(begin, begin + on_link)
-            self.arrival[(p, d)] = arrival
-
-
-def _group_tables(graph, cost):
-    """Per colocation group: member op indices, variable bytes, runnable devices."""
-    params, runnable = {}, {}
-    for group, names in graph.colocation_groups().items():
-        members = [cost.index[name] for name in names]
-        params[group] = sum(graph.ops[cost.ops[i]]["param_bytes"] for i in members)
-        runnable[group] = np.all(np.isfinite(cost.compute[members]), axis=0)
-    return params, runnable
-
-
-def _new_activation_bytes(cost, i, d, device_of, received, out_bytes, own_bytes):
-    """Bytes device ``d`` must newly hold if op ``i`` runs there."""
-    extra = own_bytes[i]
-    for pred, edge in cost.graph.in_edges(cost.ops[i]).items():
-        p = cost.index[pred]
-        if not edge["control"] and device_of[p] != d and (p, d) not in received:
-            extra += out_bytes[p]
-    return extra
-
-
-def packable(sizes_descending, free):
-    """Whether first-fit decreasing packs ``sizes_descending`` into bins ``free``.
-
-    >>> packable([5, 4, 3], [8, 4]), packable([5, 5], [8, 4])
-    (True, False)
-    """
-    if sum(sizes_descending) <= max(free, default=0):
-        return True
-    free = list(free)
-    for size in sizes_descending:
-        fit = next((k for k, room in enumerate(free) if room >= size), None)
-        if fit is None:
-            return False
-        free[fit] -= size
-    return True
+def _group_tables(cost):
+    """Per op its colocation group's number; per group its variable bytes and whether
+    each device can run all of its ops."""
+    a = graph_arrays(cost)
+    names, group_of = np.unique([cost.graph.ops[name]["colocation"] for name in cost.ops],
+                                return_inverse=True)
+    params = np.bincount(group_of, a.param_bytes, minlength=len(names))
+    blocked = np.zeros((len(names), len(cost.cluster)), dtype=np.int64)
+    np.add.at(blocked, group_of, ~np.isfinite(cost.compute))
+    return group_of.astype(np.int64), params, blocked == 0
 
 
 def greedy_placement(cost, options=GreedyOptions()):
@@ -252,70 +151,250 @@ def greedy_placement(cost, options=GreedyOptions()):
 
 def _list_schedule(cost, options, priority, contended):
     """The earliest-finish list schedule's placement, its transfers queued per link
-    (``contended``) or each alone."""
+    (``contended``) or each alone (the loop is compiled: :func:`_earliest_finish`)."""
     graph, cluster = cost.graph, cost.cluster
-    n_ops, n_dev = cost.compute.shape
+    a = graph_arrays(cost)
     capacity = np.array([d.memory for d in cluster.devices]) * (1 - options.memory_headroom)
-    group_params, group_runnable = _group_tables(graph, cost)
-    out_bytes = np.array([output_bytes(graph.ops[name]) for name in cost.ops], dtype=float)
-    own_bytes = np.array([new_output_bytes(graph.ops[name]) for name in cost.ops], dtype=float)
-    device_of = np.full(n_ops, -1)
-    end = np.zeros(n_ops)
-    executor_of = cluster.executor_of
-    slots = [_Slots() for _ in range(max(executor_of) + 1)]
-    used = np.zeros(n_dev)
-    group_device, received = {}, set()
-    links = _Links(contended)
-    unplaced = _Unplaced(group_params)
-    for i in ready_order(cost, priority):
-        group = graph.ops[cost.ops[i]]["colocation"]
-        if group in group_device:
-            candidates = [group_device[group]]
-            new_params = 0
-        else:
-            candidates = np.flatnonzero(group_runnable[group])
-            new_params = group_params[group]
-            if len(candidates) == 0:
-                raise PlacementError("", f"no device can run every op colocated with "
-                                     f"{cost.ops[i]} ({graph.ops[cost.ops[i]]['op_type']})")
-        best, best_key = None, None
-        for d in candidates:
-            need = new_params + _new_activation_bytes(cost, i, d, device_of, received, out_bytes,
-                                                      own_bytes)
-            if used[d] + need > capacity[d]:
-                continue
-            if new_params and not unplaced.leaves_room(group, capacity - used, d, need):
-                continue
-            ready, copies = links.ready_time(cost, i, d, end, device_of)
-            start = slots[executor_of[d]].earliest(ready, cost.compute[i, d],
-                                                   options.insertion)
-            key = (start + cost.compute[i, d], used[d] / capacity[d], d)
-            if best_key is None or key < best_key:
-                best, best_key, best_need, best_copies = d, key, need, copies
-        if best is None:
-            roomiest = max(candidates, key=lambda d: capacity[d] - used[d])
-            free = capacity[roomiest] - used[roomiest]
-            need = new_params + own_bytes[i]
-            why = (f"the roomiest device that can run it, {cluster.devices[roomiest].name}, "
-                   f"has {free / 1e6:.1f} MB left" if need > free else
-                   "any device it fits on would leave no room for the "
-                   f"{unplaced.total / 1e6:.1f} MB of variables still to place")
-            raise PlacementError("", f"out of memory placing {cost.ops[i]}: it needs "
-                                 f"{need / 1e6:.1f} MB, and {why}")
-        if group not in group_device:
-            unplaced.remove(group)
-        group_device[group] = best
-        device_of[i] = best
-        end[i] = best_key[0]
-        slots[executor_of[best]].book(end[i] - cost.compute[i, best], end[i])
-        links.book(best, best_copies)
-        used[best] += best_need
-        for pred, edge in cost.graph.in_edges(cost.ops[i]).items():
-            p = cost.index[pred]
-            if not edge["control"] and device_of[p] != best:
-                received.add((p, best))
+    group_of, params, group_runnable = _group_tables(cost)
+    packing = np.array(sorted(np.flatnonzero(params > 0).tolist(), key=lambda k: -params[k]),
+                       dtype=np.int64)
+    device_of, failure = _earliest_finish(
+        priority, a.tie, cost.compute, np.asarray(cluster.executor_of, dtype=np.int64),
+        a.pred_ptr, a.pred_op, a.pred_edge, a.succ_ptr, a.succ_op, a.edge_bytes,
+        a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
+        group_of, params, group_runnable,
+        capacity, a.out_bytes, a.own_bytes, packing, options.insertion, contended)
+    if failure[0] >= 0:
+        raise _list_schedule_error(cost, failure)
     _move_free_groups_to_consumers(graph, cost, cluster, device_of)
     return device_of
+
+
+def _list_schedule_error(cost, failure):
+    op, roomiest, free, need, unplaced = failure
+    name = cost.ops[int(op)]
+    if roomiest < 0:
+        return PlacementError("", f"no device can run every op colocated with {name} "
+                              f"({cost.graph.ops[name]['op_type']})")
+    why = (f"the roomiest device that can run it, "
+           f"{cost.cluster.devices[int(roomiest)].name}, has {free / 1e6:.1f} MB left"
+           if need > free else "any device it fits on would leave no room for the "
+           f"{unplaced / 1e6:.1f} MB of variables still to place")
+    return PlacementError("", f"out of memory placing {name}: it needs "
+                          f"{need / 1e6:.1f} MB, and {why}")
+
+
+MAX_GAPS = 64  # idle slots examined before settling for the end of a schedule
+
+
+@numba.njit(cache=True)
+def _slot_earliest(starts, ends, count, row, ready, duration, insertion):
+    """The earliest start at or after ``ready`` of ``duration`` seconds among the busy
+    intervals ``starts/ends[row, :count[row]]`` (sorted), in an idle slot if
+    ``insertion``."""
+    n = count[row]
+    if n == 0:
+        return ready
+    tail = ends[row, n - 1]
+    if not insertion:
+        return max(ready, tail)
+    k = np.searchsorted(starts[row, :n], ready)
+    previous_end = ends[row, k - 1] if k > 0 else 0.0
+    for idx in range(k, min(k + MAX_GAPS, n)):
+        begin = max(ready, previous_end)
+        if begin + duration <= starts[row, idx]:
+            return begin
+        previous_end = max(previous_end, ends[row, idx])
+    return max(ready, tail, previous_end)
+
+
+@numba.njit(cache=True)
+def _slot_book(starts, ends, count, row, start, end):
+    """Insert the busy interval (start, end) in order."""
+    n = count[row]
+    pos = np.searchsorted(starts[row, :n], start)
+    while pos < n and starts[row, pos] == start and ends[row, pos] <= end:
+        pos += 1
+    starts[row, pos + 1:n + 1] = starts[row, pos:n].copy()
+    ends[row, pos + 1:n + 1] = ends[row, pos:n].copy()
+    starts[row, pos], ends[row, pos] = start, end
+    count[row] = n + 1
+
+
+@numba.njit(cache=True)
+def _leaves_room(group, free, d, need, params, packing, placed, unplaced_total):
+    """Whether the unplaced groups with variables other than ``group`` (together
+    ``unplaced_total`` bytes with it) still fit, by first-fit decreasing, once ``group``
+    takes ``need`` bytes of device ``d``."""
+    free = free.copy()
+    free[d] -= need
+    if unplaced_total - params[group] <= free.max():  # all fits on one device
+        return True
+    for g in packing:
+        if placed[g] or g == group:
+            continue
+        fit = -1
+        for k in range(len(free)):
+            if free[k] >= params[g]:
+                fit = k
+                break
+        if fit < 0:
+            return False
+        free[fit] -= params[g]
+    return True
+
+
+@numba.njit(cache=True)
+def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pred_edge,
+                     succ_ptr, succ_op, edge_bytes, edge_control, comm_row, comm, latency,
+                     inverse_bandwidth, group_of, params, group_runnable, capacity,
+                     out_bytes, own_bytes, packing, insertion, contended):
+    """The list schedule: ops in ready order (highest priority first), each group placed
+    where its first op finishes earliest within memory. Returns the device per op and
+    a failure row (op, roomiest device or -1 if no device can run it, free bytes there,
+    bytes needed, unplaced variable bytes), ``op = -1`` on success."""
+    n_ops, n_dev = compute.shape
+    n_exec = executor_of.max() + 1
+    failure = np.full(5, -1.0)
+    device_of = np.full(n_ops, -1, dtype=np.int64)
+    end = np.zeros(n_ops)
+    used = np.zeros(n_dev)
+    group_device = np.full(len(params), -1, dtype=np.int64)
+    placed = np.zeros(len(params), dtype=np.bool_)
+    unplaced_total = 0.0
+    for g in packing:
+        unplaced_total += params[g]
+    received = np.zeros((n_ops, n_dev), dtype=np.bool_)
+    slot_start = np.empty((n_exec, n_ops))
+    slot_end = np.empty((n_exec, n_ops))
+    slots = np.zeros(n_exec, dtype=np.int64)
+    n_links = n_dev * n_dev if contended else 0
+    link_start = np.empty((n_links, n_ops if contended else 0))
+    link_end = np.empty((n_links, n_ops if contended else 0))
+    link_slots = np.zeros(max(n_links, 1), dtype=np.int64)
+    arrival = np.full((n_ops if contended else 0, n_dev), -1.0)
+    max_in = 1
+    for i in range(n_ops):
+        max_in = max(max_in, pred_ptr[i + 1] - pred_ptr[i])
+    # this op's copies if it goes to the candidate device (tentative) or the best one
+    copy_p = np.empty(max_in, dtype=np.int64)
+    copy_src = np.empty(max_in, dtype=np.int64)
+    copy_begin, copy_link, copy_arrival = np.empty(max_in), np.empty(max_in), np.empty(max_in)
+    best_p, best_src = copy_p.copy(), copy_src.copy()
+    best_begin, best_link, best_arrival = copy_begin.copy(), copy_link.copy(), copy_arrival.copy()
+    # ready ops by priority: a heap of op indices (row 0 of `ready`)
+    ready_heap = np.empty((1, n_ops), dtype=np.int64)
+    n_ready = np.zeros(1, dtype=np.int64)
+    waiting = np.zeros(n_ops, dtype=np.int64)
+    for i in range(n_ops):
+        waiting[i] = pred_ptr[i + 1] - pred_ptr[i]
+        if waiting[i] == 0:
+            heap_push(ready_heap, n_ready, 0, i, priority, tie)
+    while n_ready[0] > 0:
+        i = heap_pop(ready_heap, n_ready, 0, priority, tie)
+        for k in range(succ_ptr[i], succ_ptr[i + 1]):
+            waiting[succ_op[k]] -= 1
+            if waiting[succ_op[k]] == 0:
+                heap_push(ready_heap, n_ready, 0, succ_op[k], priority, tie)
+        g = group_of[i]
+        new_params = 0.0 if group_device[g] >= 0 else params[g]
+        best, best_finish, best_fill, best_need, best_copies = -1, 0.0, 0.0, 0.0, 0
+        roomiest, roomiest_free = -1, 0.0
+        for d in range(n_dev):
+            if group_device[g] >= 0 and d != group_device[g]:
+                continue
+            if group_device[g] < 0 and not group_runnable[g, d]:
+                continue
+            if roomiest < 0 or capacity[d] - used[d] > roomiest_free:
+                roomiest, roomiest_free = d, capacity[d] - used[d]
+            need = new_params + own_bytes[i]
+            for k in range(pred_ptr[i], pred_ptr[i + 1]):
+                p = pred_op[k]
+                if not edge_control[pred_edge[k]] and device_of[p] != d and not received[p, d]:
+                    need += out_bytes[p]
+            if used[d] + need > capacity[d]:
+                continue
+            if new_params > 0 and not _leaves_room(g, capacity - used, d, need, params,
+                                                   packing, placed, unplaced_total):
+                continue
+            ready, n_copies = 0.0, 0
+            if not contended:
+                for k in range(pred_ptr[i], pred_ptr[i + 1]):
+                    p = pred_op[k]
+                    _, total = edge_times(pred_edge[k], device_of[p], d, edge_bytes, comm_row,
+                                          comm, latency, inverse_bandwidth)
+                    ready = max(ready, end[p] + total)
+            else:
+                ks = np.arange(pred_ptr[i], pred_ptr[i + 1])
+                ks = ks[np.argsort(pred_op[ks], kind="mergesort")]
+                ks = ks[np.argsort(end[pred_op[ks]], kind="mergesort")]
+                for k in ks:
+                    p = pred_op[k]
+                    src = device_of[p]
+                    if edge_control[pred_edge[k]] or src == d:
+                        ready = max(ready, end[p])
+                        continue
+                    if arrival[p, d] >= 0:
+                        ready = max(ready, arrival[p, d])
+                        continue
+                    on_link, total = edge_times(pred_edge[k], src, d, edge_bytes, comm_row,
+                                                comm, latency, inverse_bandwidth)
+                    link = src * n_dev + d
+                    begin = _slot_earliest(link_start, link_end, link_slots, link, end[p],
+                                           on_link, True)
+                    clash = True
+                    while clash:  # also clear of this op's other copies on the link
+                        clash = False
+                        for c in range(n_copies):
+                            if copy_src[c] == src and copy_begin[c] < begin + on_link and \
+                                    begin < copy_begin[c] + copy_link[c]:
+                                begin = _slot_earliest(link_start, link_end, link_slots, link,
+                                                       copy_begin[c] + copy_link[c], on_link,
+                                                       True)
+                                clash = True
+                                break
+                    copy_p[n_copies], copy_src[n_copies] = p, src
+                    copy_begin[n_copies], copy_link[n_copies] = begin, on_link
+                    copy_arrival[n_copies] = begin + total
+                    n_copies += 1
+                    ready = max(ready, begin + total)
+            e = executor_of[d]
+            finish = _slot_earliest(slot_start, slot_end, slots, e, ready, compute[i, d],
+                                    insertion) + compute[i, d]
+            fill = used[d] / capacity[d]
+            if best < 0 or finish < best_finish or (finish == best_finish and fill < best_fill):
+                best, best_finish, best_fill, best_need = d, finish, fill, need
+                best_copies = n_copies
+                best_p[:n_copies], best_src[:n_copies] = copy_p[:n_copies], copy_src[:n_copies]
+                best_begin[:n_copies] = copy_begin[:n_copies]
+                best_link[:n_copies] = copy_link[:n_copies]
+                best_arrival[:n_copies] = copy_arrival[:n_copies]
+        if best < 0:
+            failure[0], failure[1] = i, roomiest
+            failure[2] = roomiest_free
+            failure[3] = new_params + own_bytes[i]
+            failure[4] = unplaced_total
+            return device_of, failure
+        if group_device[g] < 0:
+            placed[g] = True
+            if params[g] > 0:
+                unplaced_total -= params[g]
+        group_device[g] = best
+        device_of[i] = best
+        end[i] = best_finish
+        _slot_book(slot_start, slot_end, slots, executor_of[best], best_finish - compute[i, best],
+                   best_finish)
+        for c in range(best_copies):
+            link = best_src[c] * n_dev + best
+            _slot_book(link_start, link_end, link_slots, link, best_begin[c],
+                       best_begin[c] + best_link[c])
+            arrival[best_p[c], best] = best_arrival[c]
+        used[best] += best_need
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            p = pred_op[k]
+            if not edge_control[pred_edge[k]] and device_of[p] != best:
+                received[p, best] = True
+    return device_of, failure
 
 
 def _no_worse_than_baselines(cost, device_of, priority, baselines, gather):
@@ -367,6 +446,8 @@ def _gathered(cost, device_of, judge, device_moves, group_moves):
     ``device_moves`` tries) moved to the device they exchange the most bytes with, then
     single groups (cheapest first; at most ``group_moves`` tries) moved to their
     neighbours' device. Each try is a simulation."""
+    if not device_moves and not group_moves:
+        return []
     graph, cluster = cost.graph, cost.cluster
     units = [unit.members for unit in placement_units(graph, cost)]
     current = device_of.copy()
@@ -381,9 +462,7 @@ def _gathered(cost, device_of, judge, device_moves, group_moves):
         trial = current.copy()
         for k, target in moves:
             trial[units[k]] = target
-        names = cluster.device_names
-        memory = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, trial)}, names)
-        if any(memory[device.name] > device.memory for device in cluster.devices):
+        if not fits_memory(cost, trial):
             return
         judged = judge(trial)
         if judged[0] <= limit and judged[1:] < best[1:]:
@@ -434,38 +513,14 @@ def _better_start(cost, device_of, priority, alternative):
     return alternative if theirs < mine else device_of
 
 
-class _Unplaced:
-    """Variable bytes of the groups not placed yet, for the memory look-ahead."""
-
-    def __init__(self, group_params):
-        self.sizes = {g: size for g, size in group_params.items() if size > 0}
-        self.total = float(sum(self.sizes.values()))
-
-    def remove(self, group):
-        self.total -= self.sizes.pop(group, 0.0)
-
-    def leaves_room(self, group, free, d, need):
-        """Whether the other unplaced groups still fit once ``group`` takes ``need``
-        bytes of device ``d``."""
-        free = free.copy()
-        free[d] -= need
-        rest = self.total - self.sizes.get(group, 0.0)
-        if rest <= free.max():  # all of it fits on one device: no packing needed
-            return True
-        return packable(sorted((s for g, s in self.sizes.items() if g != group),
-                               reverse=True), free)
-
-
 def _refine(graph, cost, cluster, device_of, priority, evaluations):
     """First-improvement local search: move a colocation group (heaviest first) to the
     device that most lowers the simulated makespan, within memory; repeat while it
     helps and the evaluation budget lasts. Changes ``device_of`` in place."""
-    names = cluster.device_names
     groups = [unit.members for unit in placement_units(graph, cost)]  # topological order
     mean_time = cost.mean_time()
     groups.sort(key=lambda members: -mean_time[members].sum())  # stable: ties keep order
     groups = [m for m in groups if mean_time[m].sum() > 0]
-    capacity = {d.name: d.memory for d in cluster.devices}
     best = simulate(cost, device_of, priority, memory=False).makespan
     improved = True
     while improved and evaluations > 0:
@@ -482,9 +537,7 @@ def _refine(graph, cost, cluster, device_of, priority, evaluations):
                 evaluations -= 1
                 makespan = simulate(cost, trial, priority, memory=False).makespan
                 if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
-                    memory = device_memory(graph, {op: names[k] for op, k in
-                                                   zip(cost.ops, trial)}, names)
-                    if all(memory[n] <= capacity[n] for n in names):
+                    if fits_memory(cost, trial):
                         choice = (d, makespan)
             if choice is not None:
                 device_of[members] = choice[0]
@@ -504,29 +557,35 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
     device stays within its memory. With ``generators_only``, only lone ops without
     inputs read by a single op move.
     """
-    free = np.all(np.where(np.isfinite(cost.compute), cost.compute, 0.0) == 0, axis=1)
-    position = {name: k for k, name in enumerate(graph.topological_order())}
-    groups = sorted(graph.colocation_groups().values(),
-                    key=lambda members: min(position[m] for m in members))
+    a = graph_arrays(cost)
+    n_ops = len(cost.ops)
+    costly = np.any(np.where(np.isfinite(cost.compute), cost.compute, 0.0) != 0, axis=1)
+    group_of = _group_tables(cost)[0]
+    position = np.empty(n_ops, dtype=np.int64)
+    position[a.topological] = np.arange(n_ops)
+    first = np.full(group_of.max(initial=0) + 1, n_ops)
+    np.minimum.at(first, group_of, position)
+    free_groups = np.flatnonzero(np.bincount(group_of, costly, minlength=len(first)) == 0)
+    members_of = {g: [] for g in free_groups.tolist()}
+    for i in np.flatnonzero(np.isin(group_of, free_groups)).tolist():
+        members_of[group_of[i]].append(i)
     moved = device_of.copy()
-    for members in groups:
-        indices = [cost.index[m] for m in members]
-        if not free[indices].all():
+    for g in sorted(members_of, key=first.__getitem__):
+        indices = members_of[g]
+        if generators_only and (len(indices) > 1 or a.pred_ptr[indices[0] + 1] >
+                                a.pred_ptr[indices[0]] or
+                                a.succ_ptr[indices[0] + 1] - a.succ_ptr[indices[0]] != 1):
             continue
-        if generators_only and (len(members) > 1 or graph.in_degree(members[0]) or
-                                graph.out_degree(members[0]) != 1):
+        if any(group_of[p] != g for i in indices
+               for p in a.pred_op[a.pred_ptr[i]:a.pred_ptr[i + 1]]):
             continue
-        inside = set(members)
-        if any(p not in inside for m in members for p in graph.predecessors(m)):
-            continue
-        uses = [(edge["bytes"], graph.structural_key(succ)) for m in members
-                for succ, edge in graph.out_edges(m).items() if succ not in inside]
+        uses = [(a.edge_bytes[a.succ_edge[k]], a.tie[a.succ_op[k]], a.succ_op[k])
+                for i in indices for k in range(a.succ_ptr[i], a.succ_ptr[i + 1])
+                if group_of[a.succ_op[k]] != g]
         if not uses:
             continue
-        target = moved[cost.index[max(uses)[1][-1]]]
+        target = moved[max(uses)[2]]
         if np.all(np.isfinite(cost.compute[indices, target])):
             moved[indices] = target
-    names = cluster.device_names
-    memory = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, moved)}, names)
-    if all(memory[d.name] <= d.memory for d in cluster.devices):
+    if fits_memory(cost, moved):
         device_of[:] = moved

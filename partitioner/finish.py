@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from costmodel.memory import device_memory
+from costmodel.arrays import memory_per_device
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
 from partitioner.validate import check_plan
@@ -45,7 +45,7 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
     names = cluster.device_names
     assignment = {op: names[d] for op, d in zip(cost.ops, device_of)}
     schedule = simulate(cost, device_of, priority)
-    memory_bound = device_memory(graph, assignment, names)
+    memory_bound = memory_per_device(cost, device_of)
     per_device = {}
     for d, name in enumerate(names):
         mine = np.flatnonzero(device_of == d)
@@ -54,7 +54,7 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
             param_bytes=int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
             busy_s=float(schedule.busy[d]), idle_s=float(schedule.idle[d]),
             peak_memory_bytes=float(schedule.peak_memory[d]),
-            memory_bound_bytes=float(memory_bound[name]),
+            memory_bound_bytes=float(memory_bound[d]),
             memory_bytes=float(cluster.devices[d].memory))
     hosts = [device.host for device in cluster.devices]
     predicted = Predicted(step_time=float(schedule.makespan), devices=per_device,
@@ -66,5 +66,5 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
                                  for (a, b), n in sorted(schedule.link_bytes.items())})
     plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),
                 predicted=predicted, lower_bound=lower_bound(cost))
-    check_plan(plan, graph, cluster)
+    check_plan(plan, graph, cluster, dict(zip(names, memory_bound)))
     return plan

@@ -27,10 +27,11 @@ Examples
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from costmodel.memory import device_memory
-from costmodel.simulate import data_ready_time, upward_rank
+from costmodel.arrays import edge_times, fits_memory, graph_arrays
+from costmodel.simulate import upward_rank
 from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
 from partitioner.validate import check_memory
 
@@ -50,15 +51,12 @@ def fastest_single_device(cost):
     tuple of (int, float) or None
         ``(device index, step time)``, or ``None`` if no device can.
     """
-    graph, cluster = cost.graph, cost.cluster
-    names = cluster.device_names
+    cluster = cost.cluster
     totals = cost.compute.sum(axis=0) + cluster.step_overhead
     for d in np.argsort(totals, kind="stable"):
         if not np.isfinite(totals[d]):
             break
-        device = cluster.devices[d]
-        if device_memory(graph, dict.fromkeys(cost.ops, device.name), names)[device.name] \
-                <= device.memory:
+        if fits_memory(cost, np.full(len(cost.ops), d)):
             return int(d), float(totals[d])
     return None
 
@@ -82,45 +80,88 @@ def earliest_task_first(cost):
         other devices, which the schedule's ledger cannot know in advance).
     """
     graph, cluster = cost.graph, cost.cluster
+    a = graph_arrays(cost)
     units = placement_units(graph, cost)
-    unit_of = {i: k for k, u in enumerate(units) for i in u.members}
-    ledger = MemoryLedger(cluster)
-    level = upward_rank(cost)
-    n_ops = len(cost.ops)
-    device_of, end = np.full(n_ops, -1), np.zeros(n_ops)
-    free = np.zeros(len(cluster))
-    unit_device = {}
-    waiting = {i: graph.in_degree(cost.ops[i]) for i in range(n_ops)}
-    ready = {i for i, count in waiting.items() if count == 0}
-    while ready:
-        best = None
-        for i in ready:
-            k = unit_of[i]
-            devices = [unit_device[k]] if k in unit_device else \
-                [d for d in range(len(cluster)) if ledger.fits(units[k], d)]
-            for d in devices:
-                start = max(free[d], data_ready_time(cost, i, d, end, device_of))
-                key = (start, -level[i], graph.structural_key(cost.ops[i]), d)
-                if best is None or key < best[0]:
-                    best = (key, i, d)
-        if best is None:
-            raise no_device_error(units[unit_of[min(ready)]], cost)
-        (start, _, _, d), i, _ = best
-        k = unit_of[i]
-        if k not in unit_device:
-            unit_device[k] = d
-            ledger.take(units[k], d)
-        device_of[i], end[i] = d, start + cost.compute[i, d]
-        free[d] = end[i]
-        ready.remove(i)
-        for succ in graph.successors(cost.ops[i]):
-            j = cost.index[succ]
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.add(j)
+    unit_of = np.empty(len(cost.ops), dtype=np.int64)
+    for k, unit in enumerate(units):
+        unit_of[unit.members] = k
+    capacity = np.array([device.memory for device in cluster.devices], dtype=float)
+    device_of, failed = _earliest_task_first(
+        upward_rank(cost), a.tie, cost.compute, a.pred_ptr, a.pred_op, a.pred_edge,
+        a.succ_ptr, a.succ_op, a.edge_bytes, a.comm_row, a.comm, cost.latency,
+        cost.inverse_bandwidth, unit_of, np.array([u.footprint for u in units], dtype=float),
+        np.array([u.runnable for u in units], dtype=np.bool_).reshape(len(units), -1),
+        capacity)
+    if failed >= 0:
+        raise no_device_error(units[unit_of[failed]], cost)
     names = cluster.device_names
     check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster)
     return device_of
+
+
+@numba.njit(cache=True)
+def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ_ptr,
+                         succ_op, edge_bytes, comm_row, comm, latency, inverse_bandwidth,
+                         unit_of, footprint, runnable, capacity):
+    """m-ETF's loop: of all (ready op, device) pairs, start the one that can start
+    first (ties: higher level, then lower ``tie``, then lower device), its unit within
+    the device's memory. Returns the device per op, and the lowest ready op if some
+    unit fits nowhere (else -1)."""
+    n_ops, n_dev = compute.shape
+    device_of, end = np.full(n_ops, -1, dtype=np.int64), np.zeros(n_ops)
+    free, used = np.zeros(n_dev), np.zeros(n_dev)
+    unit_device = np.full(len(footprint), -1, dtype=np.int64)
+    data_ready = np.zeros((n_ops, n_dev))  # fixed once an op is ready: its inputs are placed
+    waiting = np.diff(pred_ptr)
+    ready = np.empty(n_ops, dtype=np.int64)
+    n_ready = 0
+    for i in range(n_ops):
+        if waiting[i] == 0:
+            ready[n_ready] = i
+            n_ready += 1
+    while n_ready > 0:
+        best, best_d, best_start = -1, -1, 0.0
+        for r in range(n_ready):
+            i = ready[r]
+            k = unit_of[i]
+            for d in range(n_dev):
+                if unit_device[k] >= 0:
+                    if d != unit_device[k]:
+                        continue
+                elif not (runnable[k, d] and used[d] + footprint[k] <= capacity[d]):
+                    continue
+                start = max(free[d], data_ready[i, d])
+                if best < 0 or start < best_start or (start == best_start and (
+                        level[i] > level[best] or (level[i] == level[best] and (
+                            tie[i] < tie[best] or (i == best and d < best_d))))):
+                    best, best_d, best_start = i, d, start
+        if best < 0:
+            return device_of, ready[:n_ready].min()
+        i, d = best, best_d
+        k = unit_of[i]
+        if unit_device[k] < 0:
+            unit_device[k] = d
+            used[d] += footprint[k]
+        device_of[i], end[i] = d, best_start + compute[i, d]
+        free[d] = end[i]
+        for r in range(n_ready):
+            if ready[r] == i:
+                ready[r] = ready[n_ready - 1]
+                n_ready -= 1
+                break
+        for s in range(succ_ptr[i], succ_ptr[i + 1]):
+            j = succ_op[s]
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                for e in range(n_dev):
+                    for q in range(pred_ptr[j], pred_ptr[j + 1]):
+                        p = pred_op[q]
+                        _, total = edge_times(pred_edge[q], device_of[p], e, edge_bytes,
+                                              comm_row, comm, latency, inverse_bandwidth)
+                        data_ready[j, e] = max(data_ready[j, e], end[p] + total)
+                ready[n_ready] = j
+                n_ready += 1
+    return device_of, -1
 
 
 def memory_topological(cost):

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodel.arrays import graph_arrays
+from costmodel.simulate import longest_path_to_exit
+
 
 def critical_path_bound(cost):
     """Longest path with every op on its fastest device and free transfers."""
-    fastest = cost.compute.min(axis=1)
-    finish = np.zeros(len(cost.ops))
-    graph = cost.graph
-    for name in cost.graph.topological_order():
-        i = cost.index[name]
-        ready = max((finish[cost.index[p]] for p in graph.predecessors(name)), default=0.0)
-        finish[i] = ready + fastest[i]
-    return float(finish.max()) if len(finish) else 0.0
+    a = graph_arrays(cost)
+    rank = longest_path_to_exit(a.topological, a.succ_ptr, a.succ_op, a.succ_edge,
+                                cost.compute.min(axis=1), np.zeros(len(a.edge_bytes)))
+    return float(rank.max(initial=0.0))
 
 
 def work_bound(cost):

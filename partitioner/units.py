@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.arrays import graph_arrays
 from costmodel.memory import new_output_bytes
 from tfpart.errors import PlacementError
 
@@ -34,10 +35,10 @@ class Unit:
 def placement_units(graph, cost):
     """Colocation groups as units, in topological order of their first op."""
     first_seen, members = {}, {}
-    for position, name in enumerate(graph.topological_order()):
-        group = graph.ops[name]["colocation"]
+    for position, i in enumerate(graph_arrays(cost).topological.tolist()):
+        group = graph.ops[cost.ops[i]]["colocation"]
         first_seen.setdefault(group, position)
-        members.setdefault(group, []).append(cost.index[name])
+        members.setdefault(group, []).append(i)
     units = []
     for group in sorted(members, key=first_seen.get):
         idx = members[group]

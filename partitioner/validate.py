@@ -21,7 +21,7 @@ from costmodel.memory import device_memory
 from tfpart.errors import PlacementError
 
 
-def check_plan(plan, graph, cluster):
+def check_plan(plan, graph, cluster, memory=None):
     """Raise PlacementError unless ``plan`` is valid for ``graph`` on ``cluster``.
 
     Parameters
@@ -29,6 +29,8 @@ def check_plan(plan, graph, cluster):
     plan : tfpart.plan.Plan
     graph : tfpart.graph.OpGraph
     cluster : tfpart.cluster.Cluster
+    memory : dict, optional
+        The plan's memory bound per device name, if already computed.
 
     Raises
     ------
@@ -56,13 +58,15 @@ def check_plan(plan, graph, cluster):
             raise PlacementError("", f"op {op} ({attrs['op_type']}) is on "
                                  f"{plan.assignment[op]}, a {kind_of[plan.assignment[op]]}"
                                  f" without its kernel")
-    check_memory(graph, plan.assignment, cluster)
+    check_memory(graph, plan.assignment, cluster, memory)
 
 
-def check_memory(graph, assignment, cluster):
+def check_memory(graph, assignment, cluster, used=None):
     """Raise PlacementError if the ops of ``assignment`` (op -> device name) exceed
-    some device's memory bound (:func:`costmodel.memory.device_memory`)."""
-    used = device_memory(graph, assignment, cluster.device_names)
+    some device's memory bound (:func:`costmodel.memory.device_memory`, unless given
+    as ``used``)."""
+    if used is None:
+        used = device_memory(graph, assignment, cluster.device_names)
     for device in cluster.devices:
         if used[device.name] > device.memory:
             raise PlacementError("", f"{device.name} needs {used[device.name] / 1e6:.1f} MB"

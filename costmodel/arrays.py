@@ -1,0 +1,215 @@
+"""A cost model's graph as flat arrays, for the compiled loops of the simulator and the
+list schedules (numba cannot walk networkx's dictionaries).
+
+Edges are stored twice in compressed sparse rows: by producer (``succ_*``, in the order
+of :meth:`~tfpart.graph.OpGraph.out_edges`) and by consumer (``pred_*``, in the order of
+:meth:`~tfpart.graph.OpGraph.in_edges`), so a compiled loop visits them in the order
+the Python code did and makes the same choices. Built once per cost model and cached
+on it (:func:`graph_arrays`).
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel.roofline import CostModel
+>>> g = OpGraph()
+>>> for n in "abc": g.add_op(n, op_type="Relu")
+>>> g.add_edge("a", "b", bytes=8); g.add_edge("a", "c", bytes=4)
+>>> arrays = graph_arrays(CostModel(g, cluster_of_devices(["cpu", "cpu"])))
+>>> arrays.succ_ptr.tolist(), arrays.succ_op.tolist(), arrays.edge_bytes.tolist()
+([0, 2, 2, 2], [1, 2], [8.0, 4.0])
+>>> arrays.pred_edge.tolist()  # c's input is edge 1
+[0, 1]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from costmodel.memory import new_output_bytes, output_bytes
+from tfpart.ops import ALIASING_OPS
+
+
+@dataclass(frozen=True)
+class GraphArrays:
+    """``succ_ptr[i]:succ_ptr[i+1]`` index ``succ_op`` (consumers) and ``succ_edge``
+    (edge ids) of op ``i``; ``pred_*`` likewise for its producers. Per edge: bytes,
+    whether it is a control edge, and its row in ``comm`` (its own transfer-time table,
+    ``-1`` for alpha-beta). ``tie`` ranks ops by :meth:`OpGraph.structural_key` (the
+    simulator's tie-break). ``topological`` is :meth:`OpGraph.topological_order` as
+    op indices."""
+
+    succ_ptr: np.ndarray
+    succ_op: np.ndarray
+    succ_edge: np.ndarray
+    pred_ptr: np.ndarray
+    pred_op: np.ndarray
+    pred_edge: np.ndarray
+    edge_bytes: np.ndarray
+    edge_control: np.ndarray
+    comm_row: np.ndarray
+    comm: np.ndarray
+    tie: np.ndarray
+    topological: np.ndarray
+    out_bytes: np.ndarray
+    own_bytes: np.ndarray
+    param_bytes: np.ndarray
+    aliasing: np.ndarray  # the op's output lives in its first input's buffer
+
+
+def graph_arrays(cost):
+    """The :class:`GraphArrays` of ``cost``'s graph (built on first use, then cached)."""
+    cached = cost.__dict__.get("_graph_arrays")
+    if cached is None:
+        cached = cost.__dict__["_graph_arrays"] = _build(cost)
+    return cached
+
+
+def _build(cost):
+    graph, index = cost.graph, cost.index
+    n_ops, n_dev = len(cost.ops), len(cost.cluster)
+    successors, predecessors = graph.nx_graph.succ, graph.nx_graph.pred
+    edges = [(u, v, edge) for u in cost.ops for v, edge in successors[u].items()]
+    edge_id = {(u, v): k for k, (u, v, _) in enumerate(edges)}  # edges by producer
+    tables = [k for k, (_, _, edge) in enumerate(edges) if edge.get("comm") is not None]
+    comm_row = np.full(len(edges), -1, dtype=np.int64)
+    comm_row[tables] = np.arange(len(tables))
+    comm = np.array([edges[k][2]["comm"] for k in tables], dtype=float)
+    ints = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    pointers = lambda adjacency: np.concatenate(  # noqa: E731
+        [[0], np.cumsum([len(adjacency[u]) for u in cost.ops])]).astype(np.int64)
+    succ_ptr, succ_op = pointers(successors), ints([index[v] for _, v, _ in edges])
+    pred_ptr = pointers(predecessors)
+    pred_pairs = [(u, v) for v in cost.ops for u in predecessors[v]]
+    keys = graph.structural_keys()
+    tie = np.empty(n_ops, dtype=np.int64)
+    tie[sorted(range(n_ops), key=lambda i: keys[cost.ops[i]])] = np.arange(n_ops)
+    attrs = [graph.ops[name] for name in cost.ops]
+    return GraphArrays(
+        succ_ptr=succ_ptr, succ_op=succ_op, succ_edge=np.arange(len(edges), dtype=np.int64),
+        pred_ptr=pred_ptr, pred_op=ints([index[u] for u, _ in pred_pairs]),
+        pred_edge=ints([edge_id[pair] for pair in pred_pairs]),
+        edge_bytes=np.array([edge["bytes"] for _, _, edge in edges], dtype=float),
+        edge_control=np.array([edge["control"] for _, _, edge in edges], dtype=np.bool_),
+        comm_row=comm_row, comm=comm.reshape(len(tables), n_dev, n_dev),
+        tie=tie, topological=topological_order(succ_ptr, succ_op, tie),
+        out_bytes=np.array([output_bytes(a) for a in attrs], dtype=float),
+        own_bytes=np.array([new_output_bytes(a) for a in attrs], dtype=float),
+        param_bytes=np.array([a["param_bytes"] for a in attrs], dtype=float),
+        aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_))
+
+
+@numba.njit(cache=True)
+def topological_order(succ_ptr, succ_op, tie):
+    """The topological order of :meth:`OpGraph.topological_order` (among ready ops,
+    the lowest ``tie`` first: the lexicographic order by structural key)."""
+    n_ops = len(tie)
+    waiting = np.zeros(n_ops, dtype=np.int64)
+    for k in range(len(succ_op)):
+        waiting[succ_op[k]] += 1
+    no_priority = np.zeros(n_ops)
+    heap = np.empty((1, n_ops), dtype=np.int64)
+    size = np.zeros(1, dtype=np.int64)
+    for i in range(n_ops):
+        if waiting[i] == 0:
+            heap_push(heap, size, 0, i, no_priority, tie)
+    order = np.empty(n_ops, dtype=np.int64)
+    for k in range(n_ops):
+        i = heap_pop(heap, size, 0, no_priority, tie)
+        order[k] = i
+        for s in range(succ_ptr[i], succ_ptr[i + 1]):
+            waiting[succ_op[s]] -= 1
+            if waiting[succ_op[s]] == 0:
+                heap_push(heap, size, 0, succ_op[s], no_priority, tie)
+    return order
+
+
+@numba.njit(cache=True)
+def ranks_before(i, j, priority, tie):
+    """Whether ready op ``i`` starts before ``j``: higher priority, then lower tie."""
+    return priority[i] > priority[j] or (priority[i] == priority[j] and tie[i] < tie[j])
+
+
+@numba.njit(cache=True)
+def heap_push(queue, size, e, i, priority, tie):
+    """Push op ``i`` on heap ``e`` (row ``e`` of ``queue``, ``size[e]`` long), ordered by
+    :func:`ranks_before`."""
+    k = size[e]
+    size[e] += 1
+    queue[e, k] = i
+    while k > 0:
+        parent = (k - 1) // 2
+        if not ranks_before(queue[e, k], queue[e, parent], priority, tie):
+            break
+        queue[e, k], queue[e, parent] = queue[e, parent], queue[e, k]
+        k = parent
+
+
+@numba.njit(cache=True)
+def heap_pop(queue, size, e, priority, tie):
+    """Pop the first op of heap ``e``."""
+    top = queue[e, 0]
+    size[e] -= 1
+    n = size[e]
+    queue[e, 0] = queue[e, n]
+    k = 0
+    while True:
+        first, left, right = k, 2 * k + 1, 2 * k + 2
+        if left < n and ranks_before(queue[e, left], queue[e, first], priority, tie):
+            first = left
+        if right < n and ranks_before(queue[e, right], queue[e, first], priority, tie):
+            first = right
+        if first == k:
+            return top
+        queue[e, k], queue[e, first] = queue[e, first], queue[e, k]
+        k = first
+
+
+@numba.njit(cache=True)
+def edge_times(e, src, dst, edge_bytes, comm_row, comm, latency, inverse_bandwidth):
+    """(time on the link, total time) for edge ``e`` from device ``src`` to ``dst``:
+    :meth:`CostModel.edge_link_time` and :meth:`CostModel.edge_time`."""
+    if src == dst:
+        return 0.0, 0.0
+    row = comm_row[e]
+    if row >= 0:
+        t = comm[row, src, dst]
+        return t, t
+    nbytes = edge_bytes[e]
+    on_link = nbytes * inverse_bandwidth[src, dst]
+    return on_link, (latency[src, dst] + on_link if nbytes > 0 else 0.0)
+
+
+def memory_per_device(cost, device_of):
+    """:func:`costmodel.memory.device_memory` of a device-per-op array, as an array per
+    device index: variables and new outputs of the ops on each device, plus one copy of
+    every tensor it receives.
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel.roofline import CostModel
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
+    >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")])
+    >>> g.add_edge("w", "y")
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
+    >>> memory_per_device(cost, np.array([0, 1])).tolist()
+    [400.0, 40.0]
+    """
+    a = graph_arrays(cost)
+    n_dev = len(cost.cluster)
+    device_of = np.asarray(device_of, dtype=np.int64)
+    memory = np.bincount(device_of, a.param_bytes + a.own_bytes, minlength=n_dev)
+    producer = np.repeat(np.arange(len(device_of)), np.diff(a.succ_ptr))
+    dst = device_of[a.succ_op]
+    crossing = ~a.edge_control[a.succ_edge] & (dst != device_of[producer])
+    copies = np.unique(producer[crossing] * n_dev + dst[crossing])
+    return memory + np.bincount(copies % n_dev, a.out_bytes[copies // n_dev], minlength=n_dev)
+
+
+def fits_memory(cost, device_of):
+    """Whether every device holds :func:`memory_per_device` of ``device_of``."""
+    capacity = np.array([device.memory for device in cost.cluster.devices])
+    return bool(np.all(memory_per_device(cost, device_of) <= capacity))
