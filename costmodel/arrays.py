@@ -57,6 +57,8 @@ class GraphArrays:
     own_bytes: np.ndarray
     param_bytes: np.ndarray
     aliasing: np.ndarray  # the op's output lives in its first input's buffer
+    group_of: np.ndarray  # colocation group per op, an index into group_names
+    group_names: np.ndarray  # sorted
 
 
 def graph_arrays(cost):
@@ -69,8 +71,9 @@ def graph_arrays(cost):
 
 def _build(cost):
     graph, index = cost.graph, cost.index
-    n_ops, n_dev = len(cost.ops), len(cost.cluster)
-    successors, predecessors = graph.nx_graph.succ, graph.nx_graph.pred
+    n_dev = len(cost.cluster)
+    # networkx's own dictionaries: its read-only views cost a wrapper object per lookup
+    successors, predecessors = graph.nx_graph._succ, graph.nx_graph._pred
     edges = [(u, v, edge) for u in cost.ops for v, edge in successors[u].items()]
     edge_id = {(u, v): k for k, (u, v, _) in enumerate(edges)}  # edges by producer
     tables = [k for k, (_, _, edge) in enumerate(edges) if edge.get("comm") is not None]
@@ -83,10 +86,8 @@ def _build(cost):
     succ_ptr, succ_op = pointers(successors), ints([index[v] for _, v, _ in edges])
     pred_ptr = pointers(predecessors)
     pred_pairs = [(u, v) for v in cost.ops for u in predecessors[v]]
-    keys = graph.structural_keys()
-    tie = np.empty(n_ops, dtype=np.int64)
-    tie[sorted(range(n_ops), key=lambda i: keys[cost.ops[i]])] = np.arange(n_ops)
     attrs = [graph.ops[name] for name in cost.ops]
+    tie = _structural_ranks(cost.ops, attrs, np.diff(pred_ptr), np.diff(succ_ptr))
     return GraphArrays(
         succ_ptr=succ_ptr, succ_op=succ_op, succ_edge=np.arange(len(edges), dtype=np.int64),
         pred_ptr=pred_ptr, pred_op=ints([index[u] for u, _ in pred_pairs]),
@@ -98,7 +99,29 @@ def _build(cost):
         out_bytes=np.array([output_bytes(a) for a in attrs], dtype=float),
         own_bytes=np.array([new_output_bytes(a) for a in attrs], dtype=float),
         param_bytes=np.array([a["param_bytes"] for a in attrs], dtype=float),
-        aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_))
+        aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_),
+        **dict(zip(("group_names", "group_of"), np.unique(
+            [a["colocation"] for a in attrs], return_inverse=True))))
+
+
+def _structural_ranks(names, attrs, in_degree, out_degree):
+    """Each op's rank in the order of :meth:`OpGraph.structural_key` (op type, flops,
+    bytes accessed, variable bytes, sorted cost table, in- and out-degree, name), sorted
+    column by column rather than key by key."""
+    def codes(values):  # ranks that sort as the values do
+        order = sorted(set(values))
+        rank = {value: k for k, value in enumerate(order)}
+        return np.array([rank[v] for v in values], dtype=np.int64)
+
+    tables = [tuple(sorted(a["cost"].values())) if a.get("cost") else () for a in attrs]
+    columns = [codes(list(names)), out_degree, in_degree, codes(tables),
+               np.array([a["param_bytes"] for a in attrs], dtype=float),
+               np.array([a["bytes_accessed"] for a in attrs], dtype=float),
+               np.array([a["flops"] for a in attrs], dtype=float),
+               codes([a["op_type"] for a in attrs])]
+    tie = np.empty(len(names), dtype=np.int64)
+    tie[np.lexsort(columns)] = np.arange(len(names))
+    return tie
 
 
 @numba.njit(cache=True)

@@ -17,13 +17,12 @@ kept. The rest of the group follows. Groups that cost nothing
 and read nothing (variables with their reads, constants) are then moved next to their
 heaviest consumer.
 
-On graphs small enough for the local search, the search starts from the better of this
-placement and m-ETF's (Baechi's earliest-start rule does better where transfers
-dominate), so the result is never worse than m-ETF's.
-
-Then a local search moves the heaviest groups, one at a time, to whichever other
-device lowers the simulated step time, for at most ``refine_evaluations`` simulations
-(graphs above ``refine_max_ops`` ops skip it).
+The local search starts from the better of this placement and m-ETF's (Baechi's
+earliest-start rule does better where transfers dominate). It moves the heaviest
+groups, one at a time, to whichever other device lowers the simulated step time, for at
+most ``refine_evaluations`` simulations and ``search_op_budget`` simulated ops (so a few
+simulations on the largest graphs). The loops of the list schedules, the simulator and
+m-ETF are compiled (numba), which is what makes this affordable at 100,000 ops.
 
 Last, the plan is judged by simulation against gathered variants of itself (the groups
 of its least busy devices, then single groups, moved to the devices they exchange the
@@ -31,10 +30,8 @@ most bytes with) and the baselines: the fastest single device, m-ETF, m-TOPO and
 topological split. The fastest wins; among placements within 1% of it and no slower
 than any baseline, the one moving the fewest bytes between devices, then using the
 fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
-Send/Recv pair). So the greedy is never slower than a baseline by simulation (m-ETF,
-whose time grows with the square of the graph, only up to ``refine_max_ops`` ops; the
-baselines but the single device up to ``compare_max_ops``).
-Everything is deterministic.
+Send/Recv pair). So the greedy is never slower than a baseline by simulation, on graphs
+of any size. Everything is deterministic.
 
 References
 ----------
@@ -70,7 +67,6 @@ from costmodel.simulate import simulate, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
-from partitioner.validate import check_memory
 from tfpart.errors import PlacementError
 
 
@@ -80,25 +76,33 @@ GATHER_TOLERANCE = 0.01  # placements this close in simulated step count as equa
 @dataclass(frozen=True)
 class GreedyOptions:
     """``memory_headroom``: fraction of each device's memory kept free;
-    ``insertion``: fill idle slots; ``refine_evaluations``: simulations the local search
-    (and the gathering) may spend (0 turns it off); ``refine_max_ops``: no local search,
-    no m-ETF start and no m-ETF among the baselines above this size (m-ETF's time grows
-    with the square of the graph); ``compare_max_ops``: above this size the plan is only
-    compared with the fastest single device (each comparison is a simulation)."""
+    ``insertion``: fill idle slots; ``refine_evaluations``: the most simulations the
+    local search (and again the gathering) may spend (0 turns both off);
+    ``search_op_budget``: simulated ops each of them may spend, so that on large graphs
+    they take a bounded time (evaluations = ``search_op_budget`` / ops, at least 2)."""
 
     memory_headroom: float = 0.0
     insertion: bool = True
-    refine_evaluations: int = 100
-    refine_max_ops: int = 1500
-    compare_max_ops: int = 5000
+    refine_evaluations: int = 1000
+    search_op_budget: int = 100_000
+
+    def evaluations(self, n_ops):
+        """Simulations the local search may spend on a graph of ``n_ops`` ops."""
+        return min(self.refine_evaluations, max(2, self.search_op_budget // max(n_ops, 1)))
 
 
 def _group_tables(cost):
     """Per op its colocation group's number; per group its variable bytes and whether
-    each device can run all of its ops."""
+    each device can run all of its ops (cached on ``cost``)."""
+    cached = cost.__dict__.get("_group_tables")
+    if cached is None:
+        cached = cost.__dict__["_group_tables"] = _build_group_tables(cost)
+    return cached
+
+
+def _build_group_tables(cost):
     a = graph_arrays(cost)
-    names, group_of = np.unique([cost.graph.ops[name]["colocation"] for name in cost.ops],
-                                return_inverse=True)
+    names, group_of = a.group_names, a.group_of
     params = np.bincount(group_of, a.param_bytes, minlength=len(names))
     blocked = np.zeros((len(names), len(cost.cluster)), dtype=np.int64)
     np.add.at(blocked, group_of, ~np.isfinite(cost.compute))
@@ -112,7 +116,7 @@ def greedy_placement(cost, options=GreedyOptions()):
     The list schedule is made twice, with transfers queued per link and with each
     transfer alone (the simulator's queues are in time order, the list schedule's in
     placement order, so neither estimate is exact), and the one whose placement
-    simulates faster is kept (graphs above ``compare_max_ops`` ops: the second only).
+    simulates faster is kept.
 
     Raises
     ------
@@ -120,31 +124,27 @@ def greedy_placement(cost, options=GreedyOptions()):
         If an op runs on no device, or memory runs out (naming the roomiest device).
     """
     graph, cluster = cost.graph, cost.cluster
-    n_ops = len(cost.ops)
     priority = upward_rank(cost)
     device_of = _list_schedule(cost, options, priority, contended=False)
-    if n_ops <= options.compare_max_ops:
-        queued = _list_schedule(cost, options, priority, contended=True)
-        if simulate(cost, queued, priority, memory=False).makespan < \
-                simulate(cost, device_of, priority, memory=False).makespan:
-            device_of = queued
-    baselines = _baselines(cost, with_etf=n_ops <= options.refine_max_ops,
-                           cheap_only=n_ops > options.compare_max_ops)
-    if options.refine_evaluations and n_ops <= options.refine_max_ops:
-        device_of = _better_start(cost, device_of, priority, baselines.get("m-ETF"))
-        _refine(graph, cost, cluster, device_of, priority, options.refine_evaluations)
+    queued = _list_schedule(cost, options, priority, contended=True)
+    judge = _Judge(cost, priority)
+    if judge(queued)[0] < judge(device_of)[0]:
+        device_of = queued
+    baselines = _baselines(cost)
+    evaluations = options.evaluations(len(cost.ops))
+    if evaluations:
+        device_of = _better_start(judge, device_of, baselines.get("m-ETF"))
+        _refine(graph, cost, device_of, judge, evaluations)
         # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
         # its reader whatever the plan says, so the plan must too; other free groups
         # follow their readers again only if that is no slower.
         searched = device_of.copy()
         _move_free_groups_to_consumers(graph, cost, cluster, device_of)
         _move_free_groups_to_consumers(graph, cost, cluster, searched, generators_only=True)
-        if simulate(cost, searched, priority, memory=False).makespan < \
-                simulate(cost, device_of, priority, memory=False).makespan:
+        if judge(searched)[0] < judge(device_of)[0]:
             device_of[:] = searched
-    gather = (len(cluster) if n_ops <= options.compare_max_ops else 0,
-              options.refine_evaluations if n_ops <= options.refine_max_ops else 0)
-    device_of = _no_worse_than_baselines(cost, device_of, priority, list(baselines.values()),
+    gather = (len(cluster), evaluations)
+    device_of = _no_worse_than_baselines(cost, device_of, judge, list(baselines.values()),
                                          gather)
     return device_of, priority
 
@@ -397,16 +397,28 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
     return device_of, failure
 
 
-def _no_worse_than_baselines(cost, device_of, priority, baselines, gather):
+class _Judge:
+    """Simulated (step time, bytes moved, devices used) of placements, each simulated
+    once: the search meets the same placements again."""
+
+    def __init__(self, cost, priority):
+        self.cost, self.priority, self.seen = cost, priority, {}
+
+    def __call__(self, placement):
+        key = np.asarray(placement).tobytes()
+        if key not in self.seen:
+            schedule = simulate(self.cost, placement, self.priority, memory=False)
+            self.seen[key] = (schedule.makespan, schedule.bytes_moved,
+                              len(np.unique(placement)))
+        return self.seen[key]
+
+
+def _no_worse_than_baselines(cost, device_of, judge, baselines, gather):
     """The placement to keep, judged by simulated steps (the measure a plan is judged
     by): the fastest of this placement, its gathered variants (:func:`_gathered`) and
     the baselines (the fastest single device, m-ETF, m-TOPO, the topological split), or
     among those within 1% of the fastest and no slower than any baseline, the one that
     moves the fewest bytes between devices and uses the fewest devices."""
-    def judge(placement):
-        schedule = simulate(cost, placement, priority, memory=False)
-        return schedule.makespan, schedule.bytes_moved, len(np.unique(placement))
-
     own = [device_of, *_gathered(cost, device_of, judge, *gather)]
     judged = [(judge(p), p) for p in own]
     baselines = [(judge(p), p) for p in baselines]
@@ -416,27 +428,22 @@ def _no_worse_than_baselines(cost, device_of, priority, baselines, gather):
     return min(eligible, key=lambda item: (item[0][1], item[0][2], item[0][0]))[1]
 
 
-def _baselines(cost, with_etf=True, cheap_only=False):
+def _baselines(cost):
     """The baselines' placements that fit in memory, by name: the fastest single
-    device, and unless ``cheap_only``, m-ETF (if ``with_etf``), m-TOPO and the
-    topological split."""
+    device, m-ETF, m-TOPO and the topological split."""
     found = {}
     alone = fastest_single_device(cost)
     if alone is not None:
         found["single device"] = np.full(len(cost.ops), alone[0])
-    if cheap_only:
-        return found
-    names = cost.cluster.device_names
-    places = {"m-ETF": earliest_task_first} if with_etf else {}
-    places.update({"m-TOPO": memory_topological, "topological split": topological_split})
+    places = {"m-ETF": earliest_task_first, "m-TOPO": memory_topological,
+              "topological split": topological_split}
     for name, place in places.items():
         try:
             placement = place(cost)
-            check_memory(cost.graph, {op: names[d] for op, d in zip(cost.ops, placement)},
-                         cost.cluster)
         except PlacementError:
             continue
-        found[name] = placement
+        if fits_memory(cost, placement):
+            found[name] = placement
     return found
 
 
@@ -448,80 +455,99 @@ def _gathered(cost, device_of, judge, device_moves, group_moves):
     neighbours' device. Each try is a simulation."""
     if not device_moves and not group_moves:
         return []
-    graph, cluster = cost.graph, cost.cluster
-    units = [unit.members for unit in placement_units(graph, cost)]
+    cluster = cost.cluster
+    units = placement_units(cost.graph, cost)
+    members = [unit.members for unit in units]
+    runnable = np.array([unit.runnable for unit in units])
+    unit_of = np.empty(len(cost.ops), dtype=np.int64)
+    for k, m in enumerate(members):
+        unit_of[m] = k
     current = device_of.copy()
     best = judge(current)
     limit = best[0] * (1 + GATHER_TOLERANCE)
-    runnable = [np.all(np.isfinite(cost.compute[members]), axis=0) for members in units]
     busy = np.bincount(current, weights=cost.compute[np.arange(len(current)), current],
                        minlength=len(cluster))
+    exchanged = _exchanged_bytes(cost, unit_of, current, len(units))
 
     def try_move(moves):
-        nonlocal current, best
+        nonlocal current, best, exchanged
         trial = current.copy()
         for k, target in moves:
-            trial[units[k]] = target
+            trial[members[k]] = target
         if not fits_memory(cost, trial):
             return
         judged = judge(trial)
         if judged[0] <= limit and judged[1:] < best[1:]:
             current, best = trial, judged
+            exchanged = _exchanged_bytes(cost, unit_of, current, len(units))
 
     for d in sorted(set(current.tolist()), key=lambda d: busy[d])[:device_moves]:
         if len(set(current.tolist())) == 1:
             break
-        moves = [(k, _neighbour_device(cost, units[k], current, runnable[k], exclude=d))
-                 for k, members in enumerate(units) if current[members[0]] == d]
-        if moves and all(target is not None for _, target in moves):
-            try_move(moves)
-    mean_time = cost.mean_time()
-    for k in sorted(range(len(units)), key=lambda k: mean_time[units[k]].sum()):
+        on_d = [k for k, m in enumerate(members) if current[m[0]] == d]
+        targets = _neighbour_devices(exchanged, runnable, on_d, exclude=d)
+        if on_d and (targets >= 0).all():
+            try_move(list(zip(on_d, targets.tolist())))
+    mean_time = np.bincount(unit_of, cost.mean_time(), minlength=len(units))
+    for k in np.argsort(mean_time, kind="stable").tolist():
         if group_moves <= 0:
             break
-        target = _neighbour_device(cost, units[k], current, runnable[k])
-        if target is not None and target != current[units[k][0]]:
+        target = int(_neighbour_devices(exchanged, runnable, [k])[0])
+        if target >= 0 and target != current[members[k][0]]:
             group_moves -= 1
             try_move([(k, target)])
     return [current] if (current != device_of).any() else []
 
 
-def _neighbour_device(cost, members, device_of, runnable, exclude=None):
-    """The device, other than ``exclude``, that the group ``members`` exchanges the most
-    bytes with and that can run it (None if no neighbour qualifies)."""
-    graph = cost.graph
-    inside = set(members)
-    exchanged = {}
-    for m in members:
-        edges = [*graph.in_edges(cost.ops[m]).items(), *graph.out_edges(cost.ops[m]).items()]
-        for other, edge in edges:
-            if other in inside:
-                continue
-            d = device_of[cost.index[other]]
-            if d != exclude and runnable[d]:
-                exchanged[d] = exchanged.get(d, 0.0) + edge["bytes"]
-    return max(sorted(exchanged), key=exchanged.get, default=None)
+def _exchanged_bytes(cost, unit_of, device_of, n_units):
+    """Bytes each unit exchanges with each device over its edges to other units, and
+    the number of those edges (a neighbour counts even if its edges carry 0 bytes)."""
+    a = graph_arrays(cost)
+    n_dev = len(cost.cluster)
+    producer = np.repeat(np.arange(len(device_of)), np.diff(a.succ_ptr))
+    consumer = a.succ_op
+    apart = unit_of[producer] != unit_of[consumer]
+    nbytes = a.edge_bytes[a.succ_edge][apart]
+    rows = np.concatenate([unit_of[producer[apart]], unit_of[consumer[apart]]])
+    columns = np.concatenate([device_of[consumer[apart]], device_of[producer[apart]]])
+    flat = rows * n_dev + columns
+    size = n_units * n_dev
+    total = np.bincount(flat, np.concatenate([nbytes, nbytes]), minlength=size)
+    edges = np.bincount(flat, minlength=size)
+    return total.reshape(n_units, n_dev), edges.reshape(n_units, n_dev)
 
 
-def _better_start(cost, device_of, priority, alternative):
+def _neighbour_devices(exchanged, runnable, units, exclude=None):
+    """For each of ``units``, the device other than ``exclude`` that it exchanges the
+    most bytes with and that can run it (lowest index on ties; -1 if none)."""
+    total, edges = exchanged
+    units = np.asarray(units, dtype=np.int64)
+    allowed = runnable[units] & (edges[units] > 0)
+    if exclude is not None:
+        allowed[:, exclude] = False
+    score = np.where(allowed, total[units], -1.0)
+    return np.where(allowed.any(axis=1), score.argmax(axis=1), -1)
+
+
+def _better_start(judge, device_of, alternative):
     """For the local search, the better of this schedule and m-ETF's (earliest start
     rather than earliest finish: better when transfers dominate), if it has one."""
     if alternative is None:
         return device_of
-    mine = simulate(cost, device_of, priority, memory=False).makespan
-    theirs = simulate(cost, alternative, priority, memory=False).makespan
-    return alternative if theirs < mine else device_of
+    return alternative if judge(alternative)[0] < judge(device_of)[0] else device_of
 
 
-def _refine(graph, cost, cluster, device_of, priority, evaluations):
+def _refine(graph, cost, device_of, judge, evaluations):
     """First-improvement local search: move a colocation group (heaviest first) to the
     device that most lowers the simulated makespan, within memory; repeat while it
     helps and the evaluation budget lasts. Changes ``device_of`` in place."""
-    groups = [unit.members for unit in placement_units(graph, cost)]  # topological order
-    mean_time = cost.mean_time()
-    groups.sort(key=lambda members: -mean_time[members].sum())  # stable: ties keep order
-    groups = [m for m in groups if mean_time[m].sum() > 0]
-    best = simulate(cost, device_of, priority, memory=False).makespan
+    units = placement_units(graph, cost)  # topological order
+    sizes = [len(unit.members) for unit in units]
+    mean_time = np.add.reduceat(cost.mean_time()[np.concatenate([u.members for u in units])],
+                                np.cumsum([0] + sizes[:-1])) if units else np.zeros(0)
+    heaviest = np.argsort(-mean_time, kind="stable")  # ties keep the topological order
+    groups = [units[k].members for k in heaviest if mean_time[k] > 0]
+    best = judge(device_of)[0]
     improved = True
     while improved and evaluations > 0:
         improved = False
@@ -535,7 +561,7 @@ def _refine(graph, cost, cluster, device_of, priority, evaluations):
                 trial = device_of.copy()
                 trial[members] = d
                 evaluations -= 1
-                makespan = simulate(cost, trial, priority, memory=False).makespan
+                makespan = judge(trial)[0]
                 if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
                     if fits_memory(cost, trial):
                         choice = (d, makespan)

@@ -289,15 +289,17 @@ def partition(cost, options=ILPOptions()):
         device_of, units = greedy, len(graph)
         result = ILPResult(unit_device={}, status="no solution", objective=None,
                            bound=0.0, seconds=options.time_limit)
+    own_step = None if result.status == "no solution" else \
+        simulate(cost, device_of, memory=False).makespan
     kept = "ilp"
-    if greedy is not None and (result.status == "no solution" or simulate(
-            cost, greedy, memory=False).makespan < simulate(cost, device_of,
-                                                             memory=False).makespan):
+    if greedy is not None and (own_step is None or
+                               simulate(cost, greedy, memory=False).makespan < own_step):
         device_of, kept = greedy, "greedy"
     plan = make_plan(cost, device_of, "ilp", options)
     plan.predicted.solver = {"status": result.status, "objective": result.objective,
                              "bound": result.bound, "units": units,
                              "solve_seconds": result.seconds, "kept": kept,
+                             "own_step_time": own_step,
                              "started_from": "greedy" if greedy is not None else None}
     return plan
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from costmodel.arrays import edge_times, fits_memory, graph_arrays
+from costmodel.arrays import edge_times, fits_memory, graph_arrays, memory_per_device
 from costmodel.simulate import upward_rank
 from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
 from partitioner.validate import check_memory
@@ -95,8 +95,51 @@ def earliest_task_first(cost):
     if failed >= 0:
         raise no_device_error(units[unit_of[failed]], cost)
     names = cluster.device_names
-    check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster)
+    check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster,
+                 dict(zip(names, memory_per_device(cost, device_of))))
     return device_of
+
+
+@numba.njit(cache=True)
+def _before(i, j, data_ready, d, level, tie):
+    """Heap order: earlier data-ready time on device ``d`` (``d < 0``: ignored), then
+    higher level, then lower tie."""
+    if d >= 0 and data_ready[i, d] != data_ready[j, d]:
+        return data_ready[i, d] < data_ready[j, d]
+    return level[i] > level[j] or (level[i] == level[j] and tie[i] < tie[j])
+
+
+@numba.njit(cache=True)
+def _push(heap, size, row, i, data_ready, d, level, tie):
+    k = size[row]
+    size[row] += 1
+    heap[row, k] = i
+    while k > 0:
+        parent = (k - 1) // 2
+        if not _before(heap[row, k], heap[row, parent], data_ready, d, level, tie):
+            break
+        heap[row, k], heap[row, parent] = heap[row, parent], heap[row, k]
+        k = parent
+
+
+@numba.njit(cache=True)
+def _pop(heap, size, row, data_ready, d, level, tie):
+    top = heap[row, 0]
+    size[row] -= 1
+    n = size[row]
+    heap[row, 0] = heap[row, n]
+    k = 0
+    while True:
+        first, left, right = k, 2 * k + 1, 2 * k + 2
+        if left < n and _before(heap[row, left], heap[row, first], data_ready, d, level, tie):
+            first = left
+        if right < n and _before(heap[row, right], heap[row, first], data_ready, d, level,
+                                 tie):
+            first = right
+        if first == k:
+            return top
+        heap[row, k], heap[row, first] = heap[row, first], heap[row, k]
+        k = first
 
 
 @numba.njit(cache=True)
@@ -106,37 +149,72 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
     """m-ETF's loop: of all (ready op, device) pairs, start the one that can start
     first (ties: higher level, then lower ``tie``, then lower device), its unit within
     the device's memory. Returns the device per op, and the lowest ready op if some
-    unit fits nowhere (else -1)."""
+    unit fits nowhere (else -1).
+
+    Per device two heaps of the ready ops that may run there: those whose inputs are
+    there by the time it is free (``waiting_for_device``: they all start when it is
+    free; best level first) and the others (``waiting_for_data``: earliest data first).
+    Whether an op may run on a device only ever turns false (its unit placed
+    elsewhere, the device filling up), so invalid entries are dropped when they
+    surface; the best pair is the best of each device's two heap tops."""
     n_ops, n_dev = compute.shape
     device_of, end = np.full(n_ops, -1, dtype=np.int64), np.zeros(n_ops)
     free, used = np.zeros(n_dev), np.zeros(n_dev)
     unit_device = np.full(len(footprint), -1, dtype=np.int64)
     data_ready = np.zeros((n_ops, n_dev))  # fixed once an op is ready: its inputs are placed
     waiting = np.diff(pred_ptr)
-    ready = np.empty(n_ops, dtype=np.int64)
-    n_ready = 0
+    is_ready = np.zeros(n_ops, dtype=np.bool_)
+    for_device = np.empty((n_dev, n_ops), dtype=np.int64)
+    for_data = np.empty((n_dev, n_ops), dtype=np.int64)
+    n_device, n_data = np.zeros(n_dev, dtype=np.int64), np.zeros(n_dev, dtype=np.int64)
+    pending = np.empty(n_ops, dtype=np.int64)  # ops that just became ready
+    n_pending = 0
     for i in range(n_ops):
         if waiting[i] == 0:
-            ready[n_ready] = i
-            n_ready += 1
-    while n_ready > 0:
+            pending[n_pending] = i
+            n_pending += 1
+    for _ in range(n_ops):
+        for r in range(n_pending):
+            j = pending[r]
+            is_ready[j] = True
+            for e in range(n_dev):
+                for q in range(pred_ptr[j], pred_ptr[j + 1]):
+                    p = pred_op[q]
+                    _, total = edge_times(pred_edge[q], device_of[p], e, edge_bytes, comm_row,
+                                          comm, latency, inverse_bandwidth)
+                    data_ready[j, e] = max(data_ready[j, e], end[p] + total)
+                if data_ready[j, e] <= free[e]:
+                    _push(for_device, n_device, e, j, data_ready, -1, level, tie)
+                else:
+                    _push(for_data, n_data, e, j, data_ready, e, level, tie)
+        n_pending = 0
         best, best_d, best_start = -1, -1, 0.0
-        for r in range(n_ready):
-            i = ready[r]
-            k = unit_of[i]
-            for d in range(n_dev):
-                if unit_device[k] >= 0:
-                    if d != unit_device[k]:
-                        continue
-                elif not (runnable[k, d] and used[d] + footprint[k] <= capacity[d]):
-                    continue
-                start = max(free[d], data_ready[i, d])
-                if best < 0 or start < best_start or (start == best_start and (
-                        level[i] > level[best] or (level[i] == level[best] and (
-                            tie[i] < tie[best] or (i == best and d < best_d))))):
-                    best, best_d, best_start = i, d, start
+        for d in range(n_dev):
+            while n_data[d] > 0 and data_ready[for_data[d, 0], d] <= free[d]:
+                _push(for_device, n_device, d, _pop(for_data, n_data, d, data_ready, d, level,
+                                                    tie), data_ready, -1, level, tie)
+            candidate, start = -1, 0.0
+            for heap, size, key in ((for_device, n_device, -1), (for_data, n_data, d)):
+                while size[d] > 0:
+                    i = heap[d, 0]
+                    k = unit_of[i]
+                    if device_of[i] < 0 and (unit_device[k] == d or (
+                            unit_device[k] < 0 and runnable[k, d] and
+                            used[d] + footprint[k] <= capacity[d])):
+                        break
+                    _pop(heap, size, d, data_ready, key, level, tie)  # never valid again
+                if size[d] > 0:
+                    candidate = heap[d, 0]
+                    start = max(free[d], data_ready[candidate, d])
+                    break
+            if candidate < 0:
+                continue
+            if best < 0 or start < best_start or (start == best_start and (
+                    level[candidate] > level[best] or (level[candidate] == level[best] and
+                                                       tie[candidate] < tie[best]))):
+                best, best_d, best_start = candidate, d, start
         if best < 0:
-            return device_of, ready[:n_ready].min()
+            return device_of, np.flatnonzero(is_ready & (device_of < 0)).min()
         i, d = best, best_d
         k = unit_of[i]
         if unit_device[k] < 0:
@@ -144,23 +222,12 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
             used[d] += footprint[k]
         device_of[i], end[i] = d, best_start + compute[i, d]
         free[d] = end[i]
-        for r in range(n_ready):
-            if ready[r] == i:
-                ready[r] = ready[n_ready - 1]
-                n_ready -= 1
-                break
         for s in range(succ_ptr[i], succ_ptr[i + 1]):
             j = succ_op[s]
             waiting[j] -= 1
             if waiting[j] == 0:
-                for e in range(n_dev):
-                    for q in range(pred_ptr[j], pred_ptr[j + 1]):
-                        p = pred_op[q]
-                        _, total = edge_times(pred_edge[q], device_of[p], e, edge_bytes,
-                                              comm_row, comm, latency, inverse_bandwidth)
-                        data_ready[j, e] = max(data_ready[j, e], end[p] + total)
-                ready[n_ready] = j
-                n_ready += 1
+                pending[n_pending] = j
+                n_pending += 1
     return device_of, -1
 
 
@@ -202,15 +269,15 @@ def topological_split(cost):
     """One contiguous piece of the topological order per device, in cluster order,
     balanced by mean op time; a colocation group goes with its first op (the split a
     person makes by hand). Memory is not checked."""
-    graph, cluster = cost.graph, cost.cluster
+    cluster = cost.cluster
     n_dev = len(cluster)
     mean_time = cost.mean_time()
     total = mean_time.sum()
     device_of = np.zeros(len(cost.ops), dtype=int)
     group_device, done = {}, 0.0
-    for name in graph.topological_order():
-        i = cost.index[name]
-        group = graph.ops[name]["colocation"]
+    group_of = graph_arrays(cost).group_of
+    for i in graph_arrays(cost).topological.tolist():
+        group = group_of[i]
         if group not in group_device:
             group_device[group] = min(int(done / total * n_dev), n_dev - 1) \
                 if total > 0 else 0

@@ -9,7 +9,7 @@ Examples
 >>> g.add_edge("v", "r"); g.add_edge("r", "y")
 >>> units = placement_units(g, CostModel(g, cluster_of_devices(["cpu", "cpu"])))
 >>> [(u.group, u.params) for u in units]
-[('v', 8), ('y', 0)]
+[('v', 8.0), ('y', 0.0)]
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import graph_arrays
-from costmodel.memory import new_output_bytes
 from tfpart.errors import PlacementError
 
 
@@ -33,22 +32,34 @@ class Unit:
 
 
 def placement_units(graph, cost):
-    """Colocation groups as units, in topological order of their first op."""
-    first_seen, members = {}, {}
-    for position, i in enumerate(graph_arrays(cost).topological.tolist()):
-        group = graph.ops[cost.ops[i]]["colocation"]
-        first_seen.setdefault(group, position)
-        members.setdefault(group, []).append(i)
-    units = []
-    for group in sorted(members, key=first_seen.get):
-        idx = members[group]
-        attrs = [graph.ops[cost.ops[i]] for i in idx]
-        time = cost.compute[idx].sum(axis=0)
-        units.append(Unit(group=group, members=idx,
-                          params=sum(a["param_bytes"] for a in attrs),
-                          footprint=sum(a["param_bytes"] + new_output_bytes(a) for a in attrs),
-                          runnable=np.isfinite(time), time=time))
-    return units
+    """Colocation groups as units, in topological order of their first op (members in
+    topological order too). Cached on ``cost``: the units of one cost model never
+    change."""
+    cached = cost.__dict__.get("_placement_units")
+    if cached is None:
+        cached = cost.__dict__["_placement_units"] = _units(graph, cost)
+    return cached
+
+
+def _units(graph, cost):
+    a = graph_arrays(cost)
+    names, group_of = a.group_names, a.group_of
+    by_position = a.topological[np.argsort(group_of[a.topological], kind="stable")]
+    bounds = [0, *(np.flatnonzero(np.diff(group_of[by_position])) + 1).tolist(),
+              len(by_position)]
+    ordered = by_position.tolist()
+    members = [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    first_seen = np.empty(len(names), dtype=np.int64)
+    first_seen[group_of[a.topological[::-1]]] = np.arange(len(cost.ops))[::-1]
+    params = np.bincount(group_of, a.param_bytes, minlength=len(names))
+    footprint = np.bincount(group_of, a.param_bytes + a.own_bytes, minlength=len(names))
+    time = np.zeros((len(names), cost.compute.shape[1]))
+    np.add.at(time, group_of, cost.compute)
+    runnable = np.isfinite(time)
+    units = [Unit(group, m, p, f, r, t) for group, m, p, f, r, t in zip(
+        names.tolist(), members, params.tolist(), footprint.tolist(),
+        runnable, time)]
+    return [units[g] for g in np.argsort(first_seen, kind="stable")]
 
 
 def expand(units, unit_device, n_ops):

@@ -46,11 +46,11 @@ def check_plan(plan, graph, cluster, memory=None):
     unknown = sorted({d for d in plan.assignment.values() if d not in names})
     if unknown:
         raise PlacementError("", f"plan names devices not in the cluster: {unknown}")
-    for group, members in graph.colocation_groups().items():
-        devices = {plan.assignment[m] for m in members}
-        if len(devices) > 1:
-            raise PlacementError("", f"colocation group {group!r} is split over "
-                                 f"{len(devices)} devices: {', '.join(members[:4])}")
+    group_device = {}
+    for op, attrs in graph.ops.items():
+        if group_device.setdefault(attrs["colocation"], plan.assignment[op]) != \
+                plan.assignment[op]:
+            _raise_split(graph, plan, attrs["colocation"])
     kind_of = {d.name: d.kind.name for d in cluster.devices}
     for op, attrs in graph.ops.items():
         allowed = attrs["allowed_kinds"]
@@ -59,6 +59,13 @@ def check_plan(plan, graph, cluster, memory=None):
                                  f"{plan.assignment[op]}, a {kind_of[plan.assignment[op]]}"
                                  f" without its kernel")
     check_memory(graph, plan.assignment, cluster, memory)
+
+
+def _raise_split(graph, plan, group):
+    members = graph.colocation_groups()[group]
+    devices = {plan.assignment[m] for m in members}
+    raise PlacementError("", f"colocation group {group!r} is split over "
+                         f"{len(devices)} devices: {', '.join(members[:4])}")
 
 
 def check_memory(graph, assignment, cluster, used=None):

@@ -152,15 +152,11 @@ class OpGraph:
 
     def structural_key(self, name):
         """A sort key from an op's attributes and degree, its name only last."""
-        return _structural_key(name, self.nx_graph.nodes[name], len(self.nx_graph.pred[name]),
-                               len(self.nx_graph.succ[name]))
-
-    def structural_keys(self):
-        """``{op: structural_key(op)}`` for every op, at once."""
-        nx_graph = self.nx_graph
-        pred, succ = nx_graph.pred, nx_graph.succ
-        return {name: _structural_key(name, attrs, len(pred[name]), len(succ[name]))
-                for name, attrs in nx_graph.nodes(data=True)}
+        attrs = self.nx_graph.nodes[name]
+        cost = attrs.get("cost")
+        return (attrs["op_type"], attrs["flops"], attrs["bytes_accessed"],
+                attrs["param_bytes"], sorted(cost.values()) if cost else [],
+                self.nx_graph.in_degree(name), self.nx_graph.out_degree(name), name)
 
     def colocation_groups(self):
         """Map group id -> sorted list of its ops."""
@@ -171,12 +167,6 @@ class OpGraph:
 
     def total_param_bytes(self):
         return sum(b for _, b in self.nx_graph.nodes(data="param_bytes"))
-
-
-def _structural_key(name, attrs, in_degree, out_degree):
-    cost = attrs.get("cost")
-    return (attrs["op_type"], attrs["flops"], attrs["bytes_accessed"], attrs["param_bytes"],
-            sorted(cost.values()) if cost else [], in_degree, out_degree, name)
 
 
 class UnionFind(dict):
