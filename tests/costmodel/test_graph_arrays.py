@@ -1,0 +1,60 @@
+"""The flat arrays the compiled loops read describe the same graph as the OpGraph: the
+same edges in the same order, the same topological order, tie order and memory."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import CostModel
+from costmodel.arrays import graph_arrays, memory_per_device
+from costmodel.memory import device_memory
+from partitioner.list_schedules import earliest_task_first
+from tests.random_graphs import random_clusters, random_dags
+from tfpart.errors import PlacementError
+
+PROPERTY = settings(max_examples=60, deadline=None)
+
+
+@PROPERTY
+@given(random_dags(control=True, restricted=True), random_clusters())
+def test_edges_orders_and_ties_match_the_op_graph(graph, cluster):
+    cost = CostModel(graph, cluster)
+    a = graph_arrays(cost)
+    for i, name in enumerate(cost.ops):
+        consumers = a.succ_op[a.succ_ptr[i]:a.succ_ptr[i + 1]]
+        assert [cost.ops[j] for j in consumers] == list(graph.out_edges(name))
+        producers = a.pred_op[a.pred_ptr[i]:a.pred_ptr[i + 1]]
+        assert [cost.ops[j] for j in producers] == list(graph.in_edges(name))
+        for k, j in zip(a.pred_edge[a.pred_ptr[i]:a.pred_ptr[i + 1]], producers):
+            edge = graph.in_edges(name)[cost.ops[j]]
+            assert (a.edge_bytes[k], a.edge_control[k]) == (edge["bytes"], edge["control"])
+    assert [cost.ops[i] for i in a.topological] == graph.topological_order()
+    by_key = sorted(range(len(cost.ops)), key=lambda i: graph.structural_key(cost.ops[i]))
+    assert np.argsort(a.tie).tolist() == by_key
+    assert [a.group_names[g] for g in a.group_of] == \
+        [graph.ops[name]["colocation"] for name in cost.ops]
+
+
+@PROPERTY
+@given(random_dags(control=True), random_clusters(), st.data())
+def test_memory_per_device_equals_the_op_graph_bound(graph, cluster, data):
+    cost = CostModel(graph, cluster)
+    device_of = np.array(data.draw(st.lists(st.integers(0, len(cluster) - 1),
+                                            min_size=len(graph), max_size=len(graph))))
+    names = cluster.device_names
+    expected = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)},
+                             names)
+    assert memory_per_device(cost, device_of).tolist() == [expected[n] for n in names]
+
+
+@PROPERTY
+@given(random_dags(control=True, restricted=True), random_clusters())
+def test_m_etf_places_every_op_where_it_can_run_and_keeps_groups_together(graph, cluster):
+    cost = CostModel(graph, cluster)
+    try:
+        device_of = earliest_task_first(cost)
+    except PlacementError:  # no device has room
+        return
+    assert device_of.min() >= 0
+    assert np.isfinite(cost.compute[np.arange(len(device_of)), device_of]).all()
+    for members in graph.colocation_groups().values():
+        assert len({device_of[cost.index[m]] for m in members}) == 1
