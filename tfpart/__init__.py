@@ -5,7 +5,8 @@ partition without writing), ``load`` (load a compiled model with its variable de
 ``connect`` (become a client of a cluster's ``tfpart worker`` tasks), ``verify``
 (compare original and compiled), ``time_model``, ``LocalWorkers`` (a multi-host cluster
 on this machine), ``export_train_step`` (a Keras model's training step as a
-SavedModel signature), ``load_cluster``, ``Plan``, ``Cluster``.
+SavedModel signature), ``draw`` (a picture of a plan), ``diff_plans`` (what changed
+between two plans), ``load_cluster``, ``Plan``, ``Cluster``.
 Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
 import cycles with the packages below it.
 
@@ -20,7 +21,8 @@ _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
         "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
         "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
-        "export_train_step": "tfpart.training"}
+        "export_train_step": "tfpart.training", "draw": "tfpart.draw",
+        "diff_plans": "tfpart.plan_diff"}
 
 __all__ = sorted(_API)
 

@@ -149,9 +149,24 @@ def cmd_compile(args):
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
+    if args.draw:
+        from tfpart.draw import draw
+
+        _, note, _ = draw(result.plan, result.graph, args.draw)
+        console.print(note)
     if result.verification is not None:
         print_verify(result.verification)
         return 0 if result.verification.ok else 1
+    return 0
+
+
+def cmd_diff(args):
+    from tfpart.plan import Plan
+    from tfpart.plan_diff import diff_plans
+
+    _check_inputs(files=[args.before, args.after])
+    for line in diff_plans(Plan.load(args.before), Plan.load(args.after)).lines():
+        console.print(line, highlight=False)
     return 0
 
 
@@ -404,7 +419,13 @@ def build_parser():
                           help="price float32 matmuls and convolutions at the fp32 peak "
                           "(for programs that turn TF32 off; default: the cluster's "
                           "\"tf32\", which is on)")
+    compile_.add_argument("--draw", metavar="FILE", help="also draw the placement "
+                          "(.svg, .png, .pdf with Graphviz's dot installed, else .dot)")
     compile_.set_defaults(run=cmd_compile)
+    diff = commands.add_parser("diff", help="what changed between two plan.json files")
+    diff.add_argument("before")
+    diff.add_argument("after")
+    diff.set_defaults(run=cmd_diff)
     profile = commands.add_parser("profile", help="measure every op of a model here")
     profile.add_argument("model")
     profile.add_argument("--batch-size", type=int)

@@ -1,0 +1,208 @@
+"""A picture of a placement: the graph coarsened to name scopes a person can read,
+one box per device (or per pipeline stage), coloured by device, the edges that cross
+devices drawn heavier with the bytes they carry. Written as Graphviz DOT with the
+``graphviz`` package and rendered by Graphviz's ``dot`` where it is installed.
+
+Coarsening: one node per device (and stage) to start with; then the node with the most
+ops is split by its next name-scope level (ops without inputs, such as variables and
+constants, stay in one node per device), as long as there are at most ``max_nodes``
+nodes (the scopes every op shares are dropped first). When a node has more scopes than
+room is left (ResNet50 has a scope per layer), it is cut instead into runs of
+consecutive scopes in topological order, labelled by their first and last scope.
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.plan import Plan
+>>> g = OpGraph()
+>>> for n in ("net/x", "net/a/MatMul", "net/a/Relu", "net/b/MatMul"): g.add_op(n)
+>>> g.add_edge("net/x", "net/a/MatMul", bytes=4e6)
+>>> g.add_edge("net/a/MatMul", "net/a/Relu", bytes=4e6)
+>>> g.add_edge("net/a/Relu", "net/b/MatMul", bytes=4e6)
+>>> plan = Plan(assignment={"net/x": "gpu:0", "net/a/MatMul": "gpu:0",
+...                         "net/a/Relu": "gpu:0", "net/b/MatMul": "gpu:1"})
+>>> picture = placement_picture(plan, g)  # x (an input), scope a, scope b
+>>> picture.nodes, picture.crossing
+(3, 1)
+>>> 'label="4.0 MB"' in picture.dot.source
+True
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac"]
+RENDERED = {".svg", ".png", ".pdf"}
+SOURCES = "variables, constants, inputs"
+
+
+@dataclass
+class Picture:
+    """The DOT graph and what it shows: node count, crossing edges, devices drawn."""
+
+    dot: object  # graphviz.Digraph
+    nodes: int
+    crossing: int
+    devices: list
+
+
+def placement_picture(plan, graph, max_nodes=60):
+    """The picture of ``plan`` (a :class:`~tfpart.plan.Plan`) on ``graph`` (the OpGraph
+    it places), with at most ``max_nodes`` boxes of ops."""
+    import graphviz
+
+    order = graph.topological_order()
+    position = {op: k for k, op in enumerate(order)}
+    devices = sorted(set(plan.assignment.values()), key=_device_order(plan))
+    stages = plan.stages or {}
+    group_of = _groups(graph, plan, order, max_nodes)
+    members, label = {}, {}
+    for op in order:
+        text, key = group_of[op]
+        members.setdefault(key, []).append(op)
+        label[key] = text
+    group_of = {op: key for op, (_, key) in group_of.items()}
+    node_id = {g: f"n{k}" for k, g in enumerate(members)}
+    crossing, inside = {}, {}
+    for u, v, edge in graph.edges():
+        a, b = group_of[u], group_of[v]
+        if a != b and not edge["control"]:
+            table = crossing if plan.assignment[u] != plan.assignment[v] else inside
+            table[(a, b)] = table.get((a, b), 0.0) + edge["bytes"]
+    dot = graphviz.Digraph("placement", graph_attr={
+        "rankdir": "TB", "newrank": "true", "fontname": "Helvetica", "labelloc": "t",
+        "label": _title(plan, graph, devices)},
+        node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica",
+                   "fontsize": "10"}, edge_attr={"fontname": "Helvetica", "fontsize": "9"})
+    for k, device in enumerate(devices):
+        colour = PALETTE[k % len(PALETTE)]
+        boxes = sorted({(stages.get(members[g][0]), g) for g in members
+                        if plan.assignment[members[g][0]] == device},
+                       key=lambda item: (item[0] is not None, item[0] or 0,
+                                         position[members[item[1]][0]]))
+        for stage in sorted({s for s, _ in boxes}, key=lambda s: (s is not None, s or 0)):
+            ops = sum(len(members[g]) for s, g in boxes if s == stage)
+            title = f"{_short_device(device)}\\n{ops} ops" + (
+                f", stage {stage}" if stage is not None else "")
+            with dot.subgraph(name=f"cluster_{k}_{stage}") as box:
+                box.attr(label=title, color=colour, penwidth="2", style="rounded")
+                for _, g in (item for item in boxes if item[0] == stage):
+                    box.node(node_id[g], f"{label[g]}\\n{len(members[g])} ops",
+                             fillcolor=colour + "55", color=colour)
+    heaviest = max(crossing.values(), default=0.0) or 1.0
+    for (a, b), nbytes in sorted(crossing.items()):
+        dot.edge(node_id[a], node_id[b], label=_bytes(nbytes), color="#d62728",
+                 fontcolor="#d62728",
+                 penwidth=f"{1.5 + 4.5 * nbytes / heaviest:.2f}")
+    for (a, b) in sorted(inside):
+        dot.edge(node_id[a], node_id[b], color="#999999", penwidth="0.8", arrowsize="0.5")
+    return Picture(dot=dot, nodes=len(members), crossing=len(crossing), devices=devices)
+
+
+def draw(plan, graph, path, max_nodes=60):
+    """Write the picture of ``plan`` to ``path`` (``.svg``, ``.png``, ``.pdf`` or
+    ``.dot``). Without Graphviz's ``dot`` program the DOT file is written beside it
+    instead. Returns (the file written, a one-line note for the user, the Picture)."""
+    picture = placement_picture(plan, graph, max_nodes)
+    path = Path(path)
+    if path.suffix not in RENDERED:
+        path.write_text(picture.dot.source)
+        return path, f"placement picture: {path} (DOT; render with dot -Tsvg)", picture
+    if shutil.which("dot") is None:
+        source = path.with_suffix(".dot")
+        source.write_text(picture.dot.source)
+        return source, (f"Graphviz's dot is not installed: wrote {source}; render it with "
+                        f"`dot -T{path.suffix[1:]} {source} -o {path}`"), picture
+    picture.dot.render(outfile=str(path), cleanup=True)
+    path.with_suffix(".gv").unlink(missing_ok=True)
+    return path, f"placement picture: {path}", picture
+
+
+def _device_order(plan):
+    names = list((plan.context or {}).get("devices") or [])
+    return lambda device: (names.index(device) if device in names else len(names), device)
+
+
+def _title(plan, graph, devices):
+    if len(devices) == 1:
+        return f"all {len(graph)} ops on {devices[0]}: one device, nothing crosses"
+    step = plan.predicted.step_time if plan.predicted else None
+    return (f"{len(graph)} ops on {len(devices)} devices" +
+            (f", predicted step {step * 1e3:.3g} ms" if step else "") +
+            "; red edges cross devices (bytes per step)")
+
+
+def _groups(graph, plan, order, max_nodes):
+    """Op -> node label, at most ``max_nodes`` distinct. Starting from one node per
+    device (and stage), the node with the most ops is split by its next name scope
+    while the count allows; when its scopes are too many (a scope per layer), into
+    runs of consecutive scopes (in topological order) instead, which are final."""
+    parts = _scoped_names(order)
+    stages = plan.stages or {}
+    nodes = {}  # (device, stage, scope tuple) -> ops in topological order
+    final = {}  # key -> label of a node never split again
+    for op in order:
+        source = graph.in_degree(op) == 0  # variables, constants, inputs: one node each
+        key = (plan.assignment[op], stages.get(op), (SOURCES,) if source else ())
+        nodes.setdefault(key, []).append(op)
+        if source:
+            final[key] = SOURCES
+    while True:
+        splittable = [key for key in nodes if key not in final and
+                      any(len(parts[op]) > len(key[2]) + 1 for op in nodes[key])]
+        if not splittable:
+            break
+        key = max(splittable, key=lambda k: len(nodes[k]))
+        device, stage, scope = key
+        children = {}
+        for op in nodes.pop(key):
+            deeper = parts[op][:len(scope) + 1] if len(parts[op]) > len(scope) + 1 else scope
+            children.setdefault((device, stage, tuple(deeper)), []).append(op)
+        room = max_nodes - len(nodes)
+        if len(children) <= room:
+            nodes.update(children)
+            continue
+        total = sum(len(ops) for k, ops in nodes.items() if k not in final) + \
+            sum(len(ops) for ops in children.values())
+        share = len([op for ops in children.values() for op in ops]) / max(total, 1)
+        runs = max(2, int(room * share)) if room >= 2 else 1
+        keys = list(children)  # first seen first: topological order
+        size = -(-len(keys) // runs)
+        for start in range(0, len(keys), size):
+            run = keys[start:start + size]
+            label = _scope_label(run[0][2]) + (f" … {_scope_label(run[-1][2])}"
+                                               if len(run) > 1 else "")
+            merged = (device, stage, run[0][2] + (f"#{start}",))
+            nodes[merged] = [op for k in run for op in children[k]]
+            final[merged] = label
+    return {op: (final.get(key) or _scope_label(key[2]), key) for key, ops in nodes.items()
+            for op in ops}
+
+
+def _scope_label(scope):
+    return scope[-1] if scope else "(top level)"
+
+
+def _scoped_names(order):
+    """Each op's name split at '/', without the scopes every op shares."""
+    split = {op: op.split("/") for op in order}
+    common = 0
+    first = next(iter(split.values()), [])
+    while common < len(first) - 1 and all(len(p) > common + 1 and p[common] == first[common]
+                                          for p in split.values()):
+        common += 1
+    return {op: p[common:] for op, p in split.items()}
+
+
+def _short_device(device):
+    return device.replace("/replica:0", "").replace("device:", "").lstrip("/")
+
+
+def _bytes(nbytes):
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes:.0f} B"
