@@ -97,7 +97,7 @@ def print_plan(result, default_cluster):
     console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
                   f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
-    console.print(f"Wrote {result.out} (with plan.json)")
+    console.print(f"Wrote {result.out} (with plan.json and report.html)")
 
 
 def print_verify(report):

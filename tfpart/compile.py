@@ -23,6 +23,9 @@ from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, OutputError, PlacementError, model_errors
+from tfpart.report import write_report
+
+REPORT_FILE = "report.html"
 
 
 @dataclass
@@ -184,13 +187,21 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
     reports = []
 
-    def verify_staged(staging):
-        from tfpart.verification import verify as run_and_compare
-
+    def check_staged(staging):
+        """Verify (if asked) and write the report into the output before it moves in."""
         timings["write"] = time.perf_counter() - t0
-        step("running the original and compiled models")
-        reports.append(run_and_compare(model_dir, staging))
-        timings["verify"] = time.perf_counter() - t0 - timings["write"]
+        if verify:
+            from tfpart.verification import verify as run_and_compare
+
+            step("running the original and compiled models")
+            reports.append(run_and_compare(model_dir, staging))
+            timings["verify"] = time.perf_counter() - t0 - timings["write"]
+        step("writing the report")
+        cost = CostModel(graph, cluster, measured=load_profiles(profiles),
+                         tf32=plan.context.get("tf32"))
+        write_report(plan, graph, cluster, Path(staging) / REPORT_FILE,
+                     verification=reports[0] if reports else None, timings=timings,
+                     cost=cost)
 
     if verify:  # the pipeline pass starts TensorFlow: make the devices to verify on first
         from tfpart.runtime import ensure_local_cpus
@@ -201,9 +212,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan, Path(workdir),
                                   progress=lambda name: step(f"rewriting: {name}"))
         step("writing the compiled SavedModel")
-        save(rewritten, out, force=force, extra_files=extra,
-             check=verify_staged if verify else None)
-    timings.setdefault("write", time.perf_counter() - t0)
+        save(rewritten, out, force=force, extra_files=extra, check=check_staged)
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings, notes=profile_notes(profiles),
                          verification=reports[0] if reports else None)

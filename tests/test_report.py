@@ -1,0 +1,48 @@
+"""Every compile writes out/report.html: one self-contained page, looked at in a real
+headless browser."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tfpart.cli import main
+from tfpart.report import SECTIONS
+
+BROWSER = next((shutil.which(name) for name in ("chromium", "chromium-browser",
+                                                 "google-chrome") if shutil.which(name)), None)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "out"
+    assert main(["compile", "--batch-size", "4", "--verify", "-o", str(out)]) == 0
+    return out
+
+
+def test_the_report_is_self_contained_and_has_every_section(compiled):
+    page = (compiled / "report.html").read_text()
+    for title in SECTIONS:
+        assert f"<h2>{title}</h2>" in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing from the network
+    assert "data:image/png;base64," in page  # the Gantt chart, inline
+    assert "Verification <span class=\"ok\">passed</span>" in page
+    assert "Predicted step time" in page and "within" in page  # the gap to the bound
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium here (CI installs it)")
+def test_the_report_renders_in_headless_chromium_without_console_errors(compiled, tmp_path):
+    flags = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+             "--v=0", "--window-size=1280,2400"]
+    url = (compiled / "report.html").as_uri()
+    shot = tmp_path / "report.png"
+    run = subprocess.run([*flags, f"--screenshot={shot}", url], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert shot.stat().st_size > 50_000  # a page of tables and pictures, not a blank one
+    assert "CONSOLE" not in run.stderr, run.stderr[-2000:]
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120).stdout
+    rendered = re.findall(r"<h2>(.*?)</h2>", dom)
+    assert rendered == list(SECTIONS)
+    assert "<svg" in dom or "DOT" in dom  # the placement picture, or its source

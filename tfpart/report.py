@@ -1,0 +1,215 @@
+"""``out/report.html``: one self-contained page (no network) that explains a compiled
+plan: the model, the cluster, the algorithm and its options, each device's load and
+memory, the lower bound and the gap to it, the placement picture, the simulated
+schedule as a Gantt chart, the traffic per link, the pipeline stages and micro-batch
+candidates of a pipelined plan, and the verification when ``--verify`` ran.
+
+Examples
+--------
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from tfpart.plan import Plan
+>>> g = OpGraph(); g.add_op("x"); g.add_op("y"); g.add_edge("x", "y", bytes=8)
+>>> cluster = cluster_of_devices(["cpu"])
+>>> plan = Plan(assignment=dict.fromkeys(g.ops, cluster.device_names[0]))
+>>> page = report_html(plan, g, cluster)
+>>> page.startswith("<!DOCTYPE html>") and "Per-device figures" in page
+True
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SECTIONS = ("Model", "Cluster", "Algorithm", "Per-device figures", "Step time and bound",
+            "Placement", "Schedule", "Link traffic", "Pipeline", "Verification")
+
+STYLE = """
+body { font-family: Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+.picture { overflow: auto; max-height: 900px; border: 1px solid #eee; }
+.ok { color: #2a7f2a; } .bad { color: #c62828; } pre { white-space: pre-wrap; }
+"""
+
+
+def write_report(plan, graph, cluster, path, verification=None, timings=None, cost=None):
+    """Write the report of ``plan`` to ``path`` (replaced atomically); return ``path``.
+    ``cost`` is the cost model the plan was made with (default: the roofline's)."""
+    page = report_html(plan, graph, cluster, verification, timings=timings, cost=cost)
+    path = Path(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False,
+                                     encoding="utf-8") as staged:
+        staged.write(page)
+    os.chmod(staged.name, 0o644)  # a temporary file is private; a report is not
+    os.replace(staged.name, path)
+    return path
+
+
+def report_html(plan, graph, cluster, verification=None, timings=None, cost=None):
+    """The report page as a string."""
+    from costmodel import CostModel
+
+    cost = cost or CostModel(graph, cluster, tf32=(plan.context or {}).get("tf32"))
+    context = plan.context or {}
+    parts = [f"<h1>tfpart plan: {_e(Path(str(context.get('model', 'model'))).name)} on "
+             f"{_e(cluster.name or 'cluster')}</h1>"]
+    sections = {
+        "Model": _model(plan, graph, context, timings),
+        "Cluster": _cluster(cluster),
+        "Algorithm": _algorithm(plan),
+        "Per-device figures": _devices(plan),
+        "Step time and bound": _bound(plan),
+        "Placement": _placement(plan, graph),
+        "Schedule": _schedule(plan, cost),
+        "Link traffic": _links(plan),
+        "Pipeline": _pipeline(plan),
+        "Verification": _verification(verification),
+    }
+    for title in SECTIONS:
+        parts.append(f'<section id="{title.lower().replace(" ", "-")}"><h2>{title}</h2>'
+                     f"{sections[title]}</section>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>tfpart report</title><style>{STYLE}</style></head><body>"
+            + "\n".join(parts) + "</body></html>\n")
+
+
+def _e(text):
+    return html.escape(str(text))
+
+
+def _table(header, rows):
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _model(plan, graph, context, timings):
+    rows = [("SavedModel", context.get("model", "?")),
+            ("signature", context.get("signature", "?")),
+            ("batch size", context.get("batch_size", "?")), ("ops", len(graph)),
+            ("inputs", json.dumps(context.get("inputs", {})))]
+    rows += [(f"time to {step}", f"{seconds:.2f} s") for step, seconds in
+             (timings or {}).items()]
+    return _table(("", ""), rows)
+
+
+def _cluster(cluster):
+    return _table(("device", "kind", "host", "memory GB"),
+                  [(d.name, d.kind.name, d.host, f"{d.memory / 1e9:.1f}")
+                   for d in cluster.devices])
+
+
+def _algorithm(plan):
+    options = json.dumps(plan.options or {}, indent=1, sort_keys=True)
+    return f"<p>{_e(plan.algorithm)}</p><pre>{_e(options)}</pre>"
+
+
+def _devices(plan):
+    if not plan.predicted:
+        return "<p>No predictions in this plan.</p>"
+    rows = []
+    for name, d in plan.predicted.devices.items():
+        peak = "" if d.peak_memory_bytes is None else f"{d.peak_memory_bytes / 1e6:.1f}"
+        rows.append((name, d.kind, d.ops, f"{d.param_bytes / 1e6:.2f}",
+                     f"{d.busy_s * 1e3:.3f}", f"{d.idle_s * 1e3:.3f}", peak,
+                     f"{d.memory_bound_bytes / 1e6:.1f}", f"{d.memory_bytes / 1e6:.0f}"))
+    return _table(("device", "kind", "ops", "variables MB", "busy ms", "idle ms",
+                   "peak MB", "memory bound MB", "capacity MB"), rows)
+
+
+def _bound(plan):
+    step, bound = plan.step_time, plan.lower_bound
+    if step is None:
+        return "<p>No prediction.</p>"
+    text = f"<p>Predicted step time: <b>{step * 1e3:.3f} ms</b>."
+    if bound:
+        text += (f" Lower bound (critical path, work spread over the devices, LP "
+                 f"relaxation): {bound * 1e3:.3f} ms; the plan is within "
+                 f"{(step / bound - 1) * 100:.1f}% of it.")
+    predicted = plan.predicted
+    if predicted and predicted.transfers is not None:
+        text += (f" {predicted.transfers} tensor copies between devices per step "
+                 f"({predicted.cross_host_transfers} between hosts), "
+                 f"{predicted.bytes_moved / 1e6:.2f} MB.")
+    solver = predicted.solver if predicted else None
+    if solver:
+        text += f"</p><pre>{_e(json.dumps(solver, indent=1, sort_keys=True))}</pre><p>"
+    return text + "</p>"
+
+
+def _placement(plan, graph):
+    import shutil
+
+    from tfpart.draw import placement_picture
+
+    picture = placement_picture(plan, graph)
+    if shutil.which("dot"):
+        svg = picture.dot.pipe(format="svg").decode()
+        svg = svg[svg.index("<svg"):]  # drop the XML prologue and DOCTYPE
+        return f'<div class="picture">{svg}</div>'
+    return ("<p>Graphviz's dot is not installed here, so the picture is its DOT source "
+            "(render with <code>dot -Tsvg</code>).</p>"
+            f"<details><summary>DOT</summary><pre>{_e(picture.dot.source)}</pre></details>")
+
+
+def _schedule(plan, cost):
+    from costmodel.gantt import write_gantt
+    from costmodel.simulate import simulate_plan
+
+    if plan.stages:
+        return ("<p>A pipelined plan: its schedule over micro-batches is summarised under "
+                "Pipeline.</p>")
+    schedule = simulate_plan(plan, cost)
+    with tempfile.TemporaryDirectory() as directory:
+        png = write_gantt(schedule, cost, Path(directory) / "gantt.png").read_bytes()
+    data = base64.b64encode(png).decode()
+    return f'<img alt="Gantt chart of the simulated step" src="data:image/png;base64,{data}">'
+
+
+def _links(plan):
+    links = plan.predicted.links if plan.predicted else {}
+    if not links:
+        return "<p>Nothing crosses between devices.</p>"
+    return _table(("link", "MB per step"), [(link, f"{nbytes / 1e6:.3f}")
+                                           for link, nbytes in sorted(links.items())])
+
+
+def _pipeline(plan):
+    pipeline = plan.predicted.pipeline if plan.predicted else None
+    if pipeline is None:
+        return "<p>Not pipelined.</p>"
+    rows = [(k, s.device, s.units, f"{s.load * 1e3:.3f}")
+            for k, s in enumerate(pipeline.stages)]
+    text = (f"<p>Throughput {pipeline.throughput:.1f} samples/s, bubble "
+            f"{pipeline.bubble_fraction:.1%}, first result after "
+            f"{pipeline.first_result * 1e3:.3f} ms.</p>"
+            + _table(("stage", "device", "units", "load ms"), rows))
+    if pipeline.microbatch_choices:
+        keys = sorted({k for figures in pipeline.microbatch_choices.values() for k in figures})
+        text += "<p>Micro-batch candidates (simulated):</p>" + _table(
+            ("M", *keys), [(m, *(figures.get(k, "") for k in keys))
+                           for m, figures in pipeline.microbatch_choices.items()])
+    return text
+
+
+def _verification(report):
+    if report is None:
+        return "<p>Not verified (run <code>tfpart compile --verify</code> or " \
+               "<code>tfpart verify</code>).</p>"
+    status = '<span class="ok">passed</span>' if report.ok else \
+        '<span class="bad">failed</span>'
+    return (f"<p>Verification {status}: largest output difference "
+            f"{report.max_abs_diff:.3g}; {report.ops_checked} ops checked against "
+            f"TensorFlow's placement, {len(report.op_mismatches)} elsewhere than planned, "
+            f"{len(report.variable_mismatches)} variables misplaced.</p>"
+            + _table(("device", "ops TensorFlow ran there"),
+                     sorted(report.ops_per_device.items())))
