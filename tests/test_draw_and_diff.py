@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from tfpart.cli import main
-from tfpart.draw import draw, placement_picture
+from tfpart.picture import draw, placement_picture
 from tfpart.plan import Plan
 
 

@@ -21,7 +21,7 @@ _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
         "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
         "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
-        "export_train_step": "tfpart.training", "draw": "tfpart.draw",
+        "export_train_step": "tfpart.training", "draw": "tfpart.picture",
         "diff_plans": "tfpart.plan_diff"}
 
 __all__ = sorted(_API)

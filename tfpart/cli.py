@@ -150,7 +150,7 @@ def cmd_compile(args):
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
     if args.draw:
-        from tfpart.draw import draw
+        from tfpart.picture import draw
 
         _, note, _ = draw(result.plan, result.graph, args.draw)
         console.print(note)

@@ -149,7 +149,7 @@ def _bound(plan):
 def _placement(plan, graph):
     import shutil
 
-    from tfpart.draw import placement_picture
+    from tfpart.picture import placement_picture
 
     picture = placement_picture(plan, graph)
     if shutil.which("dot"):

@@ -1,0 +1,48 @@
+"""The notebooks run top to bottom on this machine, and say what they are for: a step
+time printed, a picture produced. Each runs in a fresh kernel from its own folder."""
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+# notebook -> what its outputs must show (regular expressions over all its text output),
+# and how many pictures (SVG or PNG displays) at least
+EXPECTED = {
+    "01_quickstart.ipynb": ([r"predicted step [\d.]+ ms, lower bound [\d.]+ ms",
+                             r"verified: True",
+                             r"largest difference between original and compiled outputs: "
+                             r"0\.00e\+00"], 2),
+    "02_what_if.ipynb": ([r"hetero_2v100_2t4\s+greedy\s+step\s+[\d.]+ ms",
+                          r"a100_l4_one_host\s+ilp", r"ops placed differently with the "
+                          r"measured profile"], 2),
+    "03_pipelining.ipynb": ([r"M= 8:\s+\d+ samples/s", r"1f1b\s*: step",
+                             r"predicted \d+ samples/s, measured \d+ samples/s"], 2),
+    "04_published_graphs.ipynb": ([r"GoogLeNet \{", r"published optimum\s+17\.7899\s+"
+                                   r"tfpart\s+17\.7899"], 2),
+}
+
+
+def test_every_notebook_has_its_expectations():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(EXPECTED)
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebook_runs_top_to_bottom(name):
+    from notebooks.make_notebooks import execute
+
+    notebook = execute(NOTEBOOKS / name)
+    text, pictures = [], 0
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            assert output["output_type"] != "error", "".join(output.get("traceback", []))
+            text.append(output.get("text", "") or output.get("data", {}).get("text/plain", ""))
+            pictures += bool({"image/svg+xml", "image/png"} & set(output.get("data", {})))
+    text = "\n".join(text)
+    patterns, least_pictures = EXPECTED[name]
+    for pattern in patterns:
+        assert re.search(pattern, text), (pattern, text[-3000:])
+    assert pictures >= least_pictures
