@@ -141,8 +141,9 @@ def simulate(cost, device_of, priority=None, memory=True):
     Event-driven and work-conserving, like TensorFlow's executor: whenever an executor
     is idle it starts, among the ops whose inputs are on its devices, the one of
     highest ``priority`` (upward rank by default; ties by what the ops are). With
-    ``memory=False`` the peak-memory sweep is skipped (for searches that only compare
-    step times). The event loop is compiled (:func:`_simulate_events`).
+    ``memory=False`` the peak-memory sweep and the list of transfers are skipped (for
+    searches that only compare step times and bytes moved). The event loop is compiled
+    (:func:`_simulate_events`).
 
     Examples
     --------
