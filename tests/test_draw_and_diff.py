@@ -47,6 +47,7 @@ def test_without_dot_the_dot_file_is_kept_with_how_to_render_it(tmp_path, monkey
 
 
 @pytest.mark.slow
+@pytest.mark.any_onednn
 def test_resnet50_picture_is_readable_and_shows_every_device_and_crossing(exported):
     from profiles import CLUSTERS_DIR
     from tfpart.cluster import load_cluster
