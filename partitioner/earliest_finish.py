@@ -133,7 +133,8 @@ def greedy_placement(cost, options=GreedyOptions()):
     baselines = _baselines(cost)
     evaluations = options.evaluations(len(cost.ops))
     if evaluations:
-        device_of = _better_start(judge, device_of, baselines.get("m-ETF"))
+        # a copy: the search changes it in place, and m-ETF's stays a baseline
+        device_of = _better_start(judge, device_of, baselines.get("m-ETF")).copy()
         _refine(graph, cost, device_of, judge, evaluations)
         # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
         # its reader whatever the plan says, so the plan must too; other free groups
