@@ -150,29 +150,47 @@ def topological_order(succ_ptr, succ_op, tie):
 
 
 @numba.njit(cache=True)
-def ranks_before(i, j, priority, tie):
-    """Whether ready op ``i`` starts before ``j``: higher priority, then lower tie."""
+def ranks_before(i, j, key, column, priority, tie):
+    """Whether op ``i`` comes before ``j`` in a heap: lower ``key[:, column]`` (unless
+    ``column < 0``), then higher priority, then lower tie."""
+    if column >= 0 and key[i, column] != key[j, column]:
+        return key[i, column] < key[j, column]
     return priority[i] > priority[j] or (priority[i] == priority[j] and tie[i] < tie[j])
+
+
+NO_KEY = np.zeros((0, 0))  # for heaps ordered by priority and tie alone
 
 
 @numba.njit(cache=True)
 def heap_push(queue, size, e, i, priority, tie):
-    """Push op ``i`` on heap ``e`` (row ``e`` of ``queue``, ``size[e]`` long), ordered by
-    :func:`ranks_before`."""
+    """Push op ``i`` on heap ``e`` (row ``e`` of ``queue``, ``size[e]`` long), highest
+    priority first, then lowest tie."""
+    keyed_heap_push(queue, size, e, i, NO_KEY, -1, priority, tie)
+
+
+@numba.njit(cache=True)
+def heap_pop(queue, size, e, priority, tie):
+    """Pop the first op of heap ``e`` (see :func:`heap_push`)."""
+    return keyed_heap_pop(queue, size, e, NO_KEY, -1, priority, tie)
+
+
+@numba.njit(cache=True)
+def keyed_heap_push(queue, size, e, i, key, column, priority, tie):
+    """Push op ``i`` on heap ``e``, ordered by :func:`ranks_before`."""
     k = size[e]
     size[e] += 1
     queue[e, k] = i
     while k > 0:
         parent = (k - 1) // 2
-        if not ranks_before(queue[e, k], queue[e, parent], priority, tie):
+        if not ranks_before(queue[e, k], queue[e, parent], key, column, priority, tie):
             break
         queue[e, k], queue[e, parent] = queue[e, parent], queue[e, k]
         k = parent
 
 
 @numba.njit(cache=True)
-def heap_pop(queue, size, e, priority, tie):
-    """Pop the first op of heap ``e``."""
+def keyed_heap_pop(queue, size, e, key, column, priority, tie):
+    """Pop the first op of heap ``e`` (see :func:`keyed_heap_push`)."""
     top = queue[e, 0]
     size[e] -= 1
     n = size[e]
@@ -180,9 +198,11 @@ def heap_pop(queue, size, e, priority, tie):
     k = 0
     while True:
         first, left, right = k, 2 * k + 1, 2 * k + 2
-        if left < n and ranks_before(queue[e, left], queue[e, first], priority, tie):
+        if left < n and ranks_before(queue[e, left], queue[e, first], key, column, priority,
+                                     tie):
             first = left
-        if right < n and ranks_before(queue[e, right], queue[e, first], priority, tie):
+        if right < n and ranks_before(queue[e, right], queue[e, first], key, column,
+                                      priority, tie):
             first = right
         if first == k:
             return top

@@ -30,7 +30,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from costmodel.arrays import edge_times, fits_memory, graph_arrays, memory_per_device
+from costmodel.arrays import (edge_times, fits_memory, graph_arrays, keyed_heap_pop,
+                              keyed_heap_push, memory_per_device)
 from costmodel.simulate import upward_rank
 from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
 from partitioner.validate import check_memory
@@ -101,48 +102,6 @@ def earliest_task_first(cost):
 
 
 @numba.njit(cache=True)
-def _before(i, j, data_ready, d, level, tie):
-    """Heap order: earlier data-ready time on device ``d`` (``d < 0``: ignored), then
-    higher level, then lower tie."""
-    if d >= 0 and data_ready[i, d] != data_ready[j, d]:
-        return data_ready[i, d] < data_ready[j, d]
-    return level[i] > level[j] or (level[i] == level[j] and tie[i] < tie[j])
-
-
-@numba.njit(cache=True)
-def _push(heap, size, row, i, data_ready, d, level, tie):
-    k = size[row]
-    size[row] += 1
-    heap[row, k] = i
-    while k > 0:
-        parent = (k - 1) // 2
-        if not _before(heap[row, k], heap[row, parent], data_ready, d, level, tie):
-            break
-        heap[row, k], heap[row, parent] = heap[row, parent], heap[row, k]
-        k = parent
-
-
-@numba.njit(cache=True)
-def _pop(heap, size, row, data_ready, d, level, tie):
-    top = heap[row, 0]
-    size[row] -= 1
-    n = size[row]
-    heap[row, 0] = heap[row, n]
-    k = 0
-    while True:
-        first, left, right = k, 2 * k + 1, 2 * k + 2
-        if left < n and _before(heap[row, left], heap[row, first], data_ready, d, level, tie):
-            first = left
-        if right < n and _before(heap[row, right], heap[row, first], data_ready, d, level,
-                                 tie):
-            first = right
-        if first == k:
-            return top
-        heap[row, k], heap[row, first] = heap[row, first], heap[row, k]
-        k = first
-
-
-@numba.njit(cache=True)
 def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ_ptr,
                          succ_op, edge_bytes, comm_row, comm, latency, inverse_bandwidth,
                          unit_of, footprint, runnable, capacity):
@@ -184,15 +143,15 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
                                           comm, latency, inverse_bandwidth)
                     data_ready[j, e] = max(data_ready[j, e], end[p] + total)
                 if data_ready[j, e] <= free[e]:
-                    _push(for_device, n_device, e, j, data_ready, -1, level, tie)
+                    keyed_heap_push(for_device, n_device, e, j, data_ready, -1, level, tie)
                 else:
-                    _push(for_data, n_data, e, j, data_ready, e, level, tie)
+                    keyed_heap_push(for_data, n_data, e, j, data_ready, e, level, tie)
         n_pending = 0
         best, best_d, best_start = -1, -1, 0.0
         for d in range(n_dev):
             while n_data[d] > 0 and data_ready[for_data[d, 0], d] <= free[d]:
-                _push(for_device, n_device, d, _pop(for_data, n_data, d, data_ready, d, level,
-                                                    tie), data_ready, -1, level, tie)
+                moved = keyed_heap_pop(for_data, n_data, d, data_ready, d, level, tie)
+                keyed_heap_push(for_device, n_device, d, moved, data_ready, -1, level, tie)
             candidate, start = -1, 0.0
             for heap, size, key in ((for_device, n_device, -1), (for_data, n_data, d)):
                 while size[d] > 0:
@@ -202,7 +161,8 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
                             unit_device[k] < 0 and runnable[k, d] and
                             used[d] + footprint[k] <= capacity[d])):
                         break
-                    _pop(heap, size, d, data_ready, key, level, tie)  # never valid again
+                    # never valid here again: drop it
+                    keyed_heap_pop(heap, size, d, data_ready, key, level, tie)
                 if size[d] > 0:
                     candidate = heap[d, 0]
                     start = max(free[d], data_ready[candidate, d])
