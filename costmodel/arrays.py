@@ -59,14 +59,13 @@ class GraphArrays:
     aliasing: np.ndarray  # the op's output lives in its first input's buffer
     group_of: np.ndarray  # colocation group per op, an index into group_names
     group_names: np.ndarray  # sorted
+    group_param_bytes: np.ndarray  # variable bytes per group
+    group_runnable: np.ndarray  # per group and device: the device can run all its ops
 
 
 def graph_arrays(cost):
     """The :class:`GraphArrays` of ``cost``'s graph (built on first use, then cached)."""
-    cached = cost.__dict__.get("_graph_arrays")
-    if cached is None:
-        cached = cost.__dict__["_graph_arrays"] = _build(cost)
-    return cached
+    return cost.derived("graph_arrays", lambda: _build(cost))
 
 
 def _build(cost):
@@ -88,6 +87,11 @@ def _build(cost):
     pred_pairs = [(u, v) for v in cost.ops for u in predecessors[v]]
     attrs = [graph.ops[name] for name in cost.ops]
     tie = _structural_ranks(cost.ops, attrs, np.diff(pred_ptr), np.diff(succ_ptr))
+    param_bytes = np.array([a["param_bytes"] for a in attrs], dtype=float)
+    group_names, group_of = np.unique([a["colocation"] for a in attrs], return_inverse=True)
+    group_of = group_of.astype(np.int64)
+    blocked = np.zeros((len(group_names), n_dev), dtype=np.int64)
+    np.add.at(blocked, group_of, ~np.isfinite(cost.compute))
     return GraphArrays(
         succ_ptr=succ_ptr, succ_op=succ_op, succ_edge=np.arange(len(edges), dtype=np.int64),
         pred_ptr=pred_ptr, pred_op=ints([index[u] for u, _ in pred_pairs]),
@@ -98,10 +102,11 @@ def _build(cost):
         tie=tie, topological=topological_order(succ_ptr, succ_op, tie),
         out_bytes=np.array([output_bytes(a) for a in attrs], dtype=float),
         own_bytes=np.array([new_output_bytes(a) for a in attrs], dtype=float),
-        param_bytes=np.array([a["param_bytes"] for a in attrs], dtype=float),
+        param_bytes=param_bytes,
         aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_),
-        **dict(zip(("group_names", "group_of"), np.unique(
-            [a["colocation"] for a in attrs], return_inverse=True))))
+        group_of=group_of, group_names=group_names,
+        group_param_bytes=np.bincount(group_of, param_bytes, minlength=len(group_names)),
+        group_runnable=blocked == 0)
 
 
 def _structural_ranks(names, attrs, in_degree, out_degree):

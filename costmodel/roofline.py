@@ -140,6 +140,14 @@ class CostModel:
             self.cpu_copy[i, j] = self.cpu_copy[j, i] = link.cpu_copy
             self.message_cost[i, j] = self.message_cost[j, i] = link.message_cost
 
+    def derived(self, name, build):
+        """``build()``, computed on first use and kept: tables derived from this cost
+        model (its graph as arrays, its placement units) never change."""
+        cache = self.__dict__.setdefault("_derived", {})
+        if name not in cache:
+            cache[name] = build()
+        return cache[name]
+
     def of(self, graph):
         """The cost model of another graph (a micro-batch's, a coarsened one) on the
         same cluster, with the same measured profiles and precision policy."""

@@ -91,24 +91,6 @@ class GreedyOptions:
         return min(self.refine_evaluations, max(2, self.search_op_budget // max(n_ops, 1)))
 
 
-def _group_tables(cost):
-    """Per op its colocation group's number; per group its variable bytes and whether
-    each device can run all of its ops (cached on ``cost``)."""
-    cached = cost.__dict__.get("_group_tables")
-    if cached is None:
-        cached = cost.__dict__["_group_tables"] = _build_group_tables(cost)
-    return cached
-
-
-def _build_group_tables(cost):
-    a = graph_arrays(cost)
-    names, group_of = a.group_names, a.group_of
-    params = np.bincount(group_of, a.param_bytes, minlength=len(names))
-    blocked = np.zeros((len(names), len(cost.cluster)), dtype=np.int64)
-    np.add.at(blocked, group_of, ~np.isfinite(cost.compute))
-    return group_of.astype(np.int64), params, blocked == 0
-
-
 def greedy_placement(cost, options=GreedyOptions()):
     """The device index of every op of ``cost.ops``, and the simulator priority the
     placement was judged with.
@@ -156,14 +138,14 @@ def _list_schedule(cost, options, priority, contended):
     graph, cluster = cost.graph, cost.cluster
     a = graph_arrays(cost)
     capacity = np.array([d.memory for d in cluster.devices]) * (1 - options.memory_headroom)
-    group_of, params, group_runnable = _group_tables(cost)
+    group_of, params = a.group_of, a.group_param_bytes
     packing = np.array(sorted(np.flatnonzero(params > 0).tolist(), key=lambda k: -params[k]),
                        dtype=np.int64)
     device_of, failure = _earliest_finish(
         priority, a.tie, cost.compute, np.asarray(cluster.executor_of, dtype=np.int64),
         a.pred_ptr, a.pred_op, a.pred_edge, a.succ_ptr, a.succ_op, a.edge_bytes,
         a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
-        group_of, params, group_runnable,
+        group_of, params, a.group_runnable,
         capacity, a.out_bytes, a.own_bytes, packing, options.insertion, contended)
     if failure[0] >= 0:
         raise _list_schedule_error(cost, failure)
@@ -457,7 +439,7 @@ def _gathered(cost, device_of, judge, device_moves, group_moves):
     if not device_moves and not group_moves:
         return []
     cluster = cost.cluster
-    units = placement_units(cost.graph, cost)
+    units = placement_units(cost)
     members = [unit.members for unit in units]
     runnable = np.array([unit.runnable for unit in units])
     unit_of = np.empty(len(cost.ops), dtype=np.int64)
@@ -542,7 +524,7 @@ def _refine(graph, cost, device_of, judge, evaluations):
     """First-improvement local search: move a colocation group (heaviest first) to the
     device that most lowers the simulated makespan, within memory; repeat while it
     helps and the evaluation budget lasts. Changes ``device_of`` in place."""
-    units = placement_units(graph, cost)  # topological order
+    units = placement_units(cost)  # topological order
     sizes = [len(unit.members) for unit in units]
     mean_time = np.add.reduceat(cost.mean_time()[np.concatenate([u.members for u in units])],
                                 np.cumsum([0] + sizes[:-1])) if units else np.zeros(0)
@@ -587,7 +569,7 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
     a = graph_arrays(cost)
     n_ops = len(cost.ops)
     costly = np.any(np.where(np.isfinite(cost.compute), cost.compute, 0.0) != 0, axis=1)
-    group_of = _group_tables(cost)[0]
+    group_of = a.group_of
     position = np.empty(n_ops, dtype=np.int64)
     position[a.topological] = np.arange(n_ops)
     first = np.full(group_of.max(initial=0) + 1, n_ops)

@@ -82,7 +82,7 @@ def earliest_task_first(cost):
     """
     graph, cluster = cost.graph, cost.cluster
     a = graph_arrays(cost)
-    units = placement_units(graph, cost)
+    units = placement_units(cost)
     unit_of = np.empty(len(cost.ops), dtype=np.int64)
     for k, unit in enumerate(units):
         unit_of[unit.members] = k
@@ -201,8 +201,8 @@ def memory_topological(cost):
     tfpart.errors.PlacementError
         If some unit fits or runs on no device that has room left.
     """
-    graph, cluster = cost.graph, cost.cluster
-    units = placement_units(graph, cost)
+    cluster = cost.cluster
+    units = placement_units(cost)
     ledger = MemoryLedger(cluster)
     n = len(cluster)
     share = sum(u.footprint for u in units) / n

@@ -53,7 +53,7 @@ def _unit_edges(graph, cost, units):
 
 def partition(cost, options=MinCutOptions()):
     graph, cluster = cost.graph, cost.cluster
-    units = placement_units(graph, cost)
+    units = placement_units(cost)
     n = len(cluster)
     work = np.array([np.mean(u.time[np.isfinite(u.time)]) if u.runnable.any() else 0.0
                      for u in units])

@@ -31,9 +31,9 @@ class RandomOptions:
 
 
 def partition(cost, options=RandomOptions()):
-    graph, cluster = cost.graph, cost.cluster
+    cluster = cost.cluster
     rng = np.random.default_rng(options.seed)
-    units = placement_units(graph, cost)
+    units = placement_units(cost)
     ledger = MemoryLedger(cluster)
     chosen = []
     for unit in units:

@@ -27,8 +27,8 @@ class RoundRobinOptions:
 
 
 def partition(cost, options=RoundRobinOptions()):
-    graph, cluster = cost.graph, cost.cluster
-    units = placement_units(graph, cost)
+    cluster = cost.cluster
+    units = placement_units(cost)
     ledger = MemoryLedger(cluster)
     n, turn, chosen = len(cluster), 0, []
     for unit in units:

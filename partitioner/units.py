@@ -7,7 +7,7 @@ Examples
 >>> from costmodel import CostModel
 >>> g = OpGraph(); g.add_op("v", param_bytes=8); g.add_op("r", colocation="v"); g.add_op("y")
 >>> g.add_edge("v", "r"); g.add_edge("r", "y")
->>> units = placement_units(g, CostModel(g, cluster_of_devices(["cpu", "cpu"])))
+>>> units = placement_units(CostModel(g, cluster_of_devices(["cpu", "cpu"])))
 >>> [(u.group, u.params) for u in units]
 [('v', 8.0), ('y', 0.0)]
 """
@@ -31,17 +31,14 @@ class Unit:
     time: np.ndarray  # seconds per device (inf where it cannot run)
 
 
-def placement_units(graph, cost):
+def placement_units(cost):
     """Colocation groups as units, in topological order of their first op (members in
     topological order too). Cached on ``cost``: the units of one cost model never
     change."""
-    cached = cost.__dict__.get("_placement_units")
-    if cached is None:
-        cached = cost.__dict__["_placement_units"] = _units(graph, cost)
-    return cached
+    return cost.derived("placement_units", lambda: _units(cost))
 
 
-def _units(graph, cost):
+def _units(cost):
     a = graph_arrays(cost)
     names, group_of = a.group_names, a.group_of
     by_position = a.topological[np.argsort(group_of[a.topological], kind="stable")]
@@ -51,14 +48,12 @@ def _units(graph, cost):
     members = [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     first_seen = np.empty(len(names), dtype=np.int64)
     first_seen[group_of[a.topological[::-1]]] = np.arange(len(cost.ops))[::-1]
-    params = np.bincount(group_of, a.param_bytes, minlength=len(names))
     footprint = np.bincount(group_of, a.param_bytes + a.own_bytes, minlength=len(names))
     time = np.zeros((len(names), cost.compute.shape[1]))
     np.add.at(time, group_of, cost.compute)
-    runnable = np.isfinite(time)
     units = [Unit(group, m, p, f, r, t) for group, m, p, f, r, t in zip(
-        names.tolist(), members, params.tolist(), footprint.tolist(),
-        runnable, time)]
+        names.tolist(), members, a.group_param_bytes.tolist(), footprint.tolist(),
+        a.group_runnable, time)]
     return [units[g] for g in np.argsort(first_seen, kind="stable")]
 
 
