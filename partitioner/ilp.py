@@ -19,9 +19,9 @@ coarsened first and the result mapped back to ops.
 The solver starts from the greedy's placement (:mod:`partitioner.earliest_finish`; on a
 coarsened graph each unit on the device most of its ops have), passed to HiGHS through
 its own API (``setSolution``, which pulp's interface lacks) with the simulator's
-schedule of it. The ILP's model has no link contention, so its plan is then judged by
-simulation against the greedy's and the faster kept (``solver.kept``): the ILP is never
-slower than the greedy. The plan records the solver's status, objective and bound;
+schedule of it. The ILP may still order ops as the simulator's work-conserving
+dispatch would not, so its plan is then judged by simulation against the greedy's and
+the faster kept (``solver.kept``): the ILP is never slower than the greedy. The plan records the solver's status, objective and bound;
 its predicted step time is, as for every algorithm, the simulator's.
 
 Example
@@ -61,6 +61,7 @@ class ILPOptions:
     mip_gap: float = 1e-4
     solver: str = "highs"  # or "cbc"
     max_units: int = 40
+    link_queues: bool = True
     coarsen: CoarsenOptions = field(default_factory=CoarsenOptions)
 
 
@@ -105,13 +106,39 @@ def _solver(options, start=None):
 def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
     """Solve the placement ILP on ``graph`` as it is (every op a unit), starting from
     the placement ``initial`` (device index per op of ``cost.ops``) if given."""
+    prob, x, unit, values = model(graph, cost, cluster, options, initial)
+    units = list(cost.ops)
+    n_dev = len(cluster)
+    t0 = time.perf_counter()
+    solver = _solver(options, values)
+    status = prob.solve(solver)
+    seconds = time.perf_counter() - t0
+    if pulp.LpStatus[status] == "Infeasible":
+        raise _infeasible(graph, cluster)
+    assignment = {u: max(range(n_dev), key=lambda d: (x[u, d].value() or 0) if (u, d) in x
+                         else -1) for u in units}
+    found = getattr(prob, "sol_status", pulp.LpSolutionOptimal) in (
+        pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if not found or any(x[u, assignment[u]].value() is None for u in units):
+        raise PlacementError("", f"the ILP found no solution within {options.time_limit} s; "
+                             "raise the time limit or coarsen further")
+    objective = float(pulp.value(prob.objective)) * unit + cluster.step_overhead
+    bound, exact = _bound(prob, solver, float(pulp.value(prob.objective)))
+    bound *= unit
+    return ILPResult(unit_device=assignment, status="optimal" if exact else "time limit",
+                     objective=objective, bound=bound + cluster.step_overhead, seconds=seconds)
+
+
+def model(graph, cost, cluster, options=ILPOptions(), initial=None):
+    """The placement ILP of ``graph`` (every op a unit): the pulp problem, its placement
+    variables ``x[op, device]``, the time unit its times are in (seconds), and the
+    value of every variable for the simulated schedule of ``initial`` (None without)."""
     units = list(cost.ops)
     n_dev = len(cluster)
     executors = cluster.executor_of
     # Times in units of a thousandth of the serial worst case, so the solver's absolute
     # tolerances (about 1e-6) are small against every duration.
-    worst = float(np.nansum(np.where(np.isfinite(cost.compute), cost.compute, np.nan)
-                            .max(axis=1)))
+    worst = float(np.where(np.isfinite(cost.compute), cost.compute, 0.0).max(axis=1).sum())
     worst += sum(max(cost.edge_time(e, a, b) for a in range(n_dev) for b in range(n_dev))
                  for _, _, e in graph.edges())
     unit = worst / 1000 if worst > 0 else 1.0
@@ -147,6 +174,8 @@ def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
                     prob += transfer >= c * (x[u, a] + x[v, b] - 1)
         prob += start[v] >= start[u] + duration[u] + transfer
     pairs = _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon)
+    links = _link_queues(prob, cost, x, start, duration, makespan, unit, horizon) \
+        if options.link_queues else _LinkQueues([], [])
     # Valid inequalities that tighten the relaxation: no executor can be busier than the
     # makespan, and no schedule beats the critical path.
     for e in sorted(set(executors)):
@@ -157,31 +186,14 @@ def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
     copies = _memory(prob, graph, units, x, cluster)
     values = None
     if initial is not None:
-        values = _start_values(cost, initial, unit, x, transfers, pairs, copies)
-    t0 = time.perf_counter()
-    solver = _solver(options, values)
-    status = prob.solve(solver)
-    seconds = time.perf_counter() - t0
-    if pulp.LpStatus[status] == "Infeasible":
-        raise _infeasible(graph, cluster)
-    assignment = {u: max(range(n_dev), key=lambda d: (x[u, d].value() or 0) if (u, d) in x
-                         else -1) for u in units}
-    found = getattr(prob, "sol_status", pulp.LpSolutionOptimal) in (
-        pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    if not found or any(x[u, assignment[u]].value() is None for u in units):
-        raise PlacementError("", f"the ILP found no solution within {options.time_limit} s; "
-                             "raise the time limit or coarsen further")
-    objective = float(pulp.value(prob.objective)) * unit + cluster.step_overhead
-    bound, exact = _bound(prob, solver, float(pulp.value(prob.objective)))
-    bound *= unit
-    return ILPResult(unit_device=assignment, status="optimal" if exact else "time limit",
-                     objective=objective, bound=bound + cluster.step_overhead, seconds=seconds)
+        values = _start_values(cost, initial, unit, x, transfers, pairs, copies, links)
+    return prob, x, unit, values
 
 
-def _start_values(cost, device_of, unit, x, transfers, pairs, copies):
+def _start_values(cost, device_of, unit, x, transfers, pairs, copies, links):
     """Every variable's value (by name) for the placement ``device_of`` scheduled by the
     simulator: the solver's starting solution."""
-    schedule = simulate(cost, device_of, memory=False)
+    schedule = simulate(cost, device_of)
     where = dict(zip(cost.ops, device_of))
     executors = cost.cluster.executor_of
     values = {var.name: float(where[u] == d) for (u, d), var in x.items()}
@@ -196,6 +208,25 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, copies):
         values[first.name] = float(schedule.start[index[u]] <= schedule.start[index[v]])
     for var, u, d, readers in copies:
         values[var.name] = float(where[u] != d and any(where[r] == d for r in readers))
+    sent = {(cost.ops[i], dst): (begin, finish) for i, _, dst, begin, finish in
+            schedule.transfers}
+    span = {}
+    for k, (u, b, copy, begin, on_link, latency) in enumerate(links.copies):
+        a = where[u]
+        shipped = (u, b) in sent
+        values[copy.name] = float(shipped)
+        start_at, finish = sent.get((u, b), (schedule.end[index[u]], schedule.end[index[u]]))
+        readers = [e for v, e in cost.graph.out_edges(u).items()
+                   if not e["control"] and where[v] == b]
+        link = max([cost.edge_link_time(e, a, b) for e in readers], default=0.0)
+        values[begin.name] = start_at / unit
+        values[on_link.name] = link / unit if shipped else 0.0
+        values[latency.name] = (finish - start_at - link) / unit if shipped else 0.0
+        span[k] = (start_at, shipped, a)
+    for same, first, i, j in links.pairs:
+        (q1, on1, a1), (q2, on2, a2) = span[i], span[j]
+        values[same.name] = float(on1 and on2 and a1 == a2)
+        values[first.name] = float(q1 <= q2)
     return values
 
 
@@ -221,6 +252,70 @@ def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizo
             prob += start[u] >= start[v] + duration[v] - horizon * first - horizon * (1 - same)
             pairs.append((same, first, u, v))
     return pairs
+
+
+@dataclass
+class _LinkQueues:
+    """The ILP's copies (``(u, b, copy, begin, on_link, latency)``: producer ``u``'s
+    tensor sent to device ``b``) and the ``(same_link, first, k1, k2)`` variables of
+    every pair of copies that may share a link."""
+
+    copies: list
+    pairs: list
+
+
+def _link_queues(prob, cost, x, start, duration, makespan, unit, horizon):
+    """Transfers queue on their links, as in the simulator: one copy of a producer's
+    tensor per destination device, sent when the producer ends, occupying its directed
+    link for its bytes / bandwidth, arriving one latency after its last byte leaves;
+    two copies on one link do not overlap. Every simulated schedule satisfies these
+    constraints, so the optimum stays a lower bound on any simulated step (the
+    simulator's Send/Recv executor time, ``message_cost``, is not modelled)."""
+    graph, n_dev = cost.graph, len(cost.cluster)
+    counter = itertools.count()
+    copies = []
+    for u in cost.ops:
+        readers = [(v, e) for v, e in graph.out_edges(u).items() if not e["control"]]
+        for b in range(n_dev):
+            to_b = [(v, e) for v, e in readers if (v, b) in x]
+            sources = [a for a in range(n_dev) if a != b and (u, a) in x]
+            times = {(v, a): (cost.edge_link_time(e, a, b) / unit,
+                              cost.edge_time(e, a, b) / unit) for v, e in to_b for a in sources}
+            if not any(total for _, total in times.values()):
+                continue
+            k = next(counter)
+            copy = prob.add_variable(f"c_{k}", lowBound=0, upBound=1)
+            begin = prob.add_variable(f"q_{k}", lowBound=0)
+            on_link = prob.add_variable(f"l_{k}", lowBound=0)
+            latency = prob.add_variable(f"a_{k}", lowBound=0)
+            for v, _ in to_b:
+                prob += copy >= x[v, b] - x.get((u, b), 0)
+                prob += start[v] >= begin + on_link + latency - horizon * (1 - x[v, b])
+            for (v, a), (link, total) in times.items():  # the largest tensor sent sets both
+                if link > 0:
+                    prob += on_link >= link * (x[u, a] + x[v, b] - 1)
+                if total > link:
+                    prob += latency >= (total - link) * (x[u, a] + x[v, b] - 1)
+            prob += begin >= start[u] + duration[u]
+            prob += makespan >= begin + on_link + latency
+            copies.append((u, b, copy, begin, on_link, latency))
+    pairs = []
+    for i, first_copy in enumerate(copies):
+        for j in range(i + 1, len(copies)):
+            second = copies[j]
+            if first_copy[1] != second[1]:
+                continue
+            (u1, b, c1, q1, l1, _), (u2, _, c2, q2, l2, _) = first_copy, second
+            k = next(counter)
+            same = prob.add_variable(f"z_{k}", lowBound=0, upBound=1)
+            for a in range(n_dev):
+                if a != b and (u1, a) in x and (u2, a) in x:
+                    prob += same >= x[u1, a] + x[u2, a] + c1 + c2 - 3
+            first = prob.add_variable(f"p_{k}", cat="Binary")
+            prob += q2 >= q1 + l1 - horizon * (1 - first) - horizon * (1 - same)
+            prob += q1 >= q2 + l2 - horizon * first - horizon * (1 - same)
+            pairs.append((same, first, i, j))
+    return _LinkQueues(copies, pairs)
 
 
 def _memory(prob, graph, units, x, cluster):

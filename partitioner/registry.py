@@ -9,7 +9,7 @@ Examples
 >>> sorted(REGISTRY)[:4]
 ['greedy', 'ilp', 'm_etf', 'm_topo']
 >>> parse_options("ilp", ["time_limit=5", "coarsen.target_units=20"])
-ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, coarsen=CoarsenOptions(chains=True, name_scope_depth=None, target_units=20, weights_with_reader=False))
+ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, link_queues=True, coarsen=CoarsenOptions(chains=True, name_scope_depth=None, target_units=20, weights_with_reader=False))
 >>> parse_options("greedy", ["insertion=maybe"])
 Traceback (most recent call last):
 ...
