@@ -139,9 +139,12 @@ def microbatch_graph(graph, microbatches):
     once per step on whole gradients, so neither they nor the gradients they read
     shrink.
     """
-    if microbatches == 1:
-        return graph
-    fraction = 1.0 / microbatches
+    return graph if microbatches == 1 else scaled_graph(graph, 1.0 / microbatches)
+
+
+def scaled_graph(graph, fraction):
+    """A copy of ``graph`` costed for ``fraction`` of its batch (see
+    :func:`microbatch_graph`, which is this for ``1 / microbatches``)."""
     scaled = OpGraph()
     for name, attrs in graph.ops.items():
         if attrs.get("phase") == "update":
@@ -255,4 +258,51 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
                 replicated.add_edge(name(op, m0), barrier, control=True)
             for op in sources[(stage, phase1)]:
                 replicated.add_edge(barrier, name(op, m1), control=True)
+    return replicated, placement
+
+
+def replicas_graph(graph, fractions, replica_devices, home, pinned):
+    """Data-parallel replicas of a graph, for the simulator: replica ``r`` runs a copy
+    of the per-sample ops (named ``rep<r>/<op>``), costed for ``fractions[r]`` of the
+    batch, on device index ``replica_devices[r]``; variables, a training step's update
+    ops and the ``pinned`` ops (those that read a variable's resource, which
+    TensorFlow runs where the variable is) run on device ``home``, the update once on
+    every replica's gradients.
+
+    Returns the graph and the device index of each of its ops.
+
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=4)
+    >>> g.add_op("read", op_type="ReadVariableOp")
+    >>> g.add_op("y", op_type="MatMul", flops=8e9)
+    >>> g.add_edge("w", "read", bytes=4); g.add_edge("read", "y", bytes=4)
+    >>> replicated, where = replicas_graph(g, [0.75, 0.25], [0, 1], 0, {"read"})
+    >>> sorted(replicated.ops), where["rep1/y"], where["rep1/read"]
+    (['rep0/read', 'rep0/y', 'rep1/read', 'rep1/y', 'w'], 1, 0)
+    >>> replicated.ops["rep1/y"]["flops"]
+    2000000000.0
+    """
+    shared = {op for op, attrs in graph.ops.items()
+              if attrs["op_type"] in ("VarHandleOp", "VariableV2") or _phase(attrs) == "update"}
+    replicated, placement = OpGraph(), {}
+    for op in shared:
+        replicated.add_op(op, **graph.ops[op])
+        placement[op] = home
+    for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
+        scaled = scaled_graph(graph, fraction)
+        for op, attrs in scaled.ops.items():
+            if op in shared:
+                continue
+            own = op not in pinned  # its colocation group is this replica's alone
+            replicated.add_op(f"rep{r}/{op}", **dict(
+                attrs, colocation=f"rep{r}/{attrs['colocation']}" if own
+                else attrs["colocation"]))
+            placement[f"rep{r}/{op}"] = device if own else home
+        for src, dst, edge in scaled.edges():
+            if src in shared and dst in shared:
+                if r == 0:
+                    replicated.add_edge(src, dst, **edge)
+                continue
+            replicated.add_edge(src if src in shared else f"rep{r}/{src}",
+                                dst if dst in shared else f"rep{r}/{dst}", **edge)
     return replicated, placement

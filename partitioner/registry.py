@@ -7,7 +7,7 @@ its options into plan.json.
 Examples
 --------
 >>> sorted(REGISTRY)[:4]
-['greedy', 'ilp', 'm_etf', 'm_topo']
+['data_parallel', 'greedy', 'ilp', 'm_etf']
 >>> parse_options("ilp", ["time_limit=5", "coarsen.target_units=20"])
 ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, link_queues=True, coarsen=CoarsenOptions(chains=True, name_scope_depth=None, target_units=20, weights_with_reader=False))
 >>> parse_options("greedy", ["insertion=maybe"])
@@ -21,8 +21,8 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from partitioner import (greedy, ilp, m_etf, m_topo, min_cut, pipeline, random_placement,
-                         round_robin, single_device, topo_split)
+from partitioner import (data_parallel, greedy, ilp, m_etf, m_topo, min_cut, pipeline,
+                         random_placement, round_robin, single_device, topo_split)
 from tfpart.errors import PlacementError
 
 
@@ -53,6 +53,7 @@ REGISTRY = {algorithm.name: algorithm for algorithm in [
     _entry("min_cut", min_cut, min_cut.MinCutOptions),
     _entry("topo_split", topo_split, topo_split.TopoSplitOptions),
     _entry("pipeline", pipeline, pipeline.PipelineOptions, stages=True),
+    _entry("data_parallel", data_parallel, data_parallel.DataParallelOptions, stages=True),
 ]}
 
 

@@ -45,6 +45,7 @@ from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
 
 PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+|tfpart_update)/")
+MICROBATCH = re.compile(r"(?:^|/)tfpart_mb(\d+)_stage\d+/")
 GATE = "tfpart_gate"
 
 
@@ -57,6 +58,19 @@ def original_op_name(name):
     'adam/Sqrt'
     """
     return PIPELINE_PREFIX.sub("", name)
+
+
+def microbatch_of(name):
+    """The micro-batch (for a data-parallel plan: the replica) an op of a pipelined
+    model runs for, or None for the update's and other ops.
+
+    >>> microbatch_of("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul")
+    3
+    >>> microbatch_of("StatefulPartitionedCall/tfpart_update/adam/Sqrt") is None
+    True
+    """
+    found = MICROBATCH.search(name)
+    return int(found.group(1)) if found else None
 
 
 def pipeline_pass(model, plan, workdir):
@@ -172,14 +186,13 @@ class _PipelineBody:
         first_device = self.device[self.stages[0]]
         with tf.device(first_device):
             rows = tf.shape(args[0])[0]
-            size = (rows + m_count - 1) // m_count
-        envs, ops_of, real = [], [], []
+            real, offsets = _split(rows, m_count, self.plan.replicas)
+        envs, ops_of = [], []
         for m in range(m_count):
             # A micro-batch past the end of a small batch runs on one borrowed row whose
             # result is dropped: oneDNN's fused convolutions mis-shape empty inputs.
             with tf.device(first_device):
-                real.append(tf.clip_by_value(rows - m * size, 0, size))
-                start = tf.maximum(tf.minimum(m * size, rows - 1), 0)
+                start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
                 stop = start + tf.maximum(real[m], 1)
             env = dict(handles)
             for key, value in zip(keys, args):
@@ -188,13 +201,14 @@ class _PipelineBody:
                     env[f"{placeholder}:0"] = value[start:stop]
             envs.append(env)
             ops_of.append({})
-        done = {}  # stage -> sink ops of its previous task
+        done = {}  # device -> sink ops of its previous task
         for m, k, phase in self._import_order():
-            with tf.device(self.device[k]), tf.control_dependencies(done.get(k, [])):
+            device = self._device(m, k)
+            with tf.device(device), tf.control_dependencies(done.get(device, [])):
                 gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}_{phase}")
             imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
-                                    ops_of[m], {f"^{GATE}": gate})
-            done[k] = [imported[name] for name in self.sinks[(k, phase)]]
+                                    ops_of[m], {f"^{GATE}": gate}, m)
+            done[device] = [imported[name] for name in self.sinks[(k, phase)]]
         with tf.device(first_device):
             shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
         update_env = dict(handles)
@@ -274,10 +288,19 @@ class _PipelineBody:
             control[f"^{GATE}"] = tf.constant(0.0)
         return control
 
-    def _import(self, key, prefix, env, ops_of, control):
-        """Import piece ``key`` under ``prefix``; add its tensors to ``env``."""
+    def _device(self, m, k):
+        """The device of stage ``k`` for micro-batch ``m`` (its replica's, if any)."""
+        replicas = self.plan.replicas
+        return replicas["devices"][m] if replicas else self.device[k]
+
+    def _import(self, key, prefix, env, ops_of, control, replica=None):
+        """Import piece ``key`` under ``prefix`` (on micro-batch ``replica``'s device
+        when the plan has replicas); add its tensors to ``env``."""
         tf = tensorflow()
         piece, members = self.pieces[key], self.members[key]
+        replicas = self.plan.replicas
+        if replicas and replica is not None:
+            piece = _on_replica(piece, replicas["devices"][replica], set(replicas["pinned"]))
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -297,6 +320,35 @@ class _PipelineBody:
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _split(rows, m_count, replicas):
+    """Rows and first row of each micro-batch (scalar tensors): ``ceil(rows / M)`` each
+    but the last, or the replicas' largest-remainder shares of ``rows`` (as
+    :func:`partitioner.shares.proportional_shares` computes them, the faster replica
+    first on ties)."""
+    tf = tensorflow()
+    if not replicas:
+        size = (rows + m_count - 1) // m_count
+        return ([tf.clip_by_value(rows - m * size, 0, size) for m in range(m_count)],
+                [m * size for m in range(m_count)])
+    exact = tf.cast(rows, tf.float64) * tf.constant(replicas["fractions"], tf.float64)
+    whole = tf.floor(exact)
+    left = tf.cast(rows, tf.float64) - tf.reduce_sum(whole)
+    rank = tf.argsort(tf.argsort(whole - exact, stable=True), stable=True)
+    sizes = tf.cast(whole + tf.cast(tf.cast(rank, tf.float64) < left, tf.float64), tf.int32)
+    offsets = tf.cumsum(sizes, exclusive=True)
+    return [sizes[m] for m in range(m_count)], [offsets[m] for m in range(m_count)]
+
+
+def _on_replica(piece, device, pinned):
+    """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones."""
+    moved = type(piece)()
+    moved.CopyFrom(piece)
+    for node in moved.node:
+        if node.name not in pinned:
+            node.device = device
+    return moved
 
 
 def _piece_dependencies(pieces, piece_of):

@@ -78,6 +78,7 @@ def main(argv=None):
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--schedule")
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--replicas", type=int, help="data-parallel replicas")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -113,10 +114,14 @@ def compare(source, out, cluster_file, cluster, args):
     from tfpart.runtime import load, runnable
     from tfpart.verification import verify
 
-    pipelined = args.microbatches is not None
+    pipelined = args.microbatches is not None or args.replicas is not None
+    if args.replicas is not None:
+        how = {"algorithm": "data_parallel", "options": {"replicas": args.replicas}}
+    else:
+        how = {"microbatches": args.microbatches,
+               "options": {"schedule": args.schedule} if args.schedule else None}
     result = compile_model(source, cluster_file, out, batch_size=BATCH,
-                           signature="train_step", microbatches=args.microbatches,
-                           options={"schedule": args.schedule} if args.schedule else None)
+                           signature="train_step", **how)
     report = verify(source, out, cluster=cluster)
     original = tf.saved_model.load(str(source))
     data = batches(original.signatures["train_step"])
@@ -129,7 +134,9 @@ def compare(source, out, cluster_file, cluster, args):
     assignment = result.plan.assignment
     slots = slots_by_name(assignment)
     return {
-        "devices_used": len(result.plan.devices_used()),
+        "devices_used": len(set(result.plan.devices_used()) |
+                            set((result.plan.replicas or {}).get("devices", []))),
+        "replicas": result.plan.replicas,
         "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,
         "stages": len(set((result.plan.stages or {}).values())),
         "slots": len(slots),

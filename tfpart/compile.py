@@ -140,11 +140,16 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     mixing = []
     try:
         if chosen.stages:
-            microbatches = settings.microbatches if microbatches is None else microbatches
+            fields = {f.name for f in dataclasses.fields(settings)}
+            if "microbatches" in fields:
+                microbatches = settings.microbatches if microbatches is None else microbatches
             mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
-            settings = dataclasses.replace(settings, batch_size=info.batch_size,
-                                           microbatches=1 if mixing else microbatches,
-                                           schedule=schedule or settings.schedule)
+            settings = dataclasses.replace(settings, batch_size=info.batch_size, **{
+                key: value for key, value in [
+                    ("microbatches", 1 if mixing else microbatches),
+                    ("schedule", schedule or getattr(settings, "schedule", None)),
+                    ("replicas", 1 if mixing else getattr(settings, "replicas", None))]
+                if key in fields})
         plan = chosen.partition(cost, options=settings)
     except PlacementError as exc:
         raise PlacementError(exc.path or cluster.source, exc.problem) from None

@@ -93,11 +93,12 @@ def placement_picture(plan, graph, max_nodes=60):
                     box.node(node_id[g], f"{label[g]}\\n{len(members[g])} ops",
                              fillcolor=colour + "55", color=colour)
     heaviest = max(crossing.values(), default=0.0) or 1.0
-    for (a, b), nbytes in sorted(crossing.items()):
+    by_id = lambda pair: (node_id[pair[0]], node_id[pair[1]])  # noqa: E731 (keys mix None)
+    for (a, b), nbytes in sorted(crossing.items(), key=lambda item: by_id(item[0])):
         dot.edge(node_id[a], node_id[b], label=_bytes(nbytes), color="#d62728",
                  fontcolor="#d62728",
                  penwidth=f"{1.5 + 4.5 * nbytes / heaviest:.2f}")
-    for (a, b) in sorted(inside):
+    for (a, b) in sorted(inside, key=by_id):
         dot.edge(node_id[a], node_id[b], color="#999999", penwidth="0.8", arrowsize="0.5")
     return Picture(dot=dot, nodes=len(members), crossing=len(crossing), devices=devices)
 

@@ -94,6 +94,10 @@ class Plan:
     stages: dict | None = None
     microbatches: int = 1
     schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
+    # data-parallel: {"devices": [...], "fractions": [...], "pinned": [op, ...]}: replica
+    # r (micro-batch r) runs the staged ops on devices[r] over its share of the batch
+    # (largest remainder of fractions), except the pinned ops (variable reads)
+    replicas: dict | None = None
     predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature

@@ -103,10 +103,12 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     planned = {op: device_map[d] for op, d in plan.assignment.items()}
     runs = [(name, device, op_types[name]) for name, device in placed.items()]
     if plan.stages:  # each micro-batch's imported copy of the source's ops
-        runs = [(original_op_name(n), d, t) for n, d, t in runs if original_op_name(n) != n]
-    checked = [(name, device, op) for name, device, op in runs if name in planned]
-    elsewhere = [(name, planned[name], device, op) for name, device, op in checked
-                 if not same_device(planned[name], device)]
+        runs = [(n, d, t) for n, d, t in runs if original_op_name(n) != n]
+    want = _planned_device(plan, planned, device_map)
+    checked = [(name, device, op) for name, device, op in runs
+               if want(name) is not None]
+    elsewhere = [(original_op_name(name), want(name), device, op)
+                 for name, device, op in checked if not same_device(want(name), device)]
     mismatches = [(name, want, got) for name, want, got, op in elsewhere if op != "Const"]
     moved_constants = [(name, want, got) for name, want, got, op in elsewhere if op == "Const"]
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
@@ -118,6 +120,26 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         moved_constants=moved_constants,
                         variable_mismatches=variable_mismatches, device_map=device_map,
                         placement=placed)
+
+def _planned_device(plan, planned, device_map):
+    """The device an op of the compiled model should run on, by its name (None for
+    ops the plan does not name): a replica's copy on the replica's device, unless it
+    reads a variable."""
+    from rewriters.pipeline import microbatch_of, original_op_name
+
+    replicas = plan.replicas
+    pinned = set(replicas["pinned"]) if replicas else set()
+
+    def want(name):
+        original = original_op_name(name)
+        if original not in planned:
+            return None
+        m = microbatch_of(name)
+        if replicas and m is not None and original not in pinned:
+            return device_map[replicas["devices"][m]]
+        return planned[original]
+    return want
+
 
 def _saved_variable_devices(proto):
     return [(obj.variable.name, obj.variable.device)

@@ -1,0 +1,137 @@
+"""Data-parallel replicas with shares of the batch in proportion to device speed.
+
+Every replica runs the whole per-sample graph (a training step's forward and backward
+ops) on its share of the batch; a device's speed is the inverse of the time it takes
+for the whole graph, and shares are the largest-remainder split of the batch
+(:mod:`partitioner.shares`), as in the load balancing of Moreno-Álvarez et al. The
+variables live on one device, the home (the fastest that holds them): there the ops
+that read a variable's resource run for every replica (TensorFlow runs them where the
+variable is), the replicas' gradients are summed, each weighted by its share of the
+batch, and the optimizer's update runs once. That is TensorFlow's
+reduction-to-one-device, chosen over an all-reduce because the update then runs once
+on one copy of the variables and no copies need to be kept equal.
+
+The replicas are the k fastest devices that can run every op, for the k whose
+simulated step (every replica's ops costed at its share, the weights sent to the
+replicas, the gradients sent back; :func:`costmodel.pipeline.replicas_graph`) is
+least within memory; a device whose share would be empty, or that only slows the
+step, takes no part. The plan is a one-stage pipeline whose micro-batch ``r`` runs on
+``replicas["devices"][r]`` (the pipeline rewriter builds it).
+
+References
+----------
+Moreno-Álvarez, Haut, Paoletti, Rico-Gallego, Díaz-Martín, Plaza. "Training deep neural
+networks: a static load balancing approach", Neurocomputing, 2021.
+
+Examples
+--------
+A matmul on a V100 and a T4 (about twice slower): the V100 takes two thirds of the
+batch; beside an A100 the T4 would only slow the step and takes no part.
+
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> g.add_op("x", op_type="Placeholder")
+>>> g.add_op("y", op_type="MatMul", flops=3e12, input_shapes=[(6, 10)])
+>>> g.add_edge("x", "y", bytes=240)
+>>> plan = partition(CostModel(g, cluster_of_devices(["V100", "T4"])),
+...                  DataParallelOptions(batch_size=6))
+>>> [round(f, 3) for f in plan.replicas["fractions"]], plan.microbatches
+([0.667, 0.333], 2)
+>>> plan = partition(CostModel(g, cluster_of_devices(["A100-40GB", "T4"])),
+...                  DataParallelOptions(batch_size=6))
+>>> plan.replicas["fractions"]
+[1.0]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.pipeline import replicas_graph
+from partitioner.finish import make_plan
+from partitioner.shares import proportional_shares
+from partitioner.training_stages import is_training_graph
+from tfpart.errors import PlacementError
+from tfpart.plan import Plan
+
+VARIABLE_OPS = ("VarHandleOp", "VariableV2")
+
+
+@dataclass(frozen=True)
+class DataParallelOptions:
+    """``batch_size``: the compile batch the shares are planned for; ``replicas``:
+    exactly this many (the fastest devices; None: as many as help, by simulation)."""
+
+    batch_size: int = 1
+    replicas: int | None = None
+
+
+def partition(cost, options=DataParallelOptions()):
+    """A data-parallel plan: ``plan.replicas`` and one stage of ``plan.microbatches``
+    (one micro-batch per replica).
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If no device can run every op, or no split of the batch fits in memory.
+    """
+    graph = cost.graph
+    shared = {op for op, attrs in graph.ops.items()
+              if attrs["op_type"] in VARIABLE_OPS or attrs.get("phase") == "update"}
+    shared_groups = {graph.ops[op]["colocation"] for op in shared}
+    pinned = {op for op, attrs in graph.ops.items()
+              if op not in shared and attrs["colocation"] in shared_groups}
+    per_replica = [cost.index[op] for op in graph.ops if op not in shared]
+    everything = np.isfinite(cost.compute).all(axis=0)
+    time_on = cost.compute[per_replica].sum(axis=0)
+    eligible = [int(d) for d in np.argsort(time_on, kind="stable") if everything[d]]
+    if not eligible:
+        raise PlacementError("", "no device can run every op, so no device can hold a "
+                             "replica")
+    wanted = options.replicas
+    if wanted is not None and not 1 <= wanted <= min(len(eligible), options.batch_size):
+        raise PlacementError("", f"cannot make {wanted} replicas: {len(eligible)} devices "
+                             f"can run every op, and the batch has {options.batch_size} "
+                             "samples")
+    counts = [wanted] if wanted else range(1, min(len(eligible), options.batch_size) + 1)
+    best, failure = None, None
+    for k in counts:
+        devices = eligible[:k]
+        shares = proportional_shares(options.batch_size, 1.0 / time_on[devices])
+        if min(shares) == 0 and not wanted:
+            break  # the slowest would get no sample, and slower ones after it neither
+        shares = [max(share, 1) for share in shares]  # asked for: each gets a sample
+        try:
+            candidate = _plan(cost, devices, shares, pinned, shared, options)
+        except PlacementError as exc:
+            failure = failure or exc
+            continue
+        if best is None or candidate.step_time < best.step_time:
+            best = candidate
+    if best is None:
+        raise failure or PlacementError("", "no replica fits in memory")
+    return best
+
+
+def _plan(cost, devices, shares, pinned, shared, options):
+    """The plan of replicas on ``devices`` (device indices, the home first) with
+    ``shares`` of the batch, checked and simulated on the replicated graph."""
+    graph, cluster = cost.graph, cost.cluster
+    names = cluster.device_names
+    total = sum(shares)
+    fractions = [share / total for share in shares]
+    replicated, where = replicas_graph(graph, fractions, devices, devices[0], pinned)
+    replicated_cost = cost.of(replicated)
+    device_of = np.array([where[op] for op in replicated_cost.ops])
+    figures = make_plan(replicated_cost, device_of, "data_parallel", options)
+    home = names[devices[0]]
+    return Plan(
+        assignment={op: home for op in graph.ops}, algorithm="data_parallel",
+        options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
+        microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
+        replicas={"devices": [names[d] for d in devices], "fractions": fractions,
+                  "pinned": sorted(pinned)},
+        predicted=figures.predicted, lower_bound=figures.lower_bound)
