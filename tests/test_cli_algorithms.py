@@ -11,7 +11,8 @@ from tfpart.cli import main
 # One option per algorithm, set away from its default where it has any.
 OPTIONS = {"greedy": ["refine_evaluations=5"], "ilp": ["time_limit=5", "max_units=8"],
            "single": [], "random": ["seed=7"], "round_robin": [], "m_topo": [], "m_etf": [],
-           "min_cut": ["passes=2"], "topo_split": [], "pipeline": ["microbatches=2"]}
+           "min_cut": ["passes=2"], "topo_split": [], "pipeline": ["microbatches=2"],
+           "data_parallel": ["replicas=2"]}
 
 
 def test_every_registered_algorithm_has_a_case():

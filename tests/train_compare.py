@@ -70,6 +70,20 @@ def slots_by_name(assignment):
     return pairs
 
 
+def uneven(cluster):
+    """``cluster`` with its last device a kind a third as fast as the others (a CPU
+    kind, so it still runs host-only ops): data-parallel shares become uneven."""
+    from profiles import DEVICE_KINDS_FILE
+
+    slow = dict(json.loads(DEVICE_KINDS_FILE.read_text())["kinds"]["cpu"])
+    slow["peak_flops"] = {k: v / 3 for k, v in slow["peak_flops"].items()}
+    slow["memory_bandwidth"] /= 3
+    slow["op_overhead_s"] *= 3
+    cluster["kinds"] = {"cpu_third": slow}
+    cluster["devices"][-1]["kind"] = "cpu_third"
+    return cluster
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
@@ -101,7 +115,8 @@ def main(argv=None):
     with workers:
         cluster_file = workers.path if args.workers else directory / "cluster.json"
         if not args.workers:
-            cluster_file.write_text(json.dumps(local_cluster(3)))
+            cluster_file.write_text(json.dumps(uneven(local_cluster(3)) if args.replicas
+                                               else local_cluster(3)))
         cluster = load_cluster(cluster_file) if args.workers else None
         print(json.dumps(compare(source, directory / "out", cluster_file, cluster, args)))
 

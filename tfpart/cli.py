@@ -25,6 +25,23 @@ from tfpart.quiet import library_output_captured, user_stderr
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
 
+
+def replicas_line(plan):
+    """One line on a data-parallel plan: each replica's device and share of the batch.
+
+    >>> from tfpart.plan import Plan
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
+    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
+    ...     "pinned": []}))
+    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); gradients summed and the update run once on /device:CPU:0'
+    """
+    batch = plan.context.get("batch_size") or 1
+    replicas = plan.replicas
+    shares = ", ".join(f"{device} {round(f * batch)} samples" for device, f in
+                       zip(replicas["devices"], replicas["fractions"]))
+    return (f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); "
+            f"gradients summed and the update run once on {replicas['devices'][0]}")
+
 def _bytes(n):
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
@@ -81,7 +98,9 @@ def print_plan(result, default_cluster):
     if plan.context.get("samples_mixed_by"):
         console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
                       "batch: the stages run whole batches (no micro-batches)")
-    if plan.stages:
+    if plan.replicas:
+        console.print(replicas_line(plan))
+    elif plan.stages:
         p = plan.predicted.pipeline
         schedule = f" ({plan.schedule} schedule)" if plan.schedule else ""
         console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "

@@ -166,8 +166,8 @@ def _schedule(plan, cost):
     from costmodel.simulate import simulate_plan
 
     if plan.stages:
-        return ("<p>A pipelined plan: its schedule over micro-batches is summarised under "
-                "Pipeline.</p>")
+        return ("<p>A pipelined or data-parallel plan: its schedule over micro-batches or "
+                "replicas is summarised under Pipeline.</p>")
     schedule = simulate_plan(plan, cost)
     with tempfile.TemporaryDirectory() as directory:
         png = write_gantt(schedule, cost, Path(directory) / "gantt.png").read_bytes()
@@ -185,6 +185,15 @@ def _links(plan):
 
 def _pipeline(plan):
     pipeline = plan.predicted.pipeline if plan.predicted else None
+    if plan.replicas:
+        batch = (plan.context or {}).get("batch_size") or 1
+        replicas = plan.replicas
+        return (f"<p>Data parallel: each replica runs the whole step on its share of the "
+                f"batch of {batch}; the variables, their reads, the summed gradients and "
+                f"the update live on {_e(replicas['devices'][0])}.</p>" + _table(
+                    ("replica", "device", "share", "samples"),
+                    [(r, d, f"{f:.3f}", round(f * batch)) for r, (d, f) in
+                     enumerate(zip(replicas["devices"], replicas["fractions"]))]))
     if pipeline is None:
         return "<p>Not pipelined.</p>"
     rows = [(k, s.device, s.units, f"{s.load * 1e3:.3f}")

@@ -12,10 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None):
+def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
+            replicas=None):
     options = [f"--{key}={value}" for key, value in [
-        ("microbatches", microbatches), ("schedule", schedule), ("workers", workers)]
-        if value is not None]
+        ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
+        ("replicas", replicas)] if value is not None]
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
                            optimizer, *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
@@ -95,6 +96,32 @@ def test_a_pipelined_training_step_trains_like_the_original(
     assert run["outputs_equal"] and run["ops_checked"] > 50
     assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
     # micro-batches sum each reduction in another order: 1e-4, as for the weights
+    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
+    assert run["weights_trained"]
+    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, optimizer, replicas, workers", [
+    # batch 6 on CPUs of relative speed 1, 1 and 1/3: shares 3, 2 and 1; on two: 3 and 3
+    ("cnn", "adam", 3, None),
+    pytest.param("mlp", "sgd_momentum", 2, None, marks=pytest.mark.any_onednn),
+    ("transformer", "adam", 3, None),
+    # three tfpart worker processes, equal shares
+    pytest.param("mlp", "adam", 3, 3, marks=pytest.mark.any_onednn)])
+def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimizer, replicas,
+                                                       workers):
+    run = compare(tmp_path, model, optimizer, replicas=replicas, workers=workers)
+    assert len(run["replicas"]["devices"]) == replicas == run["devices_used"]
+    batch = 6
+    shares = [round(f * batch) for f in run["replicas"]["fractions"]]
+    assert sum(shares) == batch and shares == sorted(shares, reverse=True)
+    if replicas == 3 and workers is None:
+        assert shares == [3, 2, 1]  # the slow CPU's share
+    assert run["slots"] > 0 and run["slots_apart"] == []
+    assert run["outputs_equal"] and run["ops_checked"] > 50
+    assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
+    # the replicas sum each reduction in another order: 1e-4, as for micro-batches
     np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
     assert run["weights_trained"]
     assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
