@@ -428,7 +428,7 @@ def _variable_values(model_dir, proto, flat):
         reader = tf.train.load_checkpoint(str(prefix))
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    except (ValueError, tf.errors.OpError) as exc:
+    except (ValueError, IndexError, tf.errors.OpError) as exc:  # IndexError: truncated
         raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
             from None
     keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
@@ -436,5 +436,9 @@ def _variable_values(model_dir, proto, flat):
     missing = sorted(set(flat.variable_ops) - set(keys))
     if missing:
         raise ModelError(prefix, f"has no value for variable object {missing[0]}")
-    return {name: reader.get_tensor(keys[node_id])
-            for node_id, name in flat.variable_ops.items()}
+    try:
+        return {name: reader.get_tensor(keys[node_id])
+                for node_id, name in flat.variable_ops.items()}
+    except (ValueError, IndexError, tf.errors.OpError) as exc:  # IndexError: truncated
+        raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
+            from None

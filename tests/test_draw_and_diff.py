@@ -78,7 +78,7 @@ def test_diff_of_a_plan_with_itself_reports_no_change(tmp_path, capsys):
 
 
 def test_diff_reports_moved_ops_and_both_step_times(tmp_path, capsys):
-    greedy = compile_example(tmp_path, "greedy") / "plan.json"
+    greedy = compile_example(tmp_path, "greedy", "--algorithm", "greedy") / "plan.json"
     spread = compile_example(tmp_path, "spread", "--algorithm", "round_robin") / "plan.json"
     capsys.readouterr()
     assert main(["diff", str(greedy), str(spread)]) == 0

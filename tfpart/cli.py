@@ -33,14 +33,29 @@ def replicas_line(plan):
     >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
     ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
     ...     "pinned": []}))
-    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); gradients summed and the update run once on /device:CPU:0'
+    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); variables on /device:CPU:0'
     """
     batch = plan.context.get("batch_size") or 1
     replicas = plan.replicas
     shares = ", ".join(f"{device} {round(f * batch)} samples" for device, f in
                        zip(replicas["devices"], replicas["fractions"]))
-    return (f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); "
-            f"gradients summed and the update run once on {replicas['devices'][0]}")
+    where = (f"gradients summed and the update run once on {replicas['devices'][0]}"
+             if plan.schedule else f"variables on {replicas['devices'][0]}")
+    return f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); {where}"
+
+
+def strategy_line(strategy):
+    """Why ``--strategy auto`` chose what it chose (``plan.context["strategy"]``).
+
+    >>> strategy_line({"chosen": "pipeline", "step_times": {"greedy": 0.02,
+    ...                "pipeline": 0.012}, "refused": {"data_parallel": "no room"}})
+    'Strategy pipeline: the least predicted step (12.000 ms; greedy 20.000 ms; data_parallel impossible: no room)'
+    """
+    chosen, times = strategy["chosen"], strategy["step_times"]
+    others = [f"{name} {_seconds(t)}" for name, t in sorted(times.items()) if name != chosen]
+    others += [f"{name} impossible: {why}" for name, why in sorted(strategy["refused"].items())]
+    return (f"Strategy {chosen}: the least predicted step ({_seconds(times[chosen])}"
+            + "".join(f"; {text}" for text in others) + ")")
 
 def _bytes(n):
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -58,7 +73,7 @@ def plan_table(plan):
     ops = {}
     for device in plan.assignment.values():
         ops[device] = ops.get(device, 0) + 1
-    pipelined = bool(plan.stages)
+    pipelined = bool(plan.stages) and not plan.replicas
     stage_of_device = {plan.assignment[op]: stage for op, stage in (plan.stages or {}).items()}
     table = Table(title="Placement per device (predicted)")
     columns = ["device", "kind", "ops", "busy", "memory bound", "of memory"]
@@ -69,7 +84,8 @@ def plan_table(plan):
     for name, figures in plan.predicted.devices.items():
         memory = figures.memory_bound_bytes if figures.peak_memory_bytes is None else \
             figures.peak_memory_bytes
-        row = [name, figures.kind, str(ops.get(name, 0)), _seconds(figures.busy_s),
+        count = figures.ops if plan.replicas else ops.get(name, 0)  # replicas' copies
+        row = [name, figures.kind, str(count), _seconds(figures.busy_s),
                _bytes(memory), f"{100 * memory / figures.memory_bytes:.1f}%"]
         if pipelined:
             row.insert(2, str(stage_of_device.get(name, "-")))
@@ -98,6 +114,9 @@ def print_plan(result, default_cluster):
     if plan.context.get("samples_mixed_by"):
         console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
                       "batch: the stages run whole batches (no micro-batches)")
+    strategy = plan.context.get("strategy")
+    if strategy:
+        console.print(strategy_line(strategy))
     if plan.replicas:
         console.print(replicas_line(plan))
     elif plan.stages:
@@ -155,8 +174,12 @@ def cmd_compile(args):
         raise OutputError(args.output, "already exists (use --force to replace it)")
     from tfpart.compile import algorithm_options, compile_model
 
-    pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None
-    algorithm = "pipeline" if pipeline else args.algorithm
+    pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None \
+        or args.strategy == "pipeline"
+    strategy = args.strategy or ("auto" if args.algorithm is None and not pipeline
+                                 and not args.option else None)
+    algorithm = "pipeline" if pipeline else "data_parallel" \
+        if strategy == "data_parallel" else args.algorithm or "greedy"
     options = algorithm_options(algorithm, args.option or ())  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
@@ -164,7 +187,9 @@ def cmd_compile(args):
                                options=options,
                                profiles=args.profile, force=args.force, progress=progress,
                                pipeline=pipeline, microbatches=args.microbatches,
-                               schedule=args.schedule, verify=args.verify, tf32=False if args.no_tf32 else None)
+                               schedule=args.schedule, verify=args.verify,
+                               tf32=False if args.no_tf32 else None,
+                               strategy="auto" if strategy == "auto" else None)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -415,9 +440,13 @@ def build_parser():
                           "(default: from the signature, else 1)")
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
-    compile_.add_argument("--algorithm", default="greedy",
-                          help="placement algorithm (see the README's table; "
-                          "`pipeline` is --pipeline)")
+    compile_.add_argument("--strategy", choices=["auto", "placement", "pipeline",
+                                                 "data_parallel"],
+                          help="auto (the default without --algorithm, --option or "
+                          "pipeline flags): the fastest by predicted step of an op "
+                          "placement, a pipeline and data-parallel replicas; or force one")
+    compile_.add_argument("--algorithm", help="placement algorithm (see the README's "
+                          "table; default greedy; `pipeline` is --pipeline)")
     compile_.add_argument("--option", action="append", metavar="KEY=VALUE",
                           help="set a field of the algorithm's options, e.g. "
                           "time_limit=30 or coarsen.target_units=20; repeatable")

@@ -107,7 +107,7 @@ def algorithm_options(name, options=None):
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
-               schedule=None, tf32=None):
+               schedule=None, tf32=None, strategy=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
     ``algorithm`` names an entry of :mod:`partitioner.registry`, ``options`` its options
@@ -115,7 +115,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     algorithm is ``pipeline``: stages run over micro-batches, for throughput, instead of
     a placement for the latency of one batch; ``schedule`` ("gpipe" or "1f1b") fixes a
     training step's pipeline schedule, else the faster one within memory. ``tf32`` (default: the cluster's)
-    says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`)."""
+    says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`).
+    ``strategy="auto"`` (unless a pipeline is asked for) plans an op placement
+    (greedy), a pipeline and data-parallel replicas, each with default options, and
+    keeps the one of least predicted step time; ``plan.context["strategy"]`` records
+    each one's step time and why any was impossible."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
@@ -132,27 +136,24 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
     t0 = time.perf_counter()
     pipeline = pipeline or microbatches is not None or schedule is not None
-    chosen = get_algorithm("pipeline" if pipeline else algorithm)
-    settings = algorithm_options(chosen.name, options)
-    step(f"partitioning {len(graph)} ops into "
-         f"{'pipeline stages' if chosen.stages else f'a placement with {chosen.name}'}")
     cost = CostModel(graph, cluster, measured=load_profiles(profiles), tf32=tf32)
-    mixing = []
-    try:
-        if chosen.stages:
-            fields = {f.name for f in dataclasses.fields(settings)}
-            if "microbatches" in fields:
-                microbatches = settings.microbatches if microbatches is None else microbatches
-            mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
-            settings = dataclasses.replace(settings, batch_size=info.batch_size, **{
-                key: value for key, value in [
-                    ("microbatches", 1 if mixing else microbatches),
-                    ("schedule", schedule or getattr(settings, "schedule", None)),
-                    ("replicas", 1 if mixing else getattr(settings, "replicas", None))]
-                if key in fields})
-        plan = chosen.partition(cost, options=settings)
-    except PlacementError as exc:
-        raise PlacementError(exc.path or cluster.source, exc.problem) from None
+    names = STRATEGIES if strategy == "auto" and not pipeline else \
+        ["pipeline" if pipeline else algorithm]
+    tried, failures = {}, []
+    for name in names:
+        chosen = get_algorithm(name)
+        what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas"}
+        step(f"partitioning {len(graph)} ops into "
+             f"{what.get(name, f'a placement with {name}')}")
+        try:
+            tried[name] = _partition(chosen, options if len(names) == 1 else None, cost,
+                                     proto, model_dir, info, microbatches, schedule)
+        except PlacementError as exc:
+            failures.append(PlacementError(exc.path or cluster.source, exc.problem))
+    if not tried:
+        raise failures[0]
+    best = min(tried, key=lambda name: tried[name][0].step_time)
+    plan, mixing = tried[best]
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
                     "fusion_groups": info.fusion_groups,
@@ -164,12 +165,40 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
+    if len(names) > 1:
+        plan.context["strategy"] = {
+            "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
+            "refused": {name: failure.problem for name, failure in zip(
+                [n for n in names if n not in tried], failures)}}
     return plan, graph, info, proto, timings
+
+
+STRATEGIES = ("greedy", "pipeline", "data_parallel")  # what --strategy auto compares
+
+
+def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):
+    """``chosen``'s plan (and the ops that mix a batch's samples, if it uses
+    micro-batches or replicas and some do)."""
+    settings = algorithm_options(chosen.name, options)
+    mixing = []
+    if chosen.stages:
+        fields = {f.name for f in dataclasses.fields(settings)}
+        if "microbatches" in fields:
+            microbatches = settings.microbatches if microbatches is None else microbatches
+        mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
+        settings = dataclasses.replace(settings, batch_size=info.batch_size, **{
+            key: value for key, value in [
+                ("microbatches", 1 if mixing else microbatches),
+                ("schedule", schedule or getattr(settings, "schedule", None)),
+                ("replicas", 1 if mixing else getattr(settings, "replicas", None))]
+            if key in fields})
+    return chosen.partition(cost, options=settings), mixing
 
 
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm="greedy", options=None, profiles=(), force=False, progress=None,
-                  pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None):
+                  pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None,
+                  strategy=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     With ``verify`` the compiled model is run against the original
@@ -186,7 +215,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     plan, graph, info, proto, timings = plan_model(
         model_dir, cluster, batch_size=batch_size, signature=signature,
         algorithm=algorithm, options=options, profiles=profiles, progress=progress,
-        pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32)
+        pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32,
+        strategy=strategy)
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}

@@ -165,14 +165,33 @@ def _schedule(plan, cost):
     from costmodel.gantt import write_gantt
     from costmodel.simulate import simulate_plan
 
-    if plan.stages:
-        return ("<p>A pipelined or data-parallel plan: its schedule over micro-batches or "
-                "replicas is summarised under Pipeline.</p>")
-    schedule = simulate_plan(plan, cost)
+    if plan.replicas:
+        schedule, cost = _replicas_schedule(plan, cost)
+    elif plan.stages:
+        return ("<p>A pipelined plan: its schedule over micro-batches is summarised under "
+                "Pipeline.</p>")
+    else:
+        schedule = simulate_plan(plan, cost)
     with tempfile.TemporaryDirectory() as directory:
         png = write_gantt(schedule, cost, Path(directory) / "gantt.png").read_bytes()
     data = base64.b64encode(png).decode()
     return f'<img alt="Gantt chart of the simulated step" src="data:image/png;base64,{data}">'
+
+
+def _replicas_schedule(plan, cost):
+    """The simulated step of a data-parallel plan (every replica's copy of the ops on
+    its device) and the cost model of that replicated graph."""
+    from costmodel.pipeline import replicas_graph
+    from costmodel.simulate import simulate
+
+    names = cost.cluster.device_names
+    replicas = plan.replicas
+    devices = [names.index(d) for d in replicas["devices"]]
+    replicated, where = replicas_graph(cost.graph, replicas["fractions"], devices,
+                                       devices[0], set(replicas["pinned"]))
+    replicated_cost = cost.of(replicated)
+    return simulate(replicated_cost, [where[op] for op in replicated_cost.ops]), \
+        replicated_cost
 
 
 def _links(plan):

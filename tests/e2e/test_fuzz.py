@@ -31,6 +31,6 @@ def test_random_corruptions_fail_cleanly(tmp_path):
                 for target in TARGETS}
     assert any("saved_model.pb" in m for m in messages["saved_model.pb"])
     assert any("variables.index" in m for m in messages["variables/variables.index"])
-    assert any("cannot load and run it" in m
+    assert any("cannot load and run it" in m or "cannot read the variables" in m
                for m in messages["variables/variables.data-00000-of-00001"])
     assert all("cluster" in m for m in messages["cluster.json"] if m)
