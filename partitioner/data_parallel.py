@@ -4,7 +4,7 @@ Every replica runs the whole per-sample graph (a training step's forward and bac
 ops) on its share of the batch; a device's speed is the inverse of the time it takes
 for the whole graph, and shares are the largest-remainder split of the batch
 (:mod:`partitioner.shares`), as in the load balancing of Moreno-Álvarez et al. The
-variables live on one device, the home (the fastest that holds them): there the ops
+variables live on one device, the home (the fastest replica's): there the ops
 that read a variable's resource run for every replica (TensorFlow runs them where the
 variable is), the replicas' gradients are summed, each weighted by its share of the
 batch, and the optimizer's update runs once. That is TensorFlow's

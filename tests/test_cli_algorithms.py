@@ -55,3 +55,26 @@ def test_seeds_set_from_the_cli_change_a_random_placement(capsys, tmp_path):
                      "--batch-size", "2", "-o", str(out)]) == 0
         plans.append(json.loads((out / "plan.json").read_text())["assignment"])
     assert plans[0] != plans[1]
+
+
+def test_auto_strategy_keeps_the_least_predicted_step_and_says_why(capsys, tmp_path):
+    assert main(["compile", "--batch-size", "8", "-o", str(tmp_path / "auto")]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
+    strategy = plan["context"]["strategy"]
+    assert set(strategy["step_times"]) | set(strategy["refused"]) == \
+        {"greedy", "pipeline", "data_parallel"}
+    assert strategy["chosen"] == min(strategy["step_times"], key=strategy["step_times"].get)
+    assert plan["predicted"]["step_time"] == strategy["step_times"][strategy["chosen"]]
+    assert f"Strategy {strategy['chosen']}: the least predicted step" in out
+
+
+@pytest.mark.parametrize("strategy, algorithm", [("placement", "greedy"),
+                                                 ("pipeline", "pipeline"),
+                                                 ("data_parallel", "data_parallel")])
+def test_a_forced_strategy_is_the_plan(strategy, algorithm, capsys, tmp_path):
+    assert main(["compile", "--batch-size", "8", "--strategy", strategy, "-o",
+                 str(tmp_path / "out")]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["algorithm"] == algorithm and "strategy" not in plan["context"]
+    assert (plan["replicas"] is not None) == (strategy == "data_parallel")

@@ -139,19 +139,24 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     cost = CostModel(graph, cluster, measured=load_profiles(profiles), tf32=tf32)
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
-    tried, failures = {}, []
+    what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas"}
+    tried, failures = {}, {}
+    scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
+    if len(names) > 1 and scalars:  # micro-batches and replicas split every input
+        failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
+                                         "dimension to split") for name in names[1:]}
+        names = names[:1]
     for name in names:
-        chosen = get_algorithm(name)
-        what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas"}
         step(f"partitioning {len(graph)} ops into "
              f"{what.get(name, f'a placement with {name}')}")
         try:
-            tried[name] = _partition(chosen, options if len(names) == 1 else None, cost,
-                                     proto, model_dir, info, microbatches, schedule)
+            tried[name] = _partition(get_algorithm(name), options if len(names) == 1
+                                     else None, cost, proto, model_dir, info, microbatches,
+                                     schedule)
         except PlacementError as exc:
-            failures.append(PlacementError(exc.path or cluster.source, exc.problem))
+            failures[name] = PlacementError(exc.path or cluster.source, exc.problem)
     if not tried:
-        raise failures[0]
+        raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
     plan, mixing = tried[best]
     timings["partition"] = time.perf_counter() - t0
@@ -165,11 +170,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
-    if len(names) > 1:
+    if strategy == "auto" and not pipeline:
         plan.context["strategy"] = {
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
-            "refused": {name: failure.problem for name, failure in zip(
-                [n for n in names if n not in tried], failures)}}
+            "refused": {name: failure.problem for name, failure in failures.items()}}
     return plan, graph, info, proto, timings
 
 
