@@ -99,10 +99,14 @@ def test_absent_worker_is_a_clean_error(exported, tmp_path):
 
 
 @pytest.mark.any_onednn  # about processes, not kernels
-def test_worker_killed_mid_run_is_a_clean_error(exported, tmp_path):
+@pytest.mark.parametrize("how", [{"microbatches": 2},  # pipelined
+                                 {"algorithm": "data_parallel", "options": {"replicas": 2}}])
+def test_worker_killed_mid_run_is_a_clean_error(how, exported, tmp_path):
     with LocalWorkers(2, tmp_path, links=FAST_LINKS) as workers:
         model, out = exported("mlp_module"), tmp_path / "out"
-        compile_model(model, workers.path, out, batch_size=16, microbatches=2)
+        plan = compile_model(model, workers.path, out, batch_size=16, **how).plan
+        assert len({plan.assignment[op] for op in plan.stages} |
+                   set((plan.replicas or {}).get("devices", []))) == 2
         run = subprocess.Popen([sys.executable, "-m", "tfpart.cli", "run", str(out),
                                 "--cluster", str(workers.path), "--repeats", "10000000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
