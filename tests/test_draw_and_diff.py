@@ -98,3 +98,17 @@ def test_diff_of_a_file_that_is_not_a_plan_is_one_line_and_exit_2(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert code == 2 and str(bad) in err and len(err.splitlines()) == 1
 
+
+
+def test_a_data_parallel_picture_says_every_replica_runs_every_op():
+    from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
+    from tfpart.cluster import load_cluster
+    from tfpart.compile import plan_model
+    from tfpart.picture import placement_picture
+
+    plan, graph, *_ = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
+                                 batch_size=8, algorithm="data_parallel",
+                                 options={"replicas": 3})
+    title = placement_picture(plan, graph).dot.graph_attr["label"]
+    assert title.startswith(f"data parallel: all {len(graph)} ops on each of 3 replicas")
+    assert "nothing crosses" not in title
