@@ -23,8 +23,9 @@ training step (SGD with momentum) and timed on freshly started workers:
     the batch, gradients all-reduced by TensorFlow's collective ops): what a user would
     write without tfpart.
 
-Predictions use the roofline of the shipped ``cpu`` kind (no measured profile), so
-their absolute figures are rough; the shares come from the ratio of the two kinds.
+Predictions use the model's training step profiled here (``tfpart profile``, one core),
+and for the slowed worker the same profile with every time multiplied by the measured
+ratio (a kind the cluster file declares).
 Rounds alternate over variants; samples/s are medians over all timed steps.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ VARIANTS = [("(a) one worker", "uneven", ["--algorithm", "single"]),
 LOOP = "import time, numpy as np; a = np.random.rand(300, 300); t = time.perf_counter()\n" \
        "for _ in range(300): a @ a\nprint(time.perf_counter() - t)"
 SLOW_CORE = 1  # LocalWorkers pins task k to core k
+SLOW_KIND = "cpu_shared_core"
 
 
 MIRRORED = r"""
@@ -173,8 +175,24 @@ def uneven(cluster, ratio):
     slow["memory_bandwidth"] /= ratio
     slow["op_overhead_s"] *= ratio
     devices = [dict(d) for d in cluster["devices"]]
-    devices[1]["kind"] = "cpu_shared_core"
-    return dict(cluster, devices=devices, kinds={"cpu_shared_core": slow})
+    devices[1]["kind"] = SLOW_KIND
+    return dict(cluster, devices=devices, kinds={SLOW_KIND: slow})
+
+
+def slowed_profile(path, ratio):
+    """A copy of the measured ``cpu`` profile at ``path`` for the slowed worker's kind:
+    every time ``ratio`` times longer."""
+    data = json.loads(Path(path).read_text())
+    data["device_kind"] = SLOW_KIND
+    for op in data["ops"]:
+        for key in [k for k in op if k.startswith("time_s")]:
+            op[key] *= ratio
+    for key in ("op_overhead_s", "dispatch_overhead_s"):
+        if key in data.get("fitted", {}):
+            data["fitted"][key] *= ratio
+    slowed = Path(path).with_name(f"{SLOW_KIND}.json")
+    slowed.write_text(json.dumps(data))
+    return slowed
 
 
 def main(argv=None):
@@ -195,14 +213,19 @@ def main(argv=None):
         base = measured_cluster(work, console)
         clusters = {"even": base, "uneven": uneven(base, ratio)}
         model = export_training_step(work / args.model, args.model, "sgd_momentum")
+        profiles = {"even": [work / "cpu.json"]}
+        tfpart_json("profile", model, "--signature", "train_step", "--batch-size",
+                    args.batch_size, "-o", profiles["even"][0])
+        profiles["uneven"] = [*profiles["even"], slowed_profile(profiles["even"][0], ratio)]
         outs = []
         for k, (_, which, options) in enumerate(VARIANTS):
             cluster_file = work / f"{which}.json"
             cluster_file.write_text(json.dumps(clusters[which]))
             outs.append(work / f"variant{k}")
+            measured = [arg for path in profiles[which] for arg in ("--profile", path)]
             tfpart_json("compile", model, "--cluster", cluster_file, "-o", outs[-1],
                         "--signature", "train_step", "--batch-size", args.batch_size,
-                        *options)
+                        *measured, *options)
         samples = {out: [] for out in outs}
         mirrored = []
         for _ in range(args.rounds):

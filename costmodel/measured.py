@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from costmodel.roofline import roofline_time
-from tfpart.cluster import KernelEfficiency
+from tfpart.cluster import KernelEfficiency, load_device_kinds
 from tfpart.errors import ProfileError
 from tfpart.flops import op_flops
 from tfpart.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
@@ -164,8 +164,6 @@ class MeasuredProfile:
     @classmethod
     def load(cls, path, kinds=None):
         """Read and validate a profile; ProfileError names the file and the problem."""
-        from tfpart.cluster import load_device_kinds
-
         kinds = load_device_kinds() if kinds is None else kinds
         try:
             data = json.loads(Path(path).read_text())
@@ -185,15 +183,26 @@ class MeasuredProfile:
         return kernel_table_profile(data["device_kind"], data["ops"], kind, **meta)
 
 
-def load_profile(path):
-    """:meth:`MeasuredProfile.load` with the shipped kinds, once per version of the file
-    (a kernel table is fitted when loaded, and a compile reads its profiles from the
-    early input check, the partitioning and the notes)."""
+def load_profile(path, kinds=None):
+    """:meth:`MeasuredProfile.load` with the shipped kinds (or ``kinds``: a cluster's,
+    which may declare its own), once per version of the file (a kernel table is fitted
+    when loaded, and a compile reads its profiles from the early input check, the
+    partitioning and the notes)."""
+    if kinds is not None and _device_kind(path) not in load_device_kinds():
+        return MeasuredProfile.load(path, kinds)  # a kind the cluster declares
     try:
         stat = Path(path).stat()
     except OSError:
         return MeasuredProfile.load(path)  # its error names the file
     return _load_version(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def _device_kind(path):
+    """The ``device_kind`` a profile file names (None if it cannot be read)."""
+    try:
+        return json.loads(Path(path).read_text()).get("device_kind")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 @lru_cache(maxsize=32)

@@ -221,8 +221,7 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
 
     for model in models:
         check_model_dir(model)
-    if cluster:
-        load_cluster(cluster)
+    kinds = load_cluster(cluster).kinds() if cluster else None
     for path in files:
         if not os.path.isfile(path):
             raise TfpartError(path, "no such file")
@@ -230,7 +229,7 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
         from costmodel.measured import load_profile
 
         for path in profiles:
-            load_profile(path)
+            load_profile(path, kinds)
 
 
 def cmd_profile(args):

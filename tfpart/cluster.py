@@ -197,6 +197,11 @@ class Cluster:
     def device_names(self):
         return [d.name for d in self.devices]
 
+    def kinds(self):
+        """The shipped device kinds and those of this cluster's devices (which its file
+        may declare), by name."""
+        return {**load_device_kinds(), **{d.kind.name: d.kind for d in self.devices}}
+
     def link(self, i, j):
         """The link between devices ``i`` and ``j`` (indices); ``None`` when i == j."""
         if i == j:

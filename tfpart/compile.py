@@ -75,20 +75,22 @@ def _samples_mixed_by(proto, model_dir, info, microbatches):
     return mixing
 
 
-def load_profiles(paths):
-    """Measured profiles from files (``tfpart profile`` output, or kernel tables)."""
+def load_profiles(paths, cluster=None):
+    """Measured profiles from files (``tfpart profile`` output, or kernel tables), for
+    the shipped device kinds or ``cluster``'s."""
     from costmodel.measured import load_profile
 
-    return [load_profile(path) for path in paths or ()]
+    kinds = cluster.kinds() if cluster is not None else None
+    return [load_profile(path, kinds) for path in paths or ()]
 
 
-def profile_notes(paths):
+def profile_notes(paths, cluster=None):
     """A line for each profile measured where oneDNN or the CPU's instruction sets
     differ from this machine's."""
     from tfpart.profiling import hardware_mismatch
 
     notes = []
-    for path, profile in zip(paths or (), load_profiles(paths)):
+    for path, profile in zip(paths or (), load_profiles(paths, cluster)):
         mismatch = hardware_mismatch(profile)
         if mismatch:
             notes.append(f"profile {path}: {mismatch}")
@@ -136,7 +138,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
     t0 = time.perf_counter()
     pipeline = pipeline or microbatches is not None or schedule is not None
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles), tf32=tf32)
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
+                     tf32=tf32)
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas"}
@@ -236,7 +239,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
             reports.append(run_and_compare(model_dir, staging))
             timings["verify"] = time.perf_counter() - t0 - timings["write"]
         step("writing the report")
-        cost = CostModel(graph, cluster, measured=load_profiles(profiles),
+        cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
                          tf32=plan.context.get("tf32"))
         write_report(plan, graph, cluster, Path(staging) / REPORT_FILE,
                      verification=reports[0] if reports else None, timings=timings,
@@ -253,7 +256,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         step("writing the compiled SavedModel")
         save(rewritten, out, force=force, extra_files=extra, check=check_staged)
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
-                         timings=timings, notes=profile_notes(profiles),
+                         timings=timings, notes=profile_notes(profiles, cluster),
                          verification=reports[0] if reports else None)
 
 
@@ -277,7 +280,7 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     if unknown:
         raise PlacementError(plan_file, f"places ops on {unknown[0]}, not in {cluster_file}")
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles),
+    cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
                      tf32=plan.context.get("tf32"))
     if plan.stages:  # a pipeline: M micro-batches through the stages
         from costmodel.pipeline import microbatch_graph, simulate_pipeline

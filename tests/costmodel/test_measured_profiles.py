@@ -144,3 +144,28 @@ def test_compile_names_a_profile_measured_with_the_other_onednn_mode(tmp_path):
     assert other.returncode == 0, other.stderr
     notes = [line for line in other.stdout.splitlines() if line.startswith("Note:")]
     assert len(notes) == 1 and "oneDNN" in notes[0] and "other.json" in notes[0]
+
+
+def test_a_profile_of_a_kind_the_cluster_declares_is_read_with_that_cluster(tmp_path):
+    """A cluster file may declare its own device kinds; profiles measured on them are
+    read with that cluster, and refused, naming the kind, without it."""
+    from costmodel.measured import FORMAT
+    from profiles import DEVICE_KINDS_FILE
+    from tfpart.cluster import cluster_from_dict
+    from tfpart.compile import load_profiles
+
+    slow = dict(json.loads(DEVICE_KINDS_FILE.read_text())["kinds"]["cpu"])
+    cluster = cluster_from_dict({"kinds": {"cpu_shared_core": slow}, "devices": [
+        {"name": "/device:CPU:0", "kind": "cpu"},
+        {"name": "/device:CPU:1", "kind": "cpu_shared_core"}]})
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({
+        "format": FORMAT, "device_kind": "cpu_shared_core", "ops": [{
+            "op_type": "MatMul", "input_shapes": [[8, 8], [8, 8]], "time_s": 2e-5,
+            "count": 1, "flops": 1024, "bytes_accessed": 768}],
+        "fitted": {"efficiency": {"matmul": 0.5}, "op_overhead_s": 0.0}}))
+    assert "cpu_shared_core" not in load_device_kinds()
+    [profile] = load_profiles([path], cluster)
+    assert profile.device_kind == "cpu_shared_core"
+    with pytest.raises(ProfileError, match="unknown kind 'cpu_shared_core'"):
+        load_profiles([path])
