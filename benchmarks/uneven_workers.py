@@ -45,7 +45,7 @@ from rich.table import Table
 
 from benchmarks.pipeline_throughput import tfpart_json
 from benchmarks.training_throughput import measured_cluster, time_in_fresh_client
-from profiles import DEVICE_KINDS_FILE
+from examples.clusters import with_slower_cpu
 from tfpart.local_workers import LocalWorkers
 from tfpart.plan import Plan
 
@@ -170,13 +170,7 @@ def slowdown(core=SLOW_CORE):
 
 def uneven(cluster, ratio):
     """``cluster`` (a dict) with task 1 a CPU kind ``ratio`` times slower."""
-    slow = dict(json.loads(DEVICE_KINDS_FILE.read_text())["kinds"]["cpu"])
-    slow["peak_flops"] = {k: v / ratio for k, v in slow["peak_flops"].items()}
-    slow["memory_bandwidth"] /= ratio
-    slow["op_overhead_s"] *= ratio
-    devices = [dict(d) for d in cluster["devices"]]
-    devices[1]["kind"] = SLOW_KIND
-    return dict(cluster, devices=devices, kinds={SLOW_KIND: slow})
+    return with_slower_cpu(cluster, 1, ratio, SLOW_KIND)
 
 
 def slowed_profile(path, ratio):

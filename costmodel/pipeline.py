@@ -34,7 +34,7 @@ import numpy as np
 from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
 from tfpart.graph import OpGraph
-from tfpart.ops import WEIGHT_OPS
+from tfpart.ops import VARIABLE_OPS, WEIGHT_OPS
 
 
 
@@ -211,12 +211,18 @@ def _phase(attrs):
     return attrs.get("phase") or "forward"
 
 
+def shared_ops(graph):
+    """The ops every micro-batch or replica shares: the variables and a training step's
+    update ops (which run once, on the whole batch's gradients)."""
+    return {op for op, attrs in graph.ops.items()
+            if attrs["op_type"] in VARIABLE_OPS or _phase(attrs) == "update"}
+
+
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier between consecutive tasks of each stage: the sinks of one task before the
     sources of the next, in the schedule's order."""
-    shared = {op for op, attrs in graph.ops.items()
-              if attrs["op_type"] in ("VarHandleOp", "VariableV2") or _phase(attrs) == "update"}
+    shared = shared_ops(graph)
 
     def name(op, m):
         return op if op in shared else f"mb{m}/{op}"
@@ -282,8 +288,7 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     >>> replicated.ops["rep1/y"]["flops"]
     2000000000.0
     """
-    shared = {op for op, attrs in graph.ops.items()
-              if attrs["op_type"] in ("VarHandleOp", "VariableV2") or _phase(attrs) == "update"}
+    shared = shared_ops(graph)
     replicated, placement = OpGraph(), {}
     for op in shared:
         replicated.add_op(op, **graph.ops[op])
@@ -306,3 +311,11 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
             replicated.add_edge(src if src in shared else f"rep{r}/{src}",
                                 dst if dst in shared else f"rep{r}/{dst}", **edge)
     return replicated, placement
+
+
+def replicas_cost(cost, fractions, devices, pinned):
+    """The cost model of :func:`replicas_graph` (the home is ``devices[0]``, the
+    fastest replica's device) and the device index of each of its ops."""
+    replicated, where = replicas_graph(cost.graph, fractions, devices, devices[0], pinned)
+    replicated_cost = cost.of(replicated)
+    return replicated_cost, np.array([where[op] for op in replicated_cost.ops])

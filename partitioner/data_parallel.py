@@ -50,15 +50,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import replicas_graph
+from costmodel.pipeline import replicas_cost, shared_ops
 from partitioner.finish import make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
 from tfpart.plan import Plan
-
-VARIABLE_OPS = ("VarHandleOp", "VariableV2")
-
 
 @dataclass(frozen=True)
 class DataParallelOptions:
@@ -79,8 +76,7 @@ def partition(cost, options=DataParallelOptions()):
         If no device can run every op, or no split of the batch fits in memory.
     """
     graph = cost.graph
-    shared = {op for op, attrs in graph.ops.items()
-              if attrs["op_type"] in VARIABLE_OPS or attrs.get("phase") == "update"}
+    shared = shared_ops(graph)
     shared_groups = {graph.ops[op]["colocation"] for op in shared}
     pinned = {op for op, attrs in graph.ops.items()
               if op not in shared and attrs["colocation"] in shared_groups}
@@ -123,9 +119,7 @@ def _plan(cost, devices, shares, pinned, shared, options):
     names = cluster.device_names
     total = sum(shares)
     fractions = [share / total for share in shares]
-    replicated, where = replicas_graph(graph, fractions, devices, devices[0], pinned)
-    replicated_cost = cost.of(replicated)
-    device_of = np.array([where[op] for op in replicated_cost.ops])
+    replicated_cost, device_of = replicas_cost(cost, fractions, devices, pinned)
     figures = make_plan(replicated_cost, device_of, "data_parallel", options)
     home = names[devices[0]]
     return Plan(

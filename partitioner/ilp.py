@@ -21,8 +21,9 @@ coarsened graph each unit on the device most of its ops have), passed to HiGHS t
 its own API (``setSolution``, which pulp's interface lacks) with the simulator's
 schedule of it. The ILP may still order ops as the simulator's work-conserving
 dispatch would not, so its plan is then judged by simulation against the greedy's and
-the faster kept (``solver.kept``): the ILP is never slower than the greedy. The plan records the solver's status, objective and bound;
-its predicted step time is, as for every algorithm, the simulator's.
+the faster kept (``solver.kept``): the ILP is never slower than the greedy. The plan
+records the solver's status, objective and bound; its predicted step time is, as for
+every algorithm, the simulator's.
 
 Example
 -------

@@ -51,12 +51,11 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
 from rewriters.reader import tensor_shapes
-from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS
+from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, VARIABLE_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 #: Ops whose outputs depend on their inputs' shapes only (a gradient's seed of ones).
 VALUE_FREE_OPS = SHAPE_ONLY_OPS | {"OnesLike", "ZerosLike"}
-VARIABLE_OPS = {"VarHandleOp", "VariableV2"}
 
 
 @dataclass

@@ -71,17 +71,11 @@ def slots_by_name(assignment):
 
 
 def uneven(cluster):
-    """``cluster`` with its last device a kind a third as fast as the others (a CPU
-    kind, so it still runs host-only ops): data-parallel shares become uneven."""
-    from profiles import DEVICE_KINDS_FILE
+    """``cluster`` with its last device a CPU kind a third as fast as the others:
+    data-parallel shares become uneven."""
+    from examples.clusters import with_slower_cpu
 
-    slow = dict(json.loads(DEVICE_KINDS_FILE.read_text())["kinds"]["cpu"])
-    slow["peak_flops"] = {k: v / 3 for k, v in slow["peak_flops"].items()}
-    slow["memory_bandwidth"] /= 3
-    slow["op_overhead_s"] *= 3
-    cluster["kinds"] = {"cpu_third": slow}
-    cluster["devices"][-1]["kind"] = "cpu_third"
-    return cluster
+    return with_slower_cpu(cluster, len(cluster["devices"]) - 1, 3.0, "cpu_third")
 
 
 def main(argv=None):

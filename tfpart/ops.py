@@ -59,6 +59,7 @@ RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVaria
                       "ResourceScatterAdd", "ResourceScatterUpdate"}
 # Where weights come from: variables, their reads, constants.
 WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
+VARIABLE_OPS = {"VarHandleOp", "VariableV2"}  # the variables themselves
 # Kernels that exist only on the host CPU (Python callbacks, I/O, strings, tables).
 HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
                  "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",

@@ -181,17 +181,15 @@ def _schedule(plan, cost):
 def _replicas_schedule(plan, cost):
     """The simulated step of a data-parallel plan (every replica's copy of the ops on
     its device) and the cost model of that replicated graph."""
-    from costmodel.pipeline import replicas_graph
+    from costmodel.pipeline import replicas_cost
     from costmodel.simulate import simulate
 
     names = cost.cluster.device_names
     replicas = plan.replicas
-    devices = [names.index(d) for d in replicas["devices"]]
-    replicated, where = replicas_graph(cost.graph, replicas["fractions"], devices,
-                                       devices[0], set(replicas["pinned"]))
-    replicated_cost = cost.of(replicated)
-    return simulate(replicated_cost, [where[op] for op in replicated_cost.ops]), \
-        replicated_cost
+    replicated_cost, device_of = replicas_cost(
+        cost, replicas["fractions"], [names.index(d) for d in replicas["devices"]],
+        set(replicas["pinned"]))
+    return simulate(replicated_cost, device_of), replicated_cost
 
 
 def _links(plan):

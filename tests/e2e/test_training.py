@@ -92,10 +92,16 @@ def test_a_pipelined_training_step_trains_like_the_original(
     run = compare(tmp_path, model, optimizer, microbatches, schedule, workers)
     assert run["stages"] > 1 and run["devices_used"] > 1
     assert (run["microbatches"], run["schedule"]) == (microbatches, schedule)
+    assert_split_batches_train_like_the_original(run)
+
+
+def assert_split_batches_train_like_the_original(run):
+    """Every op and variable (with its optimizer slots) where the plan says, and the
+    original's losses and weights: within 1e-4, since micro-batches or replicas sum
+    each reduction in another order."""
     assert run["slots"] > 0 and run["slots_apart"] == []
     assert run["outputs_equal"] and run["ops_checked"] > 50
     assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
-    # micro-batches sum each reduction in another order: 1e-4, as for the weights
     np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
     assert run["weights_trained"]
     assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
@@ -118,13 +124,7 @@ def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimiz
     assert sum(shares) == batch and shares == sorted(shares, reverse=True)
     if replicas == 3 and workers is None:
         assert shares == [3, 2, 1]  # the slow CPU's share
-    assert run["slots"] > 0 and run["slots_apart"] == []
-    assert run["outputs_equal"] and run["ops_checked"] > 50
-    assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
-    # the replicas sum each reduction in another order: 1e-4, as for micro-batches
-    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
-    assert run["weights_trained"]
-    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
+    assert_split_batches_train_like_the_original(run)
 
 
 @pytest.mark.slow
