@@ -176,6 +176,7 @@ class _PipelineBody:
                         for key, graph in pieces.items()}
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
+        self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -300,7 +301,7 @@ class _PipelineBody:
         piece, members = self.pieces[key], self.members[key]
         replicas = self.plan.replicas
         if replicas and replica is not None:
-            piece = _on_replica(piece, replicas["devices"][replica], set(replicas["pinned"]))
+            piece = _on_replica(piece, replicas["devices"][replica], self.pinned)
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -424,21 +425,17 @@ def _variable_values(model_dir, proto, flat):
 
     tf = tensorflow()
     prefix = Path(model_dir) / "variables" / "variables"
-    try:
+    try:  # a truncated file raises IndexError
         reader = tf.train.load_checkpoint(str(prefix))
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    except (ValueError, IndexError, tf.errors.OpError) as exc:  # IndexError: truncated
-        raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
-            from None
-    keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
-            for attr in node.attributes if attr.name == "VARIABLE_VALUE"}
-    missing = sorted(set(flat.variable_ops) - set(keys))
-    if missing:
-        raise ModelError(prefix, f"has no value for variable object {missing[0]}")
-    try:
+        keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
+                for attr in node.attributes if attr.name == "VARIABLE_VALUE"}
+        missing = sorted(set(flat.variable_ops) - set(keys))
+        if missing:
+            raise ModelError(prefix, f"has no value for variable object {missing[0]}")
         return {name: reader.get_tensor(keys[node_id])
                 for node_id, name in flat.variable_ops.items()}
-    except (ValueError, IndexError, tf.errors.OpError) as exc:  # IndexError: truncated
+    except (ValueError, IndexError, tf.errors.OpError) as exc:
         raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
             from None
