@@ -34,6 +34,7 @@ import numba
 import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
+from costmodel.splits import split_cost
 
 
 @dataclass
@@ -296,7 +297,8 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
 
 
 def simulate_plan(plan, cost):
-    """Simulate a :class:`~tfpart.plan.Plan` (device names) with a cost model.
+    """Simulate a :class:`~tfpart.plan.Plan` (device names) with a cost model (its
+    filter splits made: :func:`placed_cost`).
 
     >>> from tfpart.graph import OpGraph
     >>> from tfpart.cluster import cluster_of_devices
@@ -308,6 +310,12 @@ def simulate_plan(plan, cost):
     >>> round(simulate_plan(plan, CostModel(g, cluster)).makespan, 3)
     1.0
     """
+    return simulate(*placed_cost(plan, cost))
+
+
+def placed_cost(plan, cost):
+    """The cost model a plan runs with (``cost``, or with the plan's filter splits
+    made, :mod:`costmodel.splits`) and the device index of each of its ops."""
     names = cost.cluster.device_names
     missing = [op for op in cost.ops if op not in plan.assignment]
     if missing:
@@ -315,7 +323,11 @@ def simulate_plan(plan, cost):
 
         raise PlacementError("", f"the plan does not place {len(missing)} ops of this "
                              f"model, e.g. {missing[0]} (was it made for another model?)")
-    return simulate(cost, np.array([names.index(plan.assignment[op]) for op in cost.ops]))
+    device_of = np.array([names.index(plan.assignment[op]) for op in cost.ops])
+    if not plan.splits:
+        return cost, device_of
+    return split_cost(cost, {op: ([names.index(d) for d in split["devices"]], split["sizes"])
+                             for op, split in plan.splits.items()}, device_of)
 
 
 def peak_memory(cost, schedule):

@@ -21,7 +21,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from partitioner import (data_parallel, greedy, ilp, m_etf, m_topo, min_cut, pipeline,
+from partitioner import (data_parallel, filter_split, greedy, ilp, m_etf, m_topo, min_cut, pipeline,
                          random_placement, round_robin, single_device, topo_split)
 from tfpart.errors import PlacementError
 
@@ -54,6 +54,7 @@ REGISTRY = {algorithm.name: algorithm for algorithm in [
     _entry("topo_split", topo_split, topo_split.TopoSplitOptions),
     _entry("pipeline", pipeline, pipeline.PipelineOptions, stages=True),
     _entry("data_parallel", data_parallel, data_parallel.DataParallelOptions, stages=True),
+    _entry("filter_split", filter_split, filter_split.FilterSplitOptions),
 ]}
 
 

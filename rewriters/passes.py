@@ -9,9 +9,10 @@ them all and their order, the way tf2onnx's ``run_rewriters`` holds its list.
 =================  ==========================  ========================================
 pass               runs for                    does
 =================  ==========================  ========================================
-pipeline stages    plans with stages           one SavedModel running the stages over
-                                               micro-batches (:mod:`rewriters.pipeline`)
-device placement   plans without stages        the plan's device on every op and
+pipeline stages    plans with stages or        one SavedModel running the stages over
+                   filter splits               micro-batches, with the split ops in
+                                               slices (:mod:`rewriters.pipeline`)
+device placement   the other plans             the plan's device on every op and
                                                variable (:mod:`rewriters.placement`)
 =================  ==========================  ========================================
 
@@ -42,8 +43,8 @@ class Rewriter:
 
 
 REWRITERS = (
-    Rewriter("pipeline stages", lambda plan: bool(plan.stages), pipeline_pass),
-    Rewriter("device placement", lambda plan: not plan.stages, placement_pass),
+    Rewriter("pipeline stages", lambda plan: plan.reimported, pipeline_pass),
+    Rewriter("device placement", lambda plan: not plan.reimported, placement_pass),
 )
 
 

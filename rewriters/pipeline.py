@@ -33,9 +33,11 @@ stages.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
+from rewriters.channel_split import split_channels
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
@@ -43,6 +45,7 @@ from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
+from tfpart.splits import SCOPE as SPLIT_SCOPE
 
 PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+|tfpart_update)/")
 MICROBATCH = re.compile(r"(?:^|/)tfpart_mb(\d+)_stage\d+/")
@@ -114,8 +117,9 @@ def _save_pipelined(model_dir, proto, plan, staging):
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
                              context.get("signature"))
     regions = _regions(proto, model_dir, flat)
+    flat, assignment = _with_splits(flat, plan, regions.phase)
     stage_of = _stage_of_every_node(flat, plan)
-    pieces = _piece_graphs(flat, plan, stage_of, regions.phase)
+    pieces = _piece_graphs(flat, assignment, stage_of, regions.phase)
     values = _variable_values(model_dir, proto, flat)
     meta = proto.meta_graphs[0]
     outputs = {key: flat.outputs[int(t.name.rsplit(":", 1)[1])] for key, t in
@@ -378,7 +382,7 @@ def _stage_of_every_node(flat, plan):
     """Stage of each flat node; nodes the plan does not name follow their first input."""
     stage_of = {}
     for node in flat.graph_def.node:
-        stage = plan.stages.get(node.name)
+        stage = (plan.stages or {}).get(node.name)
         if stage is None:
             sources = [s.lstrip("^").split(":")[0] for s in node.input]
             stage = next((stage_of[s] for s in sources if s in stage_of), 0)
@@ -386,7 +390,20 @@ def _stage_of_every_node(flat, plan):
     return stage_of
 
 
-def _piece_graphs(flat, plan, stage_of, phase_of):
+def _with_splits(flat, plan, phase_of):
+    """``flat`` with the plan's filter splits made (:mod:`rewriters.channel_split`),
+    and the device of every node; ``phase_of`` gains the added nodes, each in its split
+    op's phase."""
+    if not plan.splits:
+        return flat, plan.assignment
+    graph_def, added = split_channels(flat.graph_def, plan.splits,
+                                      lambda name: plan.assignment.get(name, ""))
+    for name in added:
+        phase_of.setdefault(name, phase_of[name.split(f"/{SPLIT_SCOPE}/")[0]])
+    return dataclasses.replace(flat, graph_def=graph_def), {**plan.assignment, **added}
+
+
+def _piece_graphs(flat, assignment, stage_of, phase_of):
     """One GraphDef per ``(stage, phase)`` of the per-micro-batch ops, and one
     ``(UPDATE, UPDATE)`` of the update's ops: each node on its planned device, the
     nodes reading nothing else of their piece gated."""
@@ -404,11 +421,11 @@ def _piece_graphs(flat, plan, stage_of, phase_of):
         new = pieces[key].node.add()
         new.CopyFrom(node)
         new.attr.pop("_class", None)
-        device = plan.assignment.get(node.name)
+        device = assignment.get(node.name)
         if device is None:
-            device = next(plan.assignment[n.name] for n in flat.graph_def.node
+            device = next(assignment[n.name] for n in flat.graph_def.node
                           if stage_of[n.name] == stage_of[node.name]
-                          and n.name in plan.assignment)
+                          and n.name in assignment)
         new.device = device
     for graph in pieces.values():
         members = {node.name for node in graph.node}

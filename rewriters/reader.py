@@ -29,6 +29,7 @@ from tfpart.errors import ModelError
 from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
 from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
+from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
@@ -412,6 +413,20 @@ def _plain_attrs(op):
     return attrs
 
 
+def _sliced(op):
+    """``{"sliced": ...}`` for an op whose output channels can be split across devices
+    (:mod:`tfpart.splits`): the input it slices, that input's axis, and its producer."""
+    if op.type not in SPLITTABLE_OPS:
+        return {}
+    attrs = {name: op.get_attr(name) for name in ("transpose_b", "data_format")
+             if name in op.node_def.attr}
+    found = sliced_operand(op.type, attrs)
+    if found is None or len(op.outputs) != 1:
+        return {}
+    index, axis = found
+    return {"sliced": {"input": index, "axis": axis, "producer": op.inputs[index].op.name}}
+
+
 def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
     opgraph = OpGraph()
     groups = UnionFind()
@@ -436,7 +451,8 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
                        flops=float(flops),
                        bytes_accessed=float(bytes_accessed), param_bytes=param_bytes,
                        allowed_kinds=frozenset({"cpu"}) if host_only else None,
-                       stateful=bool(op.op_def.is_stateful) if op.op_def else False)
+                       stateful=bool(op.op_def.is_stateful) if op.op_def else False,
+                       **_sliced(op))
         for k, tensor in enumerate(op.inputs):
             nbytes = tensor_bytes(in_shapes[k], tensor.dtype.name)
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)

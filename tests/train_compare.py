@@ -87,6 +87,8 @@ def main(argv=None):
     parser.add_argument("--schedule")
     parser.add_argument("--workers", type=int)
     parser.add_argument("--replicas", type=int, help="data-parallel replicas")
+    parser.add_argument("--split", action="store_true",
+                        help="split every convolution and matmul across the devices")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -109,8 +111,9 @@ def main(argv=None):
     with workers:
         cluster_file = workers.path if args.workers else directory / "cluster.json"
         if not args.workers:
-            cluster_file.write_text(json.dumps(uneven(local_cluster(3)) if args.replicas
-                                               else local_cluster(3)))
+            cluster_file.write_text(json.dumps(
+                uneven(local_cluster(3)) if args.replicas or args.split
+                else local_cluster(3)))
         cluster = load_cluster(cluster_file) if args.workers else None
         print(json.dumps(compare(source, directory / "out", cluster_file, cluster, args)))
 
@@ -123,9 +126,11 @@ def compare(source, out, cluster_file, cluster, args):
     from tfpart.runtime import load, runnable
     from tfpart.verification import verify
 
-    pipelined = args.microbatches is not None or args.replicas is not None
+    pipelined = args.microbatches is not None or args.replicas is not None or args.split
     if args.replicas is not None:
         how = {"algorithm": "data_parallel", "options": {"replicas": args.replicas}}
+    elif args.split:  # whatever the cost model says: split every splittable op
+        how = {"algorithm": "filter_split", "options": {"min_gain": -1e9, "candidates": 10**6}}
     else:
         how = {"microbatches": args.microbatches,
                "options": {"schedule": args.schedule} if args.schedule else None}
@@ -145,7 +150,11 @@ def compare(source, out, cluster_file, cluster, args):
     return {
         "devices_used": len(set(result.plan.devices_used()) |
                             set((result.plan.replicas or {}).get("devices", []))),
-        "replicas": result.plan.replicas,
+        "replicas": result.plan.replicas, "splits": result.plan.splits,
+        "split_types": sorted({result.graph.ops[op]["op_type"]
+                               for op in result.plan.splits or ()}),
+        "parts_ran_on": sorted({(name, device) for name, device in report.placement.items()
+                                if "/tfpart_split/part" in name}),
         "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,
         "stages": len(set((result.plan.stages or {}).values())),
         "slots": len(slots),

@@ -12,7 +12,9 @@ Node attributes
     bytes of the variables the op owns), ``colocation`` (str, group id), ``allowed_kinds``
     (frozenset of device-kind names, or ``None`` for "every kind"), ``stateful`` (bool),
     ``cost`` (optional dict device-name -> seconds: an explicit cost table that
-    overrides the roofline, used by imported benchmark graphs).
+    overrides the roofline, used by imported benchmark graphs), ``sliced`` (optional,
+    on ops whose output channels can be split across devices: ``{"input": index,
+    "axis": axis, "producer": op}``, the operand the slices cut; :mod:`tfpart.splits`).
 
 Edge attributes
     ``bytes`` (float, size of the tensors that flow), ``control`` (bool), ``comm``

@@ -98,6 +98,9 @@ class Plan:
     # r (micro-batch r) runs the staged ops on devices[r] over its share of the batch
     # (largest remainder of fractions), except the pinned ops (variable reads)
     replicas: dict | None = None
+    # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
+    # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)
+    splits: dict | None = None
     predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
@@ -145,6 +148,13 @@ class Plan:
         if not self.lower_bound or self.step_time is None:
             return None
         return self.step_time / self.lower_bound - 1.0
+
+    @property
+    def reimported(self):
+        """Whether the compiled model is the signature flattened and imported anew (the
+        pipeline pass: stages, replicas, filter splits) rather than the original proto
+        with devices written in."""
+        return bool(self.stages or self.splits)
 
     def devices_used(self):
         return sorted(set(self.assignment.values()))

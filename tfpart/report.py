@@ -163,7 +163,7 @@ def _placement(plan, graph):
 
 def _schedule(plan, cost):
     from costmodel.gantt import write_gantt
-    from costmodel.simulate import simulate_plan
+    from costmodel.simulate import placed_cost, simulate
 
     if plan.replicas:
         schedule, cost = _replicas_schedule(plan, cost)
@@ -171,7 +171,8 @@ def _schedule(plan, cost):
         return ("<p>A pipelined plan: its schedule over micro-batches is summarised under "
                 "Pipeline.</p>")
     else:
-        schedule = simulate_plan(plan, cost)
+        cost, device_of = placed_cost(plan, cost)
+        schedule = simulate(cost, device_of)
     with tempfile.TemporaryDirectory() as directory:
         png = write_gantt(schedule, cost, Path(directory) / "gantt.png").read_bytes()
     data = base64.b64encode(png).decode()

@@ -13,6 +13,7 @@ from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
 from tfpart.runtime import canonical_device, load, random_inputs, runnable, same_device
 from tfpart.servers import cluster_errors
+from tfpart.splits import part_of
 
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
                "_DeviceArg", "_DeviceRetval", "NoOp"}
@@ -102,7 +103,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(actual, expected))
     planned = {op: device_map[d] for op, d in plan.assignment.items()}
     runs = [(name, device, op_types[name]) for name, device in placed.items()]
-    if plan.stages:  # each micro-batch's imported copy of the source's ops
+    if plan.reimported:  # each micro-batch's imported copy of the source's ops
         runs = [(n, d, t) for n, d, t in runs if original_op_name(n) != n]
     want = _planned_device(plan, planned, device_map)
     checked = [(name, device, op) for name, device, op in runs
@@ -124,14 +125,18 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
 def _planned_device(plan, planned, device_map):
     """The device an op of the compiled model should run on, by its name (None for
     ops the plan does not name): a replica's copy on the replica's device, unless it
-    reads a variable."""
+    reads a variable; a split op's slice on the slice's device."""
     from rewriters.pipeline import microbatch_of, original_op_name
 
     replicas = plan.replicas
     pinned = set(replicas["pinned"]) if replicas else set()
+    splits = plan.splits or {}
 
     def want(name):
         original = original_op_name(name)
+        part = part_of(original)
+        if part is not None and part[0] in splits:
+            return device_map[splits[part[0]]["devices"][part[1]]]
         if original not in planned:
             return None
         m = microbatch_of(name)
