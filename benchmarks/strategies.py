@@ -1,9 +1,9 @@
-"""Which strategy ``--strategy auto`` picks: op placement (greedy), pipeline or
-data-parallel replicas, by predicted step time, for example models (inference at batch
-32, and training steps) on every example cluster, side by side.
+"""Which strategy ``--strategy auto`` picks: op placement (greedy), pipeline,
+data-parallel replicas or filter split, by predicted step time, for example models
+(inference at batch 32, and training steps) on every example cluster, side by side.
 
-Predictions only: the measured comparison on two pinned workers (one slowed) against a
-hand-written ``MultiWorkerMirroredStrategy`` is still to be built (issue 15).
+Predictions only; the measured comparison on two pinned workers (one slowed) against
+a hand-written ``MultiWorkerMirroredStrategy`` is :mod:`benchmarks.uneven_workers`.
 
     .venv/bin/python -m benchmarks.strategies [--markdown]
 """
@@ -51,6 +51,8 @@ def choices(batch_size=32):
                 if plan.replicas:
                     shares = "/".join(str(round(f * batch_size))
                                       for f in plan.replicas["fractions"])
+                elif plan.splits:
+                    shares = f"{len(plan.splits)} ops split"
                 rows.append((name, cluster.name, *(
                     f"{strategy['step_times'][s] * 1e3:.3f}" if s in strategy["step_times"]
                     else "—" for s in STRATEGIES), strategy["chosen"], shares))
@@ -62,7 +64,7 @@ def main(argv=None):
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     columns = ("model", "cluster", *(f"{s} ms" for s in STRATEGIES), "chosen",
-               "replica shares")
+               "replica shares or splits")
     rows = choices()
     table = Table(title="Predicted step per strategy (batch 32) and auto's choice")
     for column in columns:

@@ -1,5 +1,6 @@
 """Training on two uneven workers: one worker, data parallel with equal shares and with
-shares by speed, and ``--strategy auto``'s choice, measured beside the predictions.
+shares by speed, filter split, and ``--strategy auto``'s choice, measured beside the
+predictions.
 
     python -m benchmarks.uneven_workers [--batch-size 64] [--rounds 2] [--repeats 5]
                                         [--model conv_tower] [--markdown]
@@ -17,8 +18,10 @@ training step (SGD with momentum) and timed on freshly started workers:
     alike (what a tool that ignores speed does);
 (c) data parallel, shares by speed: compiled for the cluster as it is (task 1 a CPU
     kind slower by the measured ratio);
-(d) ``--strategy auto`` on the cluster as it is;
-(e) for the conv tower, the same layers trained with a hand-written
+(d) filter split (``--strategy filter_split``): the convolutions and matmuls whose
+    split the cost model predicts to pay, their output channels shared by speed;
+(e) ``--strategy auto`` on the cluster as it is;
+(f) for the conv towers, the same layers trained with a hand-written
     ``tf.distribute.MultiWorkerMirroredStrategy`` loop (two processes, equal halves of
     the batch, gradients all-reduced by TensorFlow's collective ops): what a user would
     write without tfpart.
@@ -53,9 +56,11 @@ REPLICAS = ["--algorithm", "data_parallel", "--option", "replicas=2"]
 VARIANTS = [("(a) one worker", "uneven", ["--algorithm", "single"]),
             ("(b) data parallel, equal shares", "even", REPLICAS),
             ("(c) data parallel, shares by speed", "uneven", REPLICAS),
-            ("(d) --strategy auto", "uneven", ["--strategy", "auto"])]
+            ("(d) filter split", "uneven", ["--strategy", "filter_split"]),
+            ("(e) --strategy auto", "uneven", ["--strategy", "auto"])]
 LOOP = "import time, numpy as np; a = np.random.rand(300, 300); t = time.perf_counter()\n" \
        "for _ in range(300): a @ a\nprint(time.perf_counter() - t)"
+TOWERS = ("conv_tower", "wide_conv_tower")  # the models with a hand-written baseline
 SLOW_CORE = 1  # LocalWorkers pins task k to core k
 SLOW_KIND = "cpu_shared_core"
 
@@ -66,10 +71,10 @@ os.environ["TF_CONFIG"] = sys.argv[1]
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from examples.models import conv_tower
+from examples.models import TRAINABLE
 batch, repeats = int(sys.argv[2]), int(sys.argv[3])
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
-keras_model = conv_tower()
+keras_model = TRAINABLE[sys.argv[4]]()
 convs = [layer.get_weights() for layer in keras_model.layers if layer.get_weights()]
 with strategy.scope():
     weights = [tf.Variable(w) for pair in convs for w in pair]
@@ -104,7 +109,7 @@ def step(x, y):
     return loss
 
 
-x = tf.random.normal([batch // 2, 16, 16, 3])
+x = tf.random.normal([batch // 2, *keras_model.input_shape[1:]])
 y = tf.random.normal([batch // 2, 10])
 times = []
 for k in range(3 + repeats):
@@ -116,9 +121,9 @@ print(json.dumps(times))
 """
 
 
-def time_mirrored(work, batch_size, repeats):
+def time_mirrored(work, batch_size, repeats, model):
     """Seconds per step of a hand-written ``MultiWorkerMirroredStrategy`` training step
-    of the conv tower: two worker processes pinned like tfpart's, each computing half
+    of a conv tower (``model``): two worker processes pinned like tfpart's, each computing half
     the batch (the strategy's equal shares), gradients all-reduced by TensorFlow's
     collective ops; task 1 beside a busy loop."""
     from tfpart.local_workers import free_port
@@ -130,7 +135,7 @@ def time_mirrored(work, batch_size, repeats):
     workers = [subprocess.Popen(
         ["taskset", "-c", str(task), sys.executable, "-c", MIRRORED,
          json.dumps({"cluster": cluster, "task": {"type": "worker", "index": task}}),
-         str(batch_size), str(repeats)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         str(batch_size), str(repeats), model], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, env=env, cwd=work) for task in range(2)]
     hog = busy_loop(SLOW_CORE)
     try:
@@ -225,12 +230,12 @@ def main(argv=None):
         for _ in range(args.rounds):
             for out in outs:
                 samples[out] += time_on_uneven_workers(work, base, out, args.repeats)
-            if args.model == "conv_tower":
-                mirrored += time_mirrored(work, args.batch_size, args.repeats)
+            if args.model in TOWERS:
+                mirrored += time_mirrored(work, args.batch_size, args.repeats, args.model)
         rows = [row(label, Plan.load(out / "plan.json"), samples[out], args.batch_size)
                 for (label, _, _), out in zip(VARIANTS, outs)]
         if mirrored:
-            rows.append(["(e) hand-written MultiWorkerMirroredStrategy", "-",
+            rows.append(["(f) hand-written MultiWorkerMirroredStrategy", "-",
                          f"{args.batch_size // 2}/{args.batch_size // 2}",
                          f"{args.batch_size / statistics.median(mirrored):.1f}", "-"])
     finally:
@@ -252,9 +257,15 @@ def time_on_uneven_workers(work, cluster, out, repeats):
 
 
 def row(label, plan, seconds, batch_size):
-    replicas = plan.replicas
-    shares = "/".join(str(round(f * batch_size)) for f in replicas["fractions"]) \
-        if replicas else "-"
+    replicas, splits = plan.replicas, plan.splits or {}
+    if replicas:
+        shares = "/".join(str(round(f * batch_size)) for f in replicas["fractions"])
+    elif splits:
+        channels = [sum(split["sizes"]) for split in splits.values()]
+        fast = sum(split["sizes"][0] for split in splits.values())
+        shares = f"{len(splits)} ops split, {fast}/{sum(channels) - fast} channels"
+    else:
+        shares = "-"
     chosen = (plan.context.get("strategy") or {}).get("chosen", plan.algorithm)
     return [label, chosen, shares, f"{batch_size / statistics.median(seconds):.1f}",
             f"{batch_size / plan.step_time:.1f}"]

@@ -168,6 +168,13 @@ def conv_tower(layers=9, width=64, size=16, seed=0):
     return keras.Model(inputs, outputs, name="conv_tower")
 
 
+def wide_conv_tower(seed=0):
+    """:func:`conv_tower` with four layers of 256 filters over 8x8 maps: much arithmetic
+    per byte of activation, the layers on which splitting filters across devices can
+    pay (the uneven-workers benchmark's second model)."""
+    return conv_tower(layers=4, width=256, size=8, seed=seed)
+
+
 def export_conv_tower(path, layers=9, width=64, size=16, seed=0):
     """:func:`conv_tower` exported for inference."""
     conv_tower(layers, width, size, seed).export(str(path), verbose=False)
@@ -257,6 +264,7 @@ def dense_mlp(seed=1):
 
 TRAINABLE = {"mlp": dense_mlp, "cnn": residual_cnn, "cnn_bn": conv_batchnorm,
              "transformer": transformer_encoder, "conv_tower": conv_tower,
+             "wide_conv_tower": wide_conv_tower,
              "transformer_stack": transformer_stack, "gru": gru}
 OPTIMIZERS = {"sgd_momentum": lambda keras: keras.optimizers.SGD(0.01, momentum=0.9),
               "adam": lambda keras: keras.optimizers.Adam(1e-3)}

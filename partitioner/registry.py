@@ -7,7 +7,7 @@ its options into plan.json.
 Examples
 --------
 >>> sorted(REGISTRY)[:4]
-['data_parallel', 'greedy', 'ilp', 'm_etf']
+['data_parallel', 'filter_split', 'greedy', 'ilp']
 >>> parse_options("ilp", ["time_limit=5", "coarsen.target_units=20"])
 ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, link_queues=True, coarsen=CoarsenOptions(chains=True, name_scope_depth=None, target_units=20, weights_with_reader=False))
 >>> parse_options("greedy", ["insertion=maybe"])

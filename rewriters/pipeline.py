@@ -47,8 +47,10 @@ from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
 from tfpart.splits import SCOPE as SPLIT_SCOPE
 
-PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+|tfpart_update)/")
-MICROBATCH = re.compile(r"(?:^|/)tfpart_mb(\d+)_stage\d+/")
+# A piece imported twice under one prefix (a stage's forward, then its backward) gets
+# TensorFlow's unique-name suffix: tfpart_mb0_stage1_1/.
+PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+(?:_\d+)?|tfpart_update)/")
+MICROBATCH = re.compile(r"(?:^|/)tfpart_mb(\d+)_stage\d+(?:_\d+)?/")
 GATE = "tfpart_gate"
 
 
@@ -59,6 +61,8 @@ def original_op_name(name):
     'model/dense/MatMul'
     >>> original_op_name("StatefulPartitionedCall/tfpart_update/adam/Sqrt")
     'adam/Sqrt'
+    >>> original_op_name("StatefulPartitionedCall/tfpart_mb0_stage1_1/gradient_tape/MatMul")
+    'gradient_tape/MatMul'
     """
     return PIPELINE_PREFIX.sub("", name)
 

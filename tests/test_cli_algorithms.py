@@ -12,7 +12,7 @@ from tfpart.cli import main
 OPTIONS = {"greedy": ["refine_evaluations=5"], "ilp": ["time_limit=5", "max_units=8"],
            "single": [], "random": ["seed=7"], "round_robin": [], "m_topo": [], "m_etf": [],
            "min_cut": ["passes=2"], "topo_split": [], "pipeline": ["microbatches=2"],
-           "data_parallel": ["replicas=2"]}
+           "data_parallel": ["replicas=2"], "filter_split": ["candidates=3"]}
 
 
 def test_every_registered_algorithm_has_a_case():
@@ -63,7 +63,7 @@ def test_auto_strategy_keeps_the_least_predicted_step_and_says_why(capsys, tmp_p
     plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
     strategy = plan["context"]["strategy"]
     assert set(strategy["step_times"]) | set(strategy["refused"]) == \
-        {"greedy", "pipeline", "data_parallel"}
+        {"greedy", "pipeline", "data_parallel", "filter_split"}
     assert strategy["chosen"] == min(strategy["step_times"], key=strategy["step_times"].get)
     assert plan["predicted"]["step_time"] == strategy["step_times"][strategy["chosen"]]
     assert f"Strategy {strategy['chosen']}: the least predicted step" in out
@@ -71,10 +71,14 @@ def test_auto_strategy_keeps_the_least_predicted_step_and_says_why(capsys, tmp_p
 
 @pytest.mark.parametrize("strategy, algorithm", [("placement", "greedy"),
                                                  ("pipeline", "pipeline"),
-                                                 ("data_parallel", "data_parallel")])
+                                                 ("data_parallel", "data_parallel"),
+                                                 ("filter_split", "filter_split")])
 def test_a_forced_strategy_is_the_plan(strategy, algorithm, capsys, tmp_path):
     assert main(["compile", "--batch-size", "8", "--strategy", strategy, "-o",
                  str(tmp_path / "out")]) == 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["algorithm"] == algorithm and "strategy" not in plan["context"]
     assert (plan["replicas"] is not None) == (strategy == "data_parallel")
+    assert bool(plan.get("splits")) == (strategy == "filter_split")
+    if strategy == "filter_split":
+        assert "Filter split: " in capsys.readouterr().out

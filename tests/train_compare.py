@@ -153,6 +153,8 @@ def compare(source, out, cluster_file, cluster, args):
         "replicas": result.plan.replicas, "splits": result.plan.splits,
         "split_types": sorted({result.graph.ops[op]["op_type"]
                                for op in result.plan.splits or ()}),
+        "splits_read": [op for op in result.plan.splits or ()
+                        if result.graph.out_degree(op)],
         "parts_ran_on": sorted({(name, device) for name, device in report.placement.items()
                                 if "/tfpart_split/part" in name}),
         "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,

@@ -44,6 +44,24 @@ def replicas_line(plan):
     return f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); {where}"
 
 
+def splits_line(plan):
+    """One line on a plan's filter splits: how many ops, over which devices.
+
+    >>> from tfpart.plan import Plan
+    >>> splits_line(Plan(assignment={}, splits={"conv": {
+    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "sizes": [40, 24]}}))
+    'Filter split: 1 op in slices of its output channels (conv: /device:CPU:0 40, /device:CPU:1 24)'
+    """
+    splits = plan.splits
+    if not splits:
+        return "Filter split: no split shortens the predicted step; a placement of whole ops"
+    shown = [f"{op}: " + ", ".join(f"{d} {size}" for d, size in zip(s["devices"], s["sizes"]))
+             for op, s in list(splits.items())[:3]]
+    more = f"; and {len(splits) - 3} more" if len(splits) > 3 else ""
+    return (f"Filter split: {len(splits)} op{'s' if len(splits) > 1 else ''} in slices of "
+            f"{'their' if len(splits) > 1 else 'its'} output channels ({'; '.join(shown)}{more})")
+
+
 def strategy_line(strategy):
     """Why ``--strategy auto`` chose what it chose (``plan.context["strategy"]``).
 
@@ -119,6 +137,8 @@ def print_plan(result, default_cluster):
         console.print(strategy_line(strategy))
     if plan.replicas:
         console.print(replicas_line(plan))
+    elif plan.algorithm == "filter_split":
+        console.print(splits_line(plan))
     elif plan.stages:
         p = plan.predicted.pipeline
         schedule = f" ({plan.schedule} schedule)" if plan.schedule else ""
@@ -178,8 +198,8 @@ def cmd_compile(args):
         or args.strategy == "pipeline"
     strategy = args.strategy or ("auto" if args.algorithm is None and not pipeline
                                  and not args.option else None)
-    algorithm = "pipeline" if pipeline else "data_parallel" \
-        if strategy == "data_parallel" else args.algorithm or "greedy"
+    algorithm = "pipeline" if pipeline else strategy \
+        if strategy in ("data_parallel", "filter_split") else args.algorithm or "greedy"
     options = algorithm_options(algorithm, args.option or ())  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
@@ -440,10 +460,12 @@ def build_parser():
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
     compile_.add_argument("--strategy", choices=["auto", "placement", "pipeline",
-                                                 "data_parallel"],
+                                                 "data_parallel", "filter_split"],
                           help="auto (the default without --algorithm, --option or "
                           "pipeline flags): the fastest by predicted step of an op "
-                          "placement, a pipeline and data-parallel replicas; or force one")
+                          "placement, a pipeline, data-parallel replicas and an op "
+                          "placement with convolutions and matmuls split across "
+                          "devices; or force one")
     compile_.add_argument("--algorithm", help="placement algorithm (see the README's "
                           "table; default greedy; `pipeline` is --pipeline)")
     compile_.add_argument("--option", action="append", metavar="KEY=VALUE",

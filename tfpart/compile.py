@@ -119,7 +119,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     training step's pipeline schedule, else the faster one within memory. ``tf32`` (default: the cluster's)
     says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`).
     ``strategy="auto"`` (unless a pipeline is asked for) plans an op placement
-    (greedy), a pipeline and data-parallel replicas, each with default options, and
+    (greedy), a pipeline, data-parallel replicas and a placement with filter splits,
+    each with default options, and
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
     each one's step time and why any was impossible."""
     from rewriters.reader import read_model
@@ -142,7 +143,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                      tf32=tf32)
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
-    what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas"}
+    what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
+            "filter_split": "a placement with filter splits"}
     tried, failures = {}, {}
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:  # micro-batches and replicas split every input
@@ -180,7 +182,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     return plan, graph, info, proto, timings
 
 
-STRATEGIES = ("greedy", "pipeline", "data_parallel")  # what --strategy auto compares
+# what --strategy auto compares; on equal steps the first (the simplest) wins
+STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split")
 
 
 def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):

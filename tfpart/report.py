@@ -212,6 +212,12 @@ def _pipeline(plan):
                     ("replica", "device", "share", "samples"),
                     [(r, d, f"{f:.3f}", round(f * batch)) for r, (d, f) in
                      enumerate(zip(replicas["devices"], replicas["fractions"]))]))
+    if plan.splits:
+        return ("<p>Not pipelined. Filter splits: each op's output channels computed in "
+                "slices on several devices, concatenated on the op's own device.</p>"
+                + _table(("op", "slices (device: channels)"),
+                         [(op, ", ".join(f"{d}: {n}" for d, n in zip(s["devices"], s["sizes"])))
+                          for op, s in sorted(plan.splits.items())]))
     if pipeline is None:
         return "<p>Not pipelined.</p>"
     rows = [(k, s.device, s.units, f"{s.load * 1e3:.3f}")

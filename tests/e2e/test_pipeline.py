@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+from rewriters.pipeline import original_op_name
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
+from tfpart.splits import part_of
 from tfpart.verification import verify
 
 pytestmark = pytest.mark.slow
@@ -152,3 +154,30 @@ def test_data_parallel_replicas_match_the_original(name, exported, local_cpus, w
         assert report.op_mismatches == [] and report.variable_mismatches == []
         used = {device for device in report.placement.values()}
         assert len(used) >= 3 if batch >= 3 else True
+
+
+@pytest.mark.parametrize("name", ["residual_cnn", "conv_batchnorm", "parallel_dense"])
+def test_filter_split_models_match_the_original(name, exported, local_cpus, write_cluster,
+                                                tmp_path):
+    """Every convolution and matmul split across three CPUs, the third a third as fast
+    (uneven slices): the same outputs at any batch size, each slice where the plan
+    puts it, the split ops (now the concatenations) on their own devices."""
+    from tests.train_compare import uneven
+
+    model, out = exported(name), tmp_path / "out"
+    result = compile_model(model, write_cluster(uneven(local_cluster(3))), out,
+                           batch_size=8, algorithm="filter_split",
+                           options={"min_gain": -1e9, "candidates": 10 ** 6})
+    splits = result.plan.splits
+    splittable = [op for op, attrs in result.graph.ops.items() if attrs.get("sliced")]
+    assert splittable and set(splits) == set(splittable)
+    assert any(len(set(split["sizes"])) > 1 for split in splits.values())  # uneven
+    for batch in (1, 8, 13):
+        report = verify(model, out, batch_size=batch)
+        assert report.outputs_equal, (batch, report.max_abs_diff)
+        assert report.op_mismatches == [] and report.variable_mismatches == []
+        slices = {(part_of(original_op_name(name))[0], device)
+                  for name, device in report.placement.items() if "/tfpart_split/part" in name}
+        assert {op for op, _ in slices} == set(splits)
+        for op, split in splits.items():
+            assert len({device for o, device in slices if o == op}) == len(split["devices"])

@@ -9,14 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rewriters.pipeline import original_op_name
+from tfpart.splits import part_of
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
-            replicas=None):
+            replicas=None, split=False):
     options = [f"--{key}={value}" for key, value in [
         ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
-        ("replicas", replicas)] if value is not None]
+        ("replicas", replicas)] if value is not None] + (["--split"] if split else [])
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
                            optimizer, *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
@@ -181,3 +184,30 @@ def test_micro_batches_of_a_batch_norm_training_step_are_refused_in_one_line(tmp
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "mixes the samples of a batch" in err and "batch_normalization" in err
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, optimizer, workers, types", [
+    ("cnn", "adam", None, {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"}),
+    pytest.param("mlp", "sgd_momentum", None, {"MatMul"}, marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 3, {"MatMul"}, marks=pytest.mark.any_onednn)])
+def test_filter_split_training_trains_like_the_original(tmp_path, model, optimizer, workers,
+                                                        types):
+    """Every convolution and matmul of the step split, forward and backward: on three
+    logical CPUs (the third a third as fast, so the CNN's slices are uneven) or on three
+    ``tfpart worker`` processes."""
+    run = compare(tmp_path, model, optimizer, workers=workers, split=True)
+    assert set(run["split_types"]) == types
+    if model == "cnn":
+        assert any(len(set(s["sizes"])) > 1 for s in run["splits"].values())
+    ran_on = {}
+    for name, device in run["parts_ran_on"]:
+        ran_on.setdefault(part_of(original_op_name(name))[0], set()).add(device)
+    # every split op whose result is read ran in slices (TensorFlow prunes the rest:
+    # the gradient with respect to the input image)
+    assert set(ran_on) == set(run["splits_read"])
+    assert all(len(devices) >= 2 for devices in ran_on.values())
+    assert run["outputs_equal"] and run["op_mismatches"] == []
+    assert run["variables_misplaced"] == []
+    np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-5, atol=1e-7)
+    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-5)
