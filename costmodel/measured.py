@@ -70,7 +70,10 @@ def fit_efficiency(ops, kind, step_time=None):
 
     The op overhead is the median time of ops doing almost no work; each class's
     efficiency is the median of raw roofline time / (measured time - overhead) over its
-    measured ops. Classes without measurements keep the kind's datasheet guess. The
+    measured ops whose raw roofline time is at least that overhead, if it has any (a
+    smaller op's time is mostly overhead and noise, which says little of its class's
+    throughput), else over all its measured ops. Classes without measurements keep the
+    kind's datasheet guess. The
     dispatch overhead is the executor's time between ops: the measured step time less
     the ops' own times, shared over the ops that ran.
     """
@@ -80,7 +83,7 @@ def fit_efficiency(ops, kind, step_time=None):
     overhead = statistics.median(small) if small else kind.op_overhead_s
     efficiency = {cls: value.to_json() for cls, value in kind.efficiency.items()}
     for cls in CLASSES:
-        ratios = []
+        ratios, large = [], []
         for op in timed:
             if op_class(op["op_type"]) != cls:
                 continue
@@ -88,10 +91,12 @@ def fit_efficiency(ops, kind, step_time=None):
             spent = op["time_s"] - overhead
             if raw > 0 and spent > 0:
                 ratios.extend([raw / spent] * op["count"])
+                if raw >= overhead:
+                    large.extend([raw / spent] * op["count"])
         if ratios:  # measured: replaces the kind's figures for the class and its parts
             efficiency = {name: value for name, value in efficiency.items()
                           if class_lineage(name)[-1] != cls}
-            efficiency[cls] = min(statistics.median(ratios), 10.0)
+            efficiency[cls] = min(statistics.median(large or ratios), 10.0)
     ran = sum(op["count"] for op in ops if op["time_s"] > 0)
     own = sum(op["count"] * op["time_s"] for op in ops)
     dispatch = max(0.0, (step_time - own) / ran) if step_time and ran else 0.0

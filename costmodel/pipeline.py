@@ -270,7 +270,8 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
 def replicas_graph(graph, fractions, replica_devices, home, pinned):
     """Data-parallel replicas of a graph, for the simulator: replica ``r`` runs a copy
     of the per-sample ops (named ``rep<r>/<op>``), costed for ``fractions[r]`` of the
-    batch, on device index ``replica_devices[r]``; variables, a training step's update
+    batch, on device index ``replica_devices[r]`` (or, for a replica placed across
+    devices, on ``replica_devices[r][op]``); variables, a training step's update
     ops and the ``pinned`` ops (those that read a variable's resource, which
     TensorFlow runs where the variable is) run on device ``home``, the update once on
     every replica's gradients.
@@ -302,7 +303,8 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
             replicated.add_op(f"rep{r}/{op}", **dict(
                 attrs, colocation=f"rep{r}/{attrs['colocation']}" if own
                 else attrs["colocation"]))
-            placement[f"rep{r}/{op}"] = device if own else home
+            placement[f"rep{r}/{op}"] = home if not own else \
+                device[op] if isinstance(device, dict) else device
         for src, dst, edge in scaled.edges():
             if src in shared and dst in shared:
                 if r == 0:
@@ -313,9 +315,22 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     return replicated, placement
 
 
-def replicas_cost(cost, fractions, devices, pinned):
-    """The cost model of :func:`replicas_graph` (the home is ``devices[0]``, the
-    fastest replica's device) and the device index of each of its ops."""
-    replicated, where = replicas_graph(cost.graph, fractions, devices, devices[0], pinned)
+def replicas_cost(cost, fractions, devices, pinned, home=None):
+    """The cost model of :func:`replicas_graph` (the home is ``home``, by default
+    ``devices[0]``, the fastest replica's device) and the device index of each of its
+    ops."""
+    home = devices[0] if home is None else home
+    replicated, where = replicas_graph(cost.graph, fractions, devices, home, pinned)
     replicated_cost = cost.of(replicated)
     return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
+
+
+def plan_replicas_cost(cost, replicas):
+    """:func:`replicas_cost` of a plan's ``replicas`` (device names; a replica placed
+    across devices has its ``placements`` entry)."""
+    index = {name: d for d, name in enumerate(cost.cluster.device_names)}
+    placements = replicas.get("placements")
+    devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \
+        if placements else [index[d] for d in replicas["devices"]]
+    return replicas_cost(cost, replicas["fractions"], devices, set(replicas["pinned"]),
+                         index[replicas["devices"][0]])

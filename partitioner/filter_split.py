@@ -1,5 +1,6 @@
-"""Filter split: the greedy's placement, with its heaviest convolutions and matmuls
-split along their output channels across devices in proportion to their speed.
+"""Filter split: an op placement (the greedy's, or one device) with its heaviest
+convolutions and matmuls split along their output channels across devices, in
+proportion to their speed.
 
 Following Moreno-Álvarez et al., a layer's filters are shared among devices by their
 measured speed with a largest-remainder rounding (:mod:`partitioner.shares`); here the
@@ -8,12 +9,14 @@ nothing takes no part. The op's slices then run at once on their devices, which 
 when one layer dominates the step, or when the model fits on every device so that
 placing whole ops leaves the others idle. Whether it pays is decided by simulation
 (:func:`costmodel.splits.split_graph` prices the slices, the broadcast of the other
-operands and the gather of the outputs): starting from the greedy's placement, the
-``candidates`` splittable ops of longest time are tried, heaviest first, each over the
-2, 3, … fastest devices for it, and a split is kept when it shortens the simulated step
-by at least ``min_gain`` and fits in memory. Backward ops of a training step split the
-same way (a filter gradient along its output channels, an input gradient along its
-input channels), each on its own.
+operands and the gather of the outputs): from a placement, the ``candidates``
+splittable ops of longest time are tried, heaviest first, each over the 2, 3, …
+fastest devices for it, and a split is kept when it shortens the simulated step by at
+least ``min_gain`` and fits in memory. The search runs from the greedy's placement and
+from the fastest single device (where the other devices are still free to take
+slices); the faster result is kept. Backward ops of a training step split the same way
+(a filter gradient along its output channels, an input gradient along its input
+channels), each on its own.
 
 References
 ----------
@@ -52,6 +55,7 @@ from costmodel.simulate import simulate
 from costmodel.splits import split_cost
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
+from partitioner.list_schedules import fastest_single_device
 from partitioner.shares import proportional_shares
 from tfpart.plan import Plan
 
@@ -61,16 +65,16 @@ class FilterSplitOptions:
     """``candidates``: how many splittable ops (the longest first) are tried;
     ``max_devices``: the most devices one op is split over (None: every device that
     runs it); ``min_gain``: the fraction of the step a split must save to be kept;
-    ``greedy``: the options of the placement the splits start from."""
+    ``greedy``: the options of the greedy placement the splits may start from."""
 
-    candidates: int = 8
+    candidates: int = 16
     max_devices: int | None = None
     min_gain: float = 0.005
     greedy: GreedyOptions = field(default_factory=GreedyOptions)
 
 
 def partition(cost, options=FilterSplitOptions()):
-    """The greedy's placement of ``cost.graph`` with the splits that shorten its step
+    """An op placement of ``cost.graph`` with the splits that shorten its step
     (``plan.splits``; empty if none does).
 
     Raises
@@ -78,16 +82,12 @@ def partition(cost, options=FilterSplitOptions()):
     tfpart.errors.PlacementError
         As the greedy does: an op no device runs, or no placement fits in memory.
     """
-    device_of, _ = greedy_placement(cost, options.greedy)
-    splits, step = {}, simulate(cost, device_of, memory=False).makespan
-    for op in _candidates(cost, device_of, options.candidates):
-        best = None
-        for trial in _device_choices(cost, op, options.max_devices):
-            trial_step = _simulated_step(cost, {**splits, op: trial}, device_of)
-            if trial_step is not None and (best is None or trial_step < best[1]):
-                best = trial, trial_step
-        if best is not None and best[1] < step * (1.0 - options.min_gain):
-            splits[op], step = best
+    starts = [greedy_placement(cost, options.greedy)[0]]
+    single = fastest_single_device(cost)
+    if single is not None:
+        starts.append(np.full(len(cost.ops), single[0]))
+    device_of, splits, _ = min((_split_search(cost, start, options) for start in starts),
+                               key=lambda found: found[2])
     split_costs, split_device_of = split_cost(cost, splits, device_of)
     figures = make_plan(split_costs, split_device_of, "filter_split", options)
     names = cost.cluster.device_names
@@ -98,19 +98,36 @@ def partition(cost, options=FilterSplitOptions()):
                 predicted=figures.predicted, lower_bound=figures.lower_bound)
 
 
+def _split_search(cost, device_of, options):
+    """``(device_of, splits, simulated step)``: the splits kept, heaviest op first, from
+    the placement ``device_of``."""
+    splits, step = {}, simulate(cost, device_of, memory=False).makespan
+    for op in _candidates(cost, device_of, options.candidates):
+        best = None
+        for trial in _device_choices(cost, op, options.max_devices):
+            trial_step = _simulated_step(cost, {**splits, op: trial}, device_of)
+            if trial_step is not None and (best is None or trial_step < best[1]):
+                best = trial, trial_step
+        if best is not None and best[1] < step * (1.0 - options.min_gain):
+            splits[op], step = best
+    return device_of, splits, step
+
+
 def _candidates(cost, device_of, count):
-    """The splittable ops (two channels or more) of longest time where placed."""
+    """The splittable ops (two channels or more, some time) of longest time where
+    placed."""
     splittable = [op for op, attrs in cost.graph.ops.items()
                   if attrs.get("sliced") and attrs["outputs"][0][0][-1:] > (1,)]
     time = {op: cost.compute[cost.index[op], device_of[cost.index[op]]] for op in splittable}
-    return sorted(splittable, key=lambda op: -time[op])[:count]
+    return sorted((op for op in splittable if time[op] > 0), key=lambda op: -time[op])[:count]
 
 
 def _device_choices(cost, op, max_devices):
     """``(devices, sizes)`` over the 2, 3, … devices fastest for ``op``, its channels
     shared by their speed (devices whose share rounds to nothing left out)."""
     times = cost.compute[cost.index[op]]
-    fastest = [int(d) for d in np.argsort(times, kind="stable") if np.isfinite(times[d])]
+    fastest = [int(d) for d in np.argsort(times, kind="stable")
+               if np.isfinite(times[d]) and times[d] > 0]
     channels = cost.graph.ops[op]["outputs"][0][0][-1]
     seen = set()
     for k in range(2, min(len(fastest), max_devices or len(fastest)) + 1):

@@ -309,7 +309,9 @@ class _PipelineBody:
         piece, members = self.pieces[key], self.members[key]
         replicas = self.plan.replicas
         if replicas and replica is not None:
-            piece = _on_replica(piece, replicas["devices"][replica], self.pinned)
+            placements = replicas.get("placements")
+            piece = _on_replica(piece, replicas["devices"][replica], self.pinned,
+                                placements[replica] if placements else None)
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -350,13 +352,14 @@ def _split(rows, m_count, replicas):
     return [sizes[m] for m in range(m_count)], [offsets[m] for m in range(m_count)]
 
 
-def _on_replica(piece, device, pinned):
-    """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones."""
+def _on_replica(piece, device, pinned, placement=None):
+    """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones; with a
+    ``placement`` (a hybrid plan's replica), each op it names on its device there."""
     moved = type(piece)()
     moved.CopyFrom(piece)
     for node in moved.node:
         if node.name not in pinned:
-            node.device = device
+            node.device = (placement or {}).get(node.name, device)
     return moved
 
 

@@ -6,13 +6,16 @@ import json
 import pytest
 
 from partitioner.registry import REGISTRY
+from profiles import CLUSTERS_DIR
 from tfpart.cli import main
 
 # One option per algorithm, set away from its default where it has any.
 OPTIONS = {"greedy": ["refine_evaluations=5"], "ilp": ["time_limit=5", "max_units=8"],
            "single": [], "random": ["seed=7"], "round_robin": [], "m_topo": [], "m_etf": [],
            "min_cut": ["passes=2"], "topo_split": [], "pipeline": ["microbatches=2"],
-           "data_parallel": ["replicas=2"], "filter_split": ["candidates=3"]}
+           "data_parallel": ["replicas=2"], "filter_split": ["candidates=3"], "hybrid": ["groups=2"]}
+# Replicas of a placement need groups of two devices or more: four devices.
+CLUSTERS = {"hybrid": str(CLUSTERS_DIR / "4xT4_one_host.json")}
 
 
 def test_every_registered_algorithm_has_a_case():
@@ -22,6 +25,8 @@ def test_every_registered_algorithm_has_a_case():
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_algorithm_and_options_from_the_cli(name, capsys, tmp_path):
     argv = ["compile", "--algorithm", name, "--batch-size", "4", "-o", str(tmp_path / "out")]
+    if name in CLUSTERS:
+        argv += ["--cluster", CLUSTERS[name]]
     for option in OPTIONS[name]:
         argv += ["--option", option]
     assert main(argv) == 0, capsys.readouterr().err
@@ -63,7 +68,7 @@ def test_auto_strategy_keeps_the_least_predicted_step_and_says_why(capsys, tmp_p
     plan = json.loads((tmp_path / "auto" / "plan.json").read_text())
     strategy = plan["context"]["strategy"]
     assert set(strategy["step_times"]) | set(strategy["refused"]) == \
-        {"greedy", "pipeline", "data_parallel", "filter_split"}
+        {"greedy", "pipeline", "data_parallel", "filter_split", "hybrid"}
     assert strategy["chosen"] == min(strategy["step_times"], key=strategy["step_times"].get)
     assert plan["predicted"]["step_time"] == strategy["step_times"][strategy["chosen"]]
     assert f"Strategy {strategy['chosen']}: the least predicted step" in out

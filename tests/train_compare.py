@@ -15,6 +15,8 @@ import numpy as np
 
 STEPS = 20
 BATCH = 6
+# Links fast enough that a small model's replica spreads over its group's devices.
+FAST_LINKS = {"same_host": {"bandwidth": "50GB/s", "latency": "1us"}}
 
 
 def batches(signature, seed=0):
@@ -89,6 +91,8 @@ def main(argv=None):
     parser.add_argument("--replicas", type=int, help="data-parallel replicas")
     parser.add_argument("--split", action="store_true",
                         help="split every convolution and matmul across the devices")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="two replicas of a placement over four devices")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -98,7 +102,7 @@ def main(argv=None):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     from tfpart.runtime import ensure_local_cpus
 
-    ensure_local_cpus(3)
+    ensure_local_cpus(4 if args.hybrid else 3)
 
     from examples.models import export_training_step
     from tests.conftest import local_cluster
@@ -112,7 +116,8 @@ def main(argv=None):
         cluster_file = workers.path if args.workers else directory / "cluster.json"
         if not args.workers:
             cluster_file.write_text(json.dumps(
-                uneven(local_cluster(3)) if args.replicas or args.split
+                dict(uneven(local_cluster(4)), links=FAST_LINKS) if args.hybrid
+                else uneven(local_cluster(3)) if args.replicas or args.split
                 else local_cluster(3)))
         cluster = load_cluster(cluster_file) if args.workers else None
         print(json.dumps(compare(source, directory / "out", cluster_file, cluster, args)))
@@ -126,8 +131,11 @@ def compare(source, out, cluster_file, cluster, args):
     from tfpart.runtime import load, runnable
     from tfpart.verification import verify
 
-    pipelined = args.microbatches is not None or args.replicas is not None or args.split
-    if args.replicas is not None:
+    pipelined = args.microbatches is not None or args.replicas is not None or args.split \
+        or args.hybrid
+    if args.hybrid:
+        how = {"algorithm": "hybrid", "options": {"groups": 2}}
+    elif args.replicas is not None:
         how = {"algorithm": "data_parallel", "options": {"replicas": args.replicas}}
     elif args.split:  # whatever the cost model says: split every splittable op
         how = {"algorithm": "filter_split", "options": {"min_gain": -1e9, "candidates": 10**6}}

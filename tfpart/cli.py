@@ -34,11 +34,18 @@ def replicas_line(plan):
     ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
     ...     "pinned": []}))
     'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); variables on /device:CPU:0'
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, replicas={
+    ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
+    ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
+    'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
     """
     batch = plan.context.get("batch_size") or 1
     replicas = plan.replicas
-    shares = ", ".join(f"{device} {round(f * batch)} samples" for device, f in
-                       zip(replicas["devices"], replicas["fractions"]))
+    placements = replicas.get("placements") or [{}] * len(replicas["devices"])
+    shares = ", ".join(
+        "+".join([device, *sorted(set(placement.values()) - {device})])
+        + f" {round(f * batch)} samples"
+        for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
     where = (f"gradients summed and the update run once on {replicas['devices'][0]}"
              if plan.schedule else f"variables on {replicas['devices'][0]}")
     return f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); {where}"
@@ -199,7 +206,7 @@ def cmd_compile(args):
     strategy = args.strategy or ("auto" if args.algorithm is None and not pipeline
                                  and not args.option else None)
     algorithm = "pipeline" if pipeline else strategy \
-        if strategy in ("data_parallel", "filter_split") else args.algorithm or "greedy"
+        if strategy in ("data_parallel", "filter_split", "hybrid") else args.algorithm or "greedy"
     options = algorithm_options(algorithm, args.option or ())  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
@@ -460,12 +467,14 @@ def build_parser():
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
     compile_.add_argument("--strategy", choices=["auto", "placement", "pipeline",
-                                                 "data_parallel", "filter_split"],
+                                                 "data_parallel", "filter_split",
+                                                 "hybrid"],
                           help="auto (the default without --algorithm, --option or "
                           "pipeline flags): the fastest by predicted step of an op "
-                          "placement, a pipeline, data-parallel replicas and an op "
+                          "placement, a pipeline, data-parallel replicas, an op "
                           "placement with convolutions and matmuls split across "
-                          "devices; or force one")
+                          "devices, and replicas of an op placement (hybrid); or force "
+                          "one")
     compile_.add_argument("--algorithm", help="placement algorithm (see the README's "
                           "table; default greedy; `pipeline` is --pipeline)")
     compile_.add_argument("--option", action="append", metavar="KEY=VALUE",

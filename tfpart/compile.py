@@ -119,8 +119,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     training step's pipeline schedule, else the faster one within memory. ``tf32`` (default: the cluster's)
     says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`).
     ``strategy="auto"`` (unless a pipeline is asked for) plans an op placement
-    (greedy), a pipeline, data-parallel replicas and a placement with filter splits,
-    each with default options, and
+    (greedy), a pipeline, data-parallel replicas, a placement with filter splits and
+    replicas of a placement (hybrid), each with default options, and
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
     each one's step time and why any was impossible."""
     from rewriters.reader import read_model
@@ -144,7 +144,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
-            "filter_split": "a placement with filter splits"}
+            "filter_split": "a placement with filter splits",
+            "hybrid": "replicas of a placement"}
     tried, failures = {}, {}
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:  # micro-batches and replicas split every input
@@ -183,7 +184,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 
 # what --strategy auto compares; on equal steps the first (the simplest) wins
-STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split")
+STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split", "hybrid")
 
 
 def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):

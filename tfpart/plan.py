@@ -96,7 +96,8 @@ class Plan:
     schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
     # data-parallel: {"devices": [...], "fractions": [...], "pinned": [op, ...]}: replica
     # r (micro-batch r) runs the staged ops on devices[r] over its share of the batch
-    # (largest remainder of fractions), except the pinned ops (variable reads)
+    # (largest remainder of fractions), except the pinned ops (variable reads); a hybrid
+    # plan's replica r runs each op on placements[r][op] instead (devices[r] leads it)
     replicas: dict | None = None
     # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
     # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)

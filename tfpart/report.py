@@ -181,15 +181,11 @@ def _schedule(plan, cost):
 
 def _replicas_schedule(plan, cost):
     """The simulated step of a data-parallel plan (every replica's copy of the ops on
-    its device) and the cost model of that replicated graph."""
-    from costmodel.pipeline import replicas_cost
+    its devices) and the cost model of that replicated graph."""
+    from costmodel.pipeline import plan_replicas_cost
     from costmodel.simulate import simulate
 
-    names = cost.cluster.device_names
-    replicas = plan.replicas
-    replicated_cost, device_of = replicas_cost(
-        cost, replicas["fractions"], [names.index(d) for d in replicas["devices"]],
-        set(replicas["pinned"]))
+    replicated_cost, device_of = plan_replicas_cost(cost, plan.replicas)
     return simulate(replicated_cost, device_of), replicated_cost
 
 

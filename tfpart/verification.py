@@ -141,7 +141,9 @@ def _planned_device(plan, planned, device_map):
             return None
         m = microbatch_of(name)
         if replicas and m is not None and original not in pinned:
-            return device_map[replicas["devices"][m]]
+            placements = replicas.get("placements")
+            device = placements[m].get(original) if placements else None
+            return device_map[device or replicas["devices"][m]]
         return planned[original]
     return want
 

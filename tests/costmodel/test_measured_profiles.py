@@ -169,3 +169,24 @@ def test_a_profile_of_a_kind_the_cluster_declares_is_read_with_that_cluster(tmp_
     assert profile.device_kind == "cpu_shared_core"
     with pytest.raises(ProfileError, match="unknown kind 'cpu_shared_core'"):
         load_profiles([path])
+
+
+def test_tiny_ops_do_not_set_their_class_throughput():
+    """A class's efficiency comes from its ops that do more work than an op's overhead:
+    a 4 MB BroadcastTo at 90% of the bandwidth, beside gathers of a few bytes that take
+    microseconds, gives about 0.9, not the gathers' 1e-4."""
+    from costmodel.measured import fit_efficiency
+    from tfpart.cluster import load_device_kinds
+
+    cpu = load_device_kinds()["cpu"]
+    overhead = 6.5e-6  # the median time of the ops doing almost no work
+    ops = [{"op_type": "Relu", "input_shapes": [[4]], "flops": 0.0, "bytes_accessed": 32.0,
+            "time_s": 2e-6, "count": 5},
+           {"op_type": "GatherV2", "input_shapes": [[4], [2], []], "flops": 0.0,
+            "bytes_accessed": 36.0, "time_s": 1.1e-5, "count": 3},
+           {"op_type": "BroadcastTo", "input_shapes": [[64, 1, 1, 256], [4]], "flops": 0.0,
+            "bytes_accessed": 4.26e6, "time_s": overhead + 4.26e6 / cpu.memory_bandwidth / 0.9,
+            "count": 1}]
+    fitted = fit_efficiency(ops, cpu)
+    assert fitted["op_overhead_s"] == pytest.approx(overhead)
+    assert fitted["efficiency"]["data_movement"] == pytest.approx(0.9)

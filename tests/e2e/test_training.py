@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
-            replicas=None, split=False):
+            replicas=None, split=False, hybrid=False):
     options = [f"--{key}={value}" for key, value in [
         ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
-        ("replicas", replicas)] if value is not None] + (["--split"] if split else [])
+        ("replicas", replicas)] if value is not None] + (["--split"] if split else []) \
+        + (["--hybrid"] if hybrid else [])
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
                            optimizer, *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
@@ -127,6 +128,26 @@ def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimiz
     assert sum(shares) == batch and shares == sorted(shares, reverse=True)
     if replicas == 3 and workers is None:
         assert shares == [3, 2, 1]  # the slow CPU's share
+    assert_split_batches_train_like_the_original(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, optimizer, workers", [
+    ("cnn", "adam", None),
+    pytest.param("mlp", "sgd_momentum", None, marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 4, marks=pytest.mark.any_onednn)])
+def test_replicas_of_a_placement_train_like_the_original(tmp_path, model, optimizer, workers):
+    """Hybrid: two replicas on four CPUs, each replica's ops placed across its group of
+    two: logical CPUs with fast links (the fourth a third as fast), or four ``tfpart
+    worker`` processes."""
+    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=True)
+    replicas = run["replicas"]
+    groups = [set(placement.values()) for placement in replicas["placements"]]
+    assert len(groups) == 2 and not groups[0] & groups[1]
+    if workers is None:
+        assert any(len(group) == 2 for group in groups)  # a replica spread over its group
+    shares = [round(f * 6) for f in replicas["fractions"]]
+    assert sum(shares) == 6
     assert_split_batches_train_like_the_original(run)
 
 

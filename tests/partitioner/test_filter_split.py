@@ -115,3 +115,16 @@ def test_shares_follow_each_device_speed_and_slow_links_forbid_splits():
     assert abs(sizes[0] / n - (1 / times[0]) / (1 / times[0] + 1 / times[1])) < 1 / n + 1e-9
     assert plan.splits["y"]["devices"] == fast.cluster.device_names  # the V100 first
     assert filter_split.partition(CostModel(graph, cluster("1GB/s"))).splits == {}
+
+
+def test_an_op_measured_at_no_time_is_not_split():
+    """A measured profile can time a tiny op at zero: nothing to share, no speed."""
+    cluster = cluster_from_dict({"name": "two", "devices": [
+        {"name": "/device:CPU:0", "kind": "cpu"}, {"name": "/device:CPU:1", "kind": "cpu"}]})
+    graph = OpGraph()
+    graph.add_op("w", op_type="Const", outputs=[((4, 4), "float32")])
+    graph.add_op("y", op_type="MatMul", input_shapes=((4, 4), (4, 4)),
+                 outputs=[((4, 4), "float32")], cost=dict.fromkeys(cluster.device_names, 0.0),
+                 sliced={"input": 1, "axis": 1, "producer": "w"})
+    graph.add_edge("w", "y", bytes=64)
+    assert filter_split.partition(CostModel(graph, cluster)).splits == {}

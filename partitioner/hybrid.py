@@ -1,0 +1,165 @@
+"""Hybrid: data-parallel replicas of an op placement. The devices form groups of two or
+more; each group runs a replica of the step placed across its devices by the greedy,
+on a share of the batch in proportion to the group's predicted speed.
+
+This is how data parallelism meets devices too slow or too small to hold a replica
+alone: a fast and a slow device together make one replica, and two such pairs make
+two. Groups are dealt in snake order of device speed (the fastest device to the first
+group, the next to the second, …, then back), so that they come out about equally
+fast. The greedy places all replicas at once, on the replicated graph
+(:func:`costmodel.pipeline.replicas_graph`: each replica's per-sample ops costed at
+its share), with each replica's ops restricted to its group's devices; the variables,
+their reads and a training step's update stay on the home (the fastest device), as
+for :mod:`partitioner.data_parallel`. Shares start equal and are then set from each
+replica's simulated finish, and the placement is made again for them.
+
+Examples
+--------
+Four CPUs make two replicas of two devices each, each replica with half the batch.
+
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> g.add_op("x", op_type="Placeholder")
+>>> for name in ("left", "right"):
+...     g.add_op(name, op_type="MatMul", flops=4e10, input_shapes=[(8, 10)])
+...     g.add_edge("x", name, bytes=320)
+>>> g.add_op("sum", op_type="AddV2"); g.add_edge("left", "sum"); g.add_edge("right", "sum")
+>>> plan = partition(CostModel(g, cluster_of_devices(["cpu"] * 4)), HybridOptions(batch_size=8))
+>>> plan.replicas["fractions"], [len(set(p.values())) for p in plan.replicas["placements"]]
+([0.5, 0.5], [2, 2])
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.pipeline import replicas_cost, shared_ops
+from costmodel.simulate import simulate
+from partitioner.earliest_finish import GreedyOptions, greedy_placement
+from partitioner.finish import make_plan
+from partitioner.shares import proportional_shares
+from partitioner.training_stages import is_training_graph
+from tfpart.errors import PlacementError
+from tfpart.plan import Plan
+
+REPLICA_COPY = re.compile(r"^rep(\d+)/(.*)$")  # replicas_graph's names of a replica's ops
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """``batch_size``: the compile batch the shares are planned for; ``groups``: exactly
+    this many replicas (None: each count from 2 to half the devices, by simulation);
+    ``greedy``: the options of the placement of the replicas."""
+
+    batch_size: int = 1
+    groups: int | None = None
+    greedy: GreedyOptions = field(default_factory=GreedyOptions)
+
+
+def partition(cost, options=HybridOptions()):
+    """Replicas of an op placement: ``plan.replicas`` with a ``placements`` entry per
+    replica, and one stage of ``plan.microbatches`` (one micro-batch per replica).
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If the cluster has fewer than four devices, or no grouping can run every op
+        within memory.
+    """
+    graph, n = cost.graph, len(cost.cluster)
+    wanted = options.groups
+    most = min(n // 2, options.batch_size)
+    if most < 2 or (wanted is not None and not 2 <= wanted <= most):
+        raise PlacementError("", f"cannot make {wanted or 2} replicas of two or more devices "
+                             f"each from {n} devices and a batch of {options.batch_size}")
+    shared = shared_ops(graph)
+    shared_groups = {graph.ops[op]["colocation"] for op in shared}
+    pinned = {op for op, attrs in graph.ops.items()
+              if op not in shared and attrs["colocation"] in shared_groups}
+    best, failure = None, None
+    for k in [wanted] if wanted else range(2, most + 1):
+        try:
+            candidate = _plan(cost, _groups(cost, k), pinned, shared, options)
+        except PlacementError as exc:
+            failure = failure or exc
+            continue
+        if best is None or candidate.step_time < best.step_time:
+            best = candidate
+    if best is None:
+        raise failure
+    return best
+
+
+def _groups(cost, k):
+    """``k`` groups of device indices in snake order of speed (time for every op)."""
+    compute = np.where(np.isfinite(cost.compute), cost.compute, 0.0)
+    runnable = np.isfinite(cost.compute).sum(axis=0)
+    order = sorted(range(len(cost.cluster)), key=lambda d: (-runnable[d], compute[:, d].sum()))
+    groups = [[] for _ in range(k)]
+    for position, device in enumerate(order):
+        lap, offset = divmod(position, k)
+        groups[offset if lap % 2 == 0 else k - 1 - offset].append(device)
+    return groups
+
+
+def _plan(cost, groups, pinned, shared, options):
+    """The plan of one replica per group: placed with equal shares, then with shares
+    by each replica's simulated speed."""
+    fractions = [1.0 / len(groups)] * len(groups)
+    placed = _placed(cost, groups, fractions, pinned, shared, options)
+    finish = _finishes(*placed[:2], shared, len(groups))
+    shares = proportional_shares(options.batch_size,
+                                 [f / t for f, t in zip(fractions, finish)])
+    if min(shares) > 0 and shares != [options.batch_size // len(groups)] * len(groups):
+        fractions = [share / options.batch_size for share in shares]
+        placed = _placed(cost, groups, fractions, pinned, shared, options)
+    replicated_cost, device_of, home = placed
+    figures = make_plan(replicated_cost, device_of, "hybrid", options)
+    names = cost.cluster.device_names
+    where = dict(zip(replicated_cost.ops, (names[d] for d in device_of)))
+    placements = [{op: where[f"rep{r}/{op}"] for op in cost.graph.ops
+                   if op not in shared and op not in pinned} for r in range(len(groups))]
+    return Plan(
+        assignment={op: where.get(op, names[home]) for op in cost.graph.ops}, algorithm="hybrid",
+        options=figures.options, stages={op: 0 for op in cost.graph.ops if op not in shared},
+        microbatches=len(groups),
+        schedule="gpipe" if is_training_graph(cost.graph) else None,
+        replicas={"devices": [names[group[0]] for group in groups], "fractions": fractions,
+                  "pinned": sorted(pinned), "placements": placements},
+        predicted=figures.predicted, lower_bound=figures.lower_bound)
+
+
+def _placed(cost, groups, fractions, pinned, shared, options):
+    """The replicated cost model (each replica's ops runnable on its group only, the
+    shared and pinned ops on the home only), the greedy's placement of it, and the
+    home's index."""
+    home = groups[0][0]
+    replicated_cost, _ = replicas_cost(cost, fractions, [g[0] for g in groups], pinned)
+    allowed = np.zeros_like(replicated_cost.compute, dtype=bool)
+    for i, op in enumerate(replicated_cost.ops):
+        copy = None if op in shared else REPLICA_COPY.match(op)
+        if copy is not None and copy.group(2) not in pinned:
+            allowed[i, groups[int(copy.group(1))]] = True
+        else:
+            allowed[i, home] = True
+    replicated_cost.compute[~allowed] = np.inf
+    if not np.isfinite(replicated_cost.compute).any(axis=1).all():
+        raise PlacementError("", "a group of devices cannot run every op")
+    device_of, _ = greedy_placement(replicated_cost, options.greedy)
+    return replicated_cost, device_of, home
+
+
+def _finishes(replicated_cost, device_of, shared, count):
+    """When each replica's last op ends, simulated."""
+    end = simulate(replicated_cost, device_of, memory=False).end
+    finish = [0.0] * count
+    for i, op in enumerate(replicated_cost.ops):
+        copy = None if op in shared else REPLICA_COPY.match(op)
+        if copy is not None:
+            r = int(copy.group(1))
+            finish[r] = max(finish[r], float(end[i]))
+    return finish
