@@ -52,7 +52,7 @@ def choices(batch_size=32):
                     shares = "/".join(str(round(f * batch_size))
                                       for f in plan.replicas["fractions"])
                 elif plan.splits:
-                    shares = f"{len(plan.splits)} ops split"
+                    shares = f"{len(plan.splits)} op{'s' if len(plan.splits) > 1 else ''} split"
                 rows.append((name, cluster.name, *(
                     f"{strategy['step_times'][s] * 1e3:.3f}" if s in strategy["step_times"]
                     else "—" for s in STRATEGIES), strategy["chosen"], shares))

@@ -228,7 +228,7 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
         return op if op in shared else f"mb{m}/{op}"
 
     replicated, placement = OpGraph(), {}
-    for op in shared:
+    for op in [op for op in graph.ops if op in shared]:  # graph order: sets vary by process
         replicated.add_op(op, **graph.ops[op])
         placement[op] = device_of[op]
     for m in range(microbatches):
@@ -291,7 +291,7 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     """
     shared = shared_ops(graph)
     replicated, placement = OpGraph(), {}
-    for op in shared:
+    for op in [op for op in graph.ops if op in shared]:  # graph order: sets vary by process
         replicated.add_op(op, **graph.ops[op])
         placement[op] = home
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):

@@ -1,4 +1,8 @@
 """Invariants of the simulator on random DAGs, placements and clusters."""
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -162,3 +166,24 @@ def test_step_overhead_is_added_once():
     device_of = np.zeros(3, dtype=int)
     assert simulate(CostModel(graph, slow), device_of).makespan == pytest.approx(
         simulate(CostModel(graph, base), device_of).makespan + 2e-3)
+
+
+def test_replicated_graphs_do_not_depend_on_the_process_hash_seed():
+    """The ops replicas share come from a set; the replicated graph (whose op order
+    breaks the simulator's ties) must not follow that set's order, which changes with
+    each process's string hashing: the same model once predicted 11.8 or 12.3 ms."""
+    script = ("from tfpart.graph import OpGraph\n"
+              "from costmodel.pipeline import replicas_graph, _replicate\n"
+              "g = OpGraph()\n"
+              "for i in range(12):\n"
+              "    g.add_op(f'v{i}', op_type='VarHandleOp', param_bytes=4)\n"
+              "    g.add_op(f'r{i}', op_type='ReadVariableOp'); g.add_edge(f'v{i}', f'r{i}')\n"
+              "rep, _ = replicas_graph(g, [0.5, 0.5], [0, 1], 0, set())\n"
+              "mb, _ = _replicate(g, ['a'], dict.fromkeys(g.ops, 0), dict.fromkeys(g.ops, 0), 2,"
+              " 'gpipe')\n"
+              "print(list(rep.ops), list(mb.ops))\n")
+    orders = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True, env={"PYTHONHASHSEED": seed, "PATH": ""},
+                             cwd=Path(__file__).parents[2]).stdout
+              for seed in ("1", "2", "3")}
+    assert len(orders) == 1
