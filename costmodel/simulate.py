@@ -35,6 +35,7 @@ import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 from costmodel.splits import split_cost
+from tfpart.ops import VARIABLE_OPS
 
 
 @dataclass
@@ -105,6 +106,37 @@ def longest_path_to_exit(topological, succ_ptr, succ_op, succ_edge, op_time, edg
         for s in range(succ_ptr[i], succ_ptr[i + 1]):
             tail = max(tail, edge_time[succ_edge[s]] + rank[succ_op[s]])
         rank[i] = op_time[i] + tail
+    return rank
+
+
+def start_first_priority(cost):
+    """:func:`upward_rank`, with the ops that are ready when the step starts (those
+    reading nothing but variables' handles, or nothing) ahead of all others.
+
+    TensorFlow's executor queues ops as they become ready, so a step's variable reads
+    run first. Upward rank alone would let one replica's reads on the variables' device
+    wait behind another replica's whole forward pass there (data-parallel replicas,
+    :func:`costmodel.pipeline.replicas_graph`).
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel.roofline import CostModel
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp"); g.add_op("read", op_type="ReadVariableOp")
+    >>> g.add_op("heavy", op_type="Relu", bytes_accessed=2e10); g.add_op("x", op_type="Relu")
+    >>> g.add_edge("w", "read"); g.add_edge("read", "heavy"); g.add_edge("x", "heavy")
+    >>> g.add_op("tail", op_type="Relu", bytes_accessed=2e9); g.add_edge("heavy", "tail")
+    >>> g.add_op("late", op_type="ReadVariableOp"); g.add_edge("w", "late")
+    >>> cost = CostModel(g, cluster_of_devices(["cpu"]))
+    >>> rank = start_first_priority(cost)
+    >>> bool(rank[cost.index["late"]] > rank[cost.index["tail"]] > 0)
+    True
+    """
+    rank = upward_rank(cost)
+    graph = cost.graph
+    at_start = [i for i, op in enumerate(cost.ops) if all(
+        graph.ops[p]["op_type"] in VARIABLE_OPS for p in graph.predecessors(op))]
+    rank[at_start] += rank.max()
     return rank
 
 

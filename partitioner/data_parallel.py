@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.pipeline import replicas_cost, shared_ops
+from costmodel.simulate import start_first_priority
 from partitioner.finish import make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
@@ -120,7 +121,8 @@ def _plan(cost, devices, shares, pinned, shared, options):
     total = sum(shares)
     fractions = [share / total for share in shares]
     replicated_cost, device_of = replicas_cost(cost, fractions, devices, pinned)
-    figures = make_plan(replicated_cost, device_of, "data_parallel", options)
+    figures = make_plan(replicated_cost, device_of, "data_parallel", options,
+                        start_first_priority(replicated_cost))
     home = names[devices[0]]
     return Plan(
         assignment={op: home for op in graph.ops}, algorithm="data_parallel",

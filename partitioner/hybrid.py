@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.pipeline import replicas_cost, shared_ops
-from costmodel.simulate import simulate
+from costmodel.simulate import simulate, start_first_priority
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
 from partitioner.shares import proportional_shares
@@ -118,7 +118,8 @@ def _plan(cost, groups, pinned, shared, options):
         fractions = [share / options.batch_size for share in shares]
         placed = _placed(cost, groups, fractions, pinned, shared, options)
     replicated_cost, device_of, home = placed
-    figures = make_plan(replicated_cost, device_of, "hybrid", options)
+    figures = make_plan(replicated_cost, device_of, "hybrid", options,
+                        start_first_priority(replicated_cost))
     names = cost.cluster.device_names
     where = dict(zip(replicated_cost.ops, (names[d] for d in device_of)))
     placements = [{op: where[f"rep{r}/{op}"] for op in cost.graph.ops
@@ -155,7 +156,8 @@ def _placed(cost, groups, fractions, pinned, shared, options):
 
 def _finishes(replicated_cost, device_of, shared, count):
     """When each replica's last op ends, simulated."""
-    end = simulate(replicated_cost, device_of, memory=False).end
+    end = simulate(replicated_cost, device_of, start_first_priority(replicated_cost),
+                   memory=False).end
     finish = [0.0] * count
     for i, op in enumerate(replicated_cost.ops):
         copy = None if op in shared else REPLICA_COPY.match(op)

@@ -183,10 +183,11 @@ def _replicas_schedule(plan, cost):
     """The simulated step of a data-parallel plan (every replica's copy of the ops on
     its devices) and the cost model of that replicated graph."""
     from costmodel.pipeline import plan_replicas_cost
-    from costmodel.simulate import simulate
+    from costmodel.simulate import simulate, start_first_priority
 
     replicated_cost, device_of = plan_replicas_cost(cost, plan.replicas)
-    return simulate(replicated_cost, device_of), replicated_cost
+    return (simulate(replicated_cost, device_of, start_first_priority(replicated_cost)),
+            replicated_cost)
 
 
 def _links(plan):
