@@ -218,6 +218,15 @@ def shared_ops(graph):
             if attrs["op_type"] in VARIABLE_OPS or _phase(attrs) == "update"}
 
 
+def pinned_ops(graph):
+    """The per-replica ops that run where the variables are: those colocated with a
+    shared op (a variable's readers, which TensorFlow runs beside the variable)."""
+    shared = shared_ops(graph)
+    groups = {graph.ops[op]["colocation"] for op in shared}
+    return {op for op, attrs in graph.ops.items()
+            if op not in shared and attrs["colocation"] in groups}
+
+
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier between consecutive tasks of each stage: the sinks of one task before the

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import replicas_cost, shared_ops
+from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
 from costmodel.simulate import start_first_priority
 from partitioner.finish import make_plan
 from partitioner.shares import proportional_shares
@@ -78,9 +78,7 @@ def partition(cost, options=DataParallelOptions()):
     """
     graph = cost.graph
     shared = shared_ops(graph)
-    shared_groups = {graph.ops[op]["colocation"] for op in shared}
-    pinned = {op for op, attrs in graph.ops.items()
-              if op not in shared and attrs["colocation"] in shared_groups}
+    pinned = pinned_ops(graph)
     per_replica = [cost.index[op] for op in graph.ops if op not in shared]
     everything = np.isfinite(cost.compute).all(axis=0)
     time_on = cost.compute[per_replica].sum(axis=0)

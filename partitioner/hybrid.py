@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.pipeline import replicas_cost, shared_ops
+from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
 from costmodel.simulate import simulate, start_first_priority
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
@@ -77,9 +77,7 @@ def partition(cost, options=HybridOptions()):
         raise PlacementError("", f"cannot make {wanted or 2} replicas of two or more devices "
                              f"each from {n} devices and a batch of {options.batch_size}")
     shared = shared_ops(graph)
-    shared_groups = {graph.ops[op]["colocation"] for op in shared}
-    pinned = {op for op, attrs in graph.ops.items()
-              if op not in shared and attrs["colocation"] in shared_groups}
+    pinned = pinned_ops(graph)
     best, failure = None, None
     for k in [wanted] if wanted else range(2, most + 1):
         try:
