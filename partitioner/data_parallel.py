@@ -52,7 +52,7 @@ import numpy as np
 
 from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
 from costmodel.simulate import start_first_priority
-from partitioner.finish import make_plan
+from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
@@ -92,23 +92,18 @@ def partition(cost, options=DataParallelOptions()):
                              f"can run every op, and the batch has {options.batch_size} "
                              "samples")
     counts = [wanted] if wanted else range(1, min(len(eligible), options.batch_size) + 1)
-    best, failure = None, None
-    for k in counts:
-        devices = eligible[:k]
-        shares = proportional_shares(options.batch_size, 1.0 / time_on[devices])
-        if min(shares) == 0 and not wanted:
-            break  # the slowest would get no sample, and slower ones after it neither
-        shares = [max(share, 1) for share in shares]  # asked for: each gets a sample
-        try:
-            candidate = _plan(cost, devices, shares, pinned, shared, options)
-        except PlacementError as exc:
-            failure = failure or exc
-            continue
-        if best is None or candidate.step_time < best.step_time:
-            best = candidate
-    if best is None:
-        raise failure or PlacementError("", "no replica fits in memory")
-    return best
+
+    def attempts():
+        for k in counts:
+            devices = eligible[:k]
+            shares = proportional_shares(options.batch_size, 1.0 / time_on[devices])
+            if min(shares) == 0 and not wanted:
+                return  # the slowest would get no sample, and slower ones after it neither
+            shares = [max(share, 1) for share in shares]  # asked for: each gets a sample
+            yield lambda devices=devices, shares=shares: _plan(cost, devices, shares, pinned,
+                                                               shared, options)
+
+    return fastest_plan(attempts(), PlacementError("", "no replica fits in memory"))
 
 
 def _plan(cost, devices, shares, pinned, shared, options):

@@ -14,6 +14,7 @@ from costmodel.arrays import memory_per_device
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
 from partitioner.validate import check_plan
+from tfpart.errors import PlacementError
 from tfpart.plan import DeviceFigures, Plan, Predicted
 
 
@@ -68,3 +69,35 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
                 predicted=predicted, lower_bound=lower_bound(cost))
     check_plan(plan, graph, cluster, dict(zip(names, memory_bound)))
     return plan
+
+
+def fastest_plan(attempts, nothing_fits):
+    """The plan of least predicted step among ``attempts`` (callables that make a plan
+    or raise PlacementError); if none makes one, the first failure, else
+    ``nothing_fits`` (a PlacementError) when there was no attempt at all.
+
+    >>> from tfpart.errors import PlacementError
+    >>> from tfpart.plan import Plan, Predicted
+    >>> def plan(step):
+    ...     return lambda: Plan(assignment={}, predicted=Predicted(step_time=step, devices={}))
+    >>> def fails():
+    ...     raise PlacementError("", "no room")
+    >>> fastest_plan([plan(2.0), fails, plan(1.0)], None).step_time
+    1.0
+    >>> fastest_plan([fails], None)
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: no room
+    """
+    best, failure = None, None
+    for attempt in attempts:
+        try:
+            candidate = attempt()
+        except PlacementError as exc:
+            failure = failure or exc
+            continue
+        if best is None or candidate.step_time < best.step_time:
+            best = candidate
+    if best is None:
+        raise failure or nothing_fits
+    return best

@@ -40,7 +40,7 @@ import numpy as np
 from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
 from costmodel.simulate import simulate, start_first_priority
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
-from partitioner.finish import make_plan
+from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
@@ -78,18 +78,9 @@ def partition(cost, options=HybridOptions()):
                              f"each from {n} devices and a batch of {options.batch_size}")
     shared = shared_ops(graph)
     pinned = pinned_ops(graph)
-    best, failure = None, None
-    for k in [wanted] if wanted else range(2, most + 1):
-        try:
-            candidate = _plan(cost, _groups(cost, k), pinned, shared, options)
-        except PlacementError as exc:
-            failure = failure or exc
-            continue
-        if best is None or candidate.step_time < best.step_time:
-            best = candidate
-    if best is None:
-        raise failure
-    return best
+    return fastest_plan((lambda k=k: _plan(cost, _groups(cost, k), pinned, shared, options)
+                         for k in ([wanted] if wanted else range(2, most + 1))),
+                        PlacementError("", "no grouping of the devices fits in memory"))
 
 
 def _groups(cost, k):
