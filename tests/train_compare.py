@@ -32,25 +32,6 @@ def weights_of(model):
     return [weights[k].numpy() for k in sorted(weights)]
 
 
-def weight_ops(source):
-    """The variable op of each output of the source's ``weights`` signature, in order:
-    a pipelined model keeps only its compiled signature, and its variables by op."""
-    from rewriters.reader import flatten_signature
-    from rewriters.savedmodel_io import read_saved_model
-
-    proto = read_saved_model(source)
-    flat = flatten_signature(proto, source, None, "weights")
-    nodes = {node.name: node for node in flat.graph_def.node}
-    outputs = proto.meta_graphs[0].signature_def["weights"].outputs
-    found = []
-    for key in sorted(outputs):
-        node = nodes[flat.outputs[int(outputs[key].name.rsplit(":", 1)[1])].split(":")[0]]
-        while node.op != "VarHandleOp":
-            node = nodes[node.input[0].split(":")[0]]
-        found.append(node.name)
-    return found
-
-
 def train(model, data, weights=weights_of):
     step = model.signatures["train_step"]
     return [float(step(**batch)["loss"]) for batch in data], weights(model)
@@ -129,6 +110,7 @@ def compare(source, out, cluster_file, cluster, args):
 
     from tfpart.compile import compile_model
     from tfpart.runtime import load, runnable
+    from tfpart.training import weight_variable_ops
     from tfpart.verification import verify
 
     pipelined = args.microbatches is not None or args.replicas is not None or args.split \
@@ -150,7 +132,7 @@ def compare(source, out, cluster_file, cluster, args):
     initial = weights_of(original)
     expected_losses, expected_weights = train(original, data)
     with runnable(out, cluster, False) as (_, _, local_dir, _):
-        by_op = weight_ops(source)
+        by_op = weight_variable_ops(source)
         losses, weights = train(load(local_dir), data, (lambda m: [
             m.variables_by_op[name].numpy() for name in by_op]) if pipelined else weights_of)
     assignment = result.plan.assignment

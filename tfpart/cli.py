@@ -1,5 +1,5 @@
-"""Command line: ``tfpart compile``, ``verify``, ``run``, ``profile``, ``simulate`` and
-``worker``.
+"""Command line: ``tfpart compile``, ``verify``, ``run``, ``train``, ``profile``,
+``simulate`` and ``worker``.
 
 Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
 with code 2. Arguments and input files are checked before TensorFlow is imported, so
@@ -445,6 +445,42 @@ def cmd_run(args):
     return 0
 
 
+def cmd_train(args):
+    _check_inputs(models=[args.model], cluster=args.cluster, files=[args.data])
+    if os.path.exists(args.output) and not args.force:
+        raise OutputError(args.output, "already exists (use --force to replace it)")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    from tfpart.trainer import TrainOptions, train
+
+    options = TrainOptions(mode=args.mode, steps=args.steps, batch_size=args.batch_size,
+                           learning_rate=args.lr, momentum=args.momentum,
+                           lambda0=args.lambda0, eval_every=args.eval_every,
+                           eval_fraction=args.eval_fraction, seed=args.seed)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[text]}"))
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(f"{args.mode} updates", total=args.steps, text="starting")
+        result = train(args.model, args.cluster, args.data, args.output, options,
+                       force=args.force, progress=lambda done, total, text: bar.update(
+                           task, completed=done, text=text))
+    summary = result.summary
+    accuracy = summary["final_accuracy"]
+    console.print(f"{args.mode}: {summary['updates']} updates in {summary['wall_s']:.1f} s; "
+                  f"held-out loss {summary['final_loss']:.4f}"
+                  + (f", accuracy {accuracy:.3f}" if accuracy is not None else ""))
+    for worker, delays in summary["delays"].items():
+        if worker != "-1":
+            console.print(f"  worker {worker}: {delays['updates']} updates, delay mean "
+                          f"{delays['mean']:.2f}, p95 {delays['p95']:.0f}, max {delays['max']}")
+    console.print(f"Wrote {args.output} (updates.csv, evaluations.csv, train.json, "
+                  "plan.json, checkpoint/)")
+    sys.stdout.flush()
+    user_stderr().flush()
+    os._exit(0)  # the coordinator's threads and cluster connection would hold the exit
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its usage errors on one line like every other error."""
 
@@ -536,10 +572,35 @@ def build_parser():
     worker.add_argument("--cluster", help="cluster.json with a 'cluster' block "
                         "(default: the TF_CONFIG environment variable)")
     worker.add_argument("--task", type=int, help="task index in the job")
-    worker.add_argument("--job", help="job name (default: the cluster's only job)")
+    worker.add_argument("--job", help="job name: worker (the default) or ps")
     worker.add_argument("--intra-threads", type=int, help="intra-op threads")
     worker.add_argument("--inter-threads", type=int, help="inter-op threads")
     worker.set_defaults(run=cmd_worker)
+    train_ = commands.add_parser("train", help="train a model's weights on a cluster "
+                                 "(sync, async, dc-asgd, ddc-asgd)")
+    train_.add_argument("model", help="a training-step SavedModel "
+                        "(tfpart.export_train_step)")
+    train_.add_argument("--cluster", required=True, help="cluster.json whose running "
+                        "`tfpart worker` tasks train (a 'ps' job for the asynchronous modes)")
+    train_.add_argument("--data", required=True, help=".npz with the step's inputs x and y")
+    train_.add_argument("-o", "--output", required=True, help="output directory")
+    train_.add_argument("--mode", default="dc-asgd",
+                        choices=("sync", "async", "dc-asgd", "ddc-asgd"))
+    train_.add_argument("--steps", type=int, default=200, help="updates to run")
+    train_.add_argument("--batch-size", type=int, default=32,
+                        help="samples per update and worker")
+    train_.add_argument("--lr", type=float, default=0.05, help="learning rate (async modes; "
+                        "sync uses the exported optimizer)")
+    train_.add_argument("--momentum", type=float, default=0.0)
+    train_.add_argument("--lambda0", type=float, default=2.0,
+                        help="DC-ASGD's compensation strength")
+    train_.add_argument("--eval-every", type=int, default=25,
+                        help="updates between evaluations and checkpoints")
+    train_.add_argument("--eval-fraction", type=float, default=0.2,
+                        help="share of the data held out")
+    train_.add_argument("--seed", type=int, default=0)
+    train_.add_argument("--force", action="store_true", help="replace the output")
+    train_.set_defaults(run=cmd_train)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")
     verify_.add_argument("compiled")
@@ -564,7 +625,8 @@ def main(argv=None):
     """Run one command; returns the exit code (0 done, 1 verification found a
     difference, 2 bad input or a failed run)."""
     args = build_parser().parse_args(argv)
-    for option in ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches"):
+    for option in ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches",
+                   "steps", "eval_every"):
         if getattr(args, option, None) is not None and getattr(args, option) <= 0:
             print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
                   file=user_stderr())

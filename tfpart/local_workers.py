@@ -30,11 +30,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker_command(cluster_file, task, *, threads=1):
-    """The command line that starts ``task`` of ``cluster_file``."""
-    return [sys.executable, "-m", "tfpart.cli", "worker", "--cluster", str(cluster_file),
-            "--task", str(task), "--intra-threads", str(threads), "--inter-threads",
-            str(threads)]
+def worker_command(cluster_file, task, *, threads=1, job="worker"):
+    """The command line that starts ``task`` of ``job`` in ``cluster_file`` (with
+    ``threads`` intra-op and inter-op threads; TensorFlow's default when None)."""
+    command = [sys.executable, "-m", "tfpart.cli", "worker", "--cluster", str(cluster_file),
+               "--job", job, "--task", str(task)]
+    if threads:
+        command += ["--intra-threads", str(threads), "--inter-threads", str(threads)]
+    return command
 
 
 class LocalWorkers:
@@ -51,12 +54,20 @@ class LocalWorkers:
         Pin task ``k`` to core ``k mod cores`` with ``taskset``, when it exists.
     extra : dict, optional
         More top-level cluster-file fields (``step_overhead``, ``name``).
+    ps : int
+        Parameter-server tasks (job ``ps``, unpinned, not devices of the cost model),
+        started after the workers.
     """
 
-    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=60):
-        self.ports = [free_port() for _ in range(count)]
+    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=60,
+                 ps=0):
+        self.ps = ps
+        self.ports = [free_port() for _ in range(count + ps)]
+        jobs = {"worker": [f"localhost:{p}" for p in self.ports[:count]]}
+        if ps:
+            jobs["ps"] = [f"localhost:{p}" for p in self.ports[count:]]
         self.cluster = {"name": f"{count} local workers",
-                        "cluster": {"worker": [f"localhost:{p}" for p in self.ports]},
+                        "cluster": jobs,
                         "devices": [{"name": f"/job:worker/task:{k}/device:CPU:0",
                                      "kind": "cpu"} for k in range(count)],
                         **(extra or {})}
@@ -65,7 +76,8 @@ class LocalWorkers:
         self.path = Path(directory) / "workers.json"
         self.path.write_text(json.dumps(self.cluster))
         pin = pin and shutil.which("taskset") is not None
-        self.processes = [self._start(k, pin) for k in range(count)]
+        self.processes = [self._start(k, pin) for k in range(count)] + [
+            self._start(k, False, "ps") for k in range(ps)]
         deadline = time.time() + timeout
         for port in self.ports:
             while not _accepts(port):
@@ -74,16 +86,21 @@ class LocalWorkers:
                     raise RuntimeError(f"local workers did not start within {timeout} s")
                 time.sleep(0.2)
 
-    def _start(self, task, pin):
-        command = worker_command(self.path, task)
+    def _start(self, task, pin, job="worker"):
+        # With parameter servers, a worker with one inter-op thread deadlocks: its step
+        # waits on the servers' ops, which wait on the worker's sends. TF's defaults then.
+        command = worker_command(self.path, task, job=job,
+                                 threads=None if self.ps else 1)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def kill(self, task):
+    def kill(self, task, job="worker"):
         """Kill one task abruptly (as a crashed host would go)."""
-        self.processes[task].kill()
-        self.processes[task].wait(timeout=30)
+        process = self.processes[task + (len(self.cluster["cluster"]["worker"])
+                                          if job == "ps" else 0)]
+        process.kill()
+        process.wait(timeout=30)
 
     def stop(self):
         for process in self.processes:

@@ -33,7 +33,7 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
     """Start this task's ``tf.distribute.Server`` for ``cluster``; return it."""
     tf = tensorflow()
     spec = cluster_spec(cluster)
-    job = job or sorted(cluster.tf_cluster)[0]
+    job = job or ("worker" if "worker" in cluster.tf_cluster else sorted(cluster.tf_cluster)[0])
     if job not in cluster.tf_cluster or not 0 <= task < len(cluster.tf_cluster[job]):
         raise TfpartError(cluster.source, f"has no task {task} in job {job!r}")
     address = cluster.tf_cluster[job][task]

@@ -8,6 +8,13 @@ step's loss. ``serving_default(x)`` runs the model for inference and ``weights()
 returns every trainable variable, so a caller can compare models after training.
 tfpart compiles ``--signature train_step`` like any other signature.
 
+Two more signatures hold no state, for asynchronous training on parameter servers
+(:mod:`tfpart.async_training`), where the weights live apart from the model:
+``gradients(x, y, w000, w001, …)`` returns the loss and the gradients ``g000, …`` at
+the given weights, and ``predict(x, w000, …)`` the model's output at them. Both use
+Keras 3's ``stateless_call``; non-trainable state (batch-norm statistics) is frozen
+into them at its exported value.
+
 Written by hand, the same is a ``tf.Module``::
 
     module = tf.Module()
@@ -66,6 +73,11 @@ def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=N
     >>> step = tf.saved_model.load(str(out)).signatures["train_step"]
     >>> sorted(step.structured_outputs)
     ['loss']
+    >>> loaded = tf.saved_model.load(str(out))
+    >>> w = loaded.signatures["weights"]()
+    >>> g = loaded.signatures["gradients"](x=tf.ones([3, 4]), y=tf.zeros([3, 2]), **w)
+    >>> sorted(g)
+    ['g000', 'g001', 'loss']
     """
     import keras
 
@@ -97,6 +109,54 @@ def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=N
     def weights():
         return {f"w{i:03d}": tf.identity(v) for i, v in enumerate(variables)}
 
+    w_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"w{i:03d}")
+               for i, v in enumerate(variables)]
+    frozen = [tf.constant(v.numpy()) for v in model.non_trainable_variables]
+
+    @tf.function(input_signature=[x_spec, y_spec, *w_specs])
+    def gradients(x, y, *w):
+        with tf.GradientTape() as tape:
+            tape.watch(w)
+            output, _ = model.stateless_call(list(w), frozen, x, training=True)
+            value = tf.reduce_mean(loss_fn(y, output))
+        return {"loss": value, **{f"g{i:03d}": g for i, g in
+                                  enumerate(tape.gradient(value, list(w)))}}
+
+    @tf.function(input_signature=[x_spec, *w_specs])
+    def predict(x, *w):
+        return {"output": model.stateless_call(list(w), frozen, x, training=False)[0]}
+
     tf.saved_model.save(module, str(path), signatures={
-        "train_step": train_step, "serving_default": serve, "weights": weights})
+        "train_step": train_step, "serving_default": serve, "weights": weights,
+        "gradients": gradients, "predict": predict})
     return Path(path)
+
+
+def weight_variable_ops(model_dir):
+    """The variable op of each output of ``model_dir``'s ``weights`` signature, in the
+    order of its keys: a pipelined compile keeps only its compiled signature, and its
+    variables by op name (``variables_by_op``).
+
+    Examples
+    --------
+    >>> import keras, tempfile
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> out = export_train_step(model, keras.optimizers.SGD(0.1), "mse",
+    ...                         tempfile.mkdtemp() + "/step")
+    >>> len(weight_variable_ops(out))
+    2
+    """
+    from rewriters.reader import flatten_signature
+    from rewriters.savedmodel_io import read_saved_model
+
+    proto = read_saved_model(model_dir)
+    flat = flatten_signature(proto, model_dir, None, "weights")
+    nodes = {node.name: node for node in flat.graph_def.node}
+    outputs = proto.meta_graphs[0].signature_def["weights"].outputs
+    found = []
+    for key in sorted(outputs):
+        node = nodes[flat.outputs[int(outputs[key].name.rsplit(":", 1)[1])].split(":")[0]]
+        while node.op != "VarHandleOp":
+            node = nodes[node.input[0].split(":")[0]]
+        found.append(node.name)
+    return found

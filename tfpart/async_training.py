@@ -1,0 +1,202 @@
+"""Asynchronous training on TensorFlow's parameter-server runtime.
+
+The client is a ``tf.distribute.experimental.ParameterServerStrategy`` coordinator
+(``ClusterCoordinator``) of a cluster's ``worker`` and ``ps`` tasks, each a
+``tfpart worker`` process. Everything a mode keeps lives on the parameter servers,
+beside the variable it belongs to (:func:`partitioner.ps_shards.shard_by_size`):
+
+- the weights ``w``, their velocity and (DC-ASGD, DDC-ASGD) the mean square of their
+  gradients;
+- ``w_bak``: one copy of the weights per worker, written when the worker reads them
+  (a variable with a leading worker axis);
+- on the first server: the update counter, the counter's value at each worker's last
+  read (so an update's delay is counted there), and DDC-ASGD's running mean delay.
+
+One scheduled step, run by whichever worker is free: read the weights (and keep them
+as ``w_bak``) on the servers, compute the gradients on the worker with the model's
+stateless ``gradients`` signature, then apply
+:func:`tfpart.delay_compensation.update` on each server for its variables (the ops are
+placed there, so only the gradients travel). The step returns its loss, the worker's
+index and the update's delay; the coordinator reschedules a step whose worker was lost
+on the workers still up.
+
+Example (not run here: it needs running ``ps`` and ``worker`` tasks)::
+
+    trainer = AsyncTrainer(cluster, "model/", initial, data, "dc-asgd", Hyper(0.05), 32)
+    pending = [trainer.schedule() for _ in range(100)]
+    loss, worker, delay = pending[0].fetch()
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from partitioner.ps_shards import shard_by_size
+from rewriters.tf_import import tensorflow
+from tfpart.delay_compensation import update
+from tfpart import servers
+from tfpart.errors import TfpartError
+
+
+def ps_devices(cluster):
+    """Device names of the cluster's ``ps`` tasks."""
+    count = len(cluster.tf_cluster.get("ps", ()))
+    if not count:
+        raise TfpartError(cluster.source, "asynchronous training needs a 'ps' job in the "
+                          "'cluster' block (parameter-server tasks)")
+    return [f"/job:ps/replica:0/task:{k}/device:CPU:0" for k in range(count)]
+
+
+def coordinator_of(cluster):
+    """A parameter-server strategy and its coordinator for ``cluster``'s tasks."""
+    tf = tensorflow()
+    servers.check_workers(cluster)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        servers.cluster_spec(cluster), rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    servers.connected = True  # errors from here on end the process (tfpart.cli.main)
+    return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+
+class ServerState:
+    """The variables of one asynchronous run, created on the parameter servers."""
+
+    def __init__(self, strategy, initial, placement, servers, workers, mode):
+        tf = tensorflow()
+        with strategy.scope():
+            # Round robin puts the k-th new variable on server k; the others colocate.
+            anchors = [tf.Variable(0, name=f"server{k}") for k in range(len(servers))]
+            for anchor, server in zip(anchors, servers):
+                if tf.DeviceSpec.from_string(anchor.device).task != \
+                        tf.DeviceSpec.from_string(server).task:
+                    raise TfpartError("", f"variable meant for {server} landed on "
+                                      f"{anchor.device}")
+            self.w, self.velocity, self.ms, self.bak = [], [], [], []
+            for (name, value) in initial.items():
+                with strategy.extended.colocate_vars_with(anchors[servers.index(
+                        placement[name])]):
+                    self.w.append(tf.Variable(value, name=name))
+                    self.velocity.append(tf.Variable(np.zeros_like(value), name=f"{name}_v"))
+                    self.ms.append(tf.Variable(np.zeros_like(value), name=f"{name}_ms")
+                                   if mode != "async" else None)
+                    self.bak.append(tf.Variable(np.repeat(value[None], workers, axis=0),
+                                                name=f"{name}_bak"))
+            with strategy.extended.colocate_vars_with(anchors[0]):
+                self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
+                self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
+                self.mean_delay = tf.Variable(0.0, name="mean_delay")
+
+    def checkpoint(self, names):
+        """A ``tf.train.Checkpoint`` of the weights, by their signature names."""
+        return tensorflow().train.Checkpoint(**dict(zip(names, self.w)))
+
+
+class AsyncTrainer:
+    """Schedules asynchronous updates of ``model``'s weights on ``cluster``.
+
+    Parameters
+    ----------
+    cluster : tfpart.cluster.Cluster
+        With ``worker`` and ``ps`` jobs.
+    model_dir : path
+        A SavedModel with the stateless signature ``gradients``
+        (:func:`tfpart.training.export_train_step`). It is loaded once the coordinator
+        is connected (``self.model``): functions loaded before do not reach the workers.
+    initial : dict
+        The weights to start from, by the ``weights`` signature's names (numpy arrays).
+    data : (x, y) numpy arrays
+        The training split; each worker draws its own shuffled mini-batches.
+    mode : {"async", "dc-asgd", "ddc-asgd"}
+    hyper : tfpart.delay_compensation.Hyper
+    batch_size : int
+    seed : int
+    """
+
+    def __init__(self, cluster, model_dir, initial, data, mode, hyper, batch_size, seed=0):
+        tf = tensorflow()
+        self.strategy, self.coordinator = coordinator_of(cluster)
+        self.model = tf.saved_model.load(str(model_dir))
+        self.workers = len(cluster.tf_cluster["worker"])
+        self.names = list(initial)
+        servers = ps_devices(cluster)
+        self.placement = shard_by_size({k: v.nbytes for k, v in initial.items()}, servers)
+        self.state = ServerState(self.strategy, initial, self.placement, servers,
+                                 self.workers, mode)
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(
+            _batches_fn(data, batch_size, self.workers, seed)))
+        gradients = self.model.signatures["gradients"]
+        state, names = self.state, self.names
+
+        @tf.function
+        def step(iterator):
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            x, y = next(iterator)
+            with tf.device(state.updates.device):
+                state.read_at.scatter_update(tf.IndexedSlices(
+                    tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
+            read = []
+            for w, bak in zip(state.w, state.bak):
+                with tf.device(w.device):
+                    value = w.read_value()
+                    bak.scatter_update(tf.IndexedSlices(value[None], tf.reshape(worker, [1])))
+                read.append(value)
+            out = gradients(x=x, y=y, **dict(zip(names, read)))
+            grads = [out[f"g{name[1:]}"] for name in names]
+            with tf.control_dependencies(grads):
+                with tf.device(state.updates.device):
+                    delay = state.updates.assign_add(1) - 1 - tf.gather(state.read_at, worker)
+                    tau = tf.cast(delay, tf.float32)
+                    mean_delay = state.mean_delay.read_value()
+                for k, g in enumerate(grads):
+                    with tf.device(state.w[k].device):
+                        new = update(mode, state.w[k].read_value(), g,
+                                     tf.gather(state.bak[k], worker),
+                                     0.0 if state.ms[k] is None else state.ms[k].read_value(),
+                                     state.velocity[k].read_value(), tau, mean_delay,
+                                     hyper, tf.sqrt)
+                        state.w[k].assign(new.w)
+                        state.velocity[k].assign(new.velocity)
+                        if state.ms[k] is not None:
+                            state.ms[k].assign(new.ms)
+                if mode == "ddc-asgd":
+                    with tf.device(state.updates.device):
+                        state.mean_delay.assign(new.mean_delay)
+            return out["loss"], worker, delay
+
+        self._step = step
+
+    def schedule(self):
+        """Queue one update; a ``RemoteValue`` of (loss, worker index, delay)."""
+        return self.coordinator.schedule(self._step, args=(self.iterator,))
+
+    def weights(self):
+        """The weights now, as numpy arrays in signature order."""
+        return [w.numpy() for w in self.state.w]
+
+    def updates(self):
+        return int(self.state.updates.numpy())
+
+    def checkpoint(self):
+        return self.state.checkpoint(self.names)
+
+    def join(self):
+        self.coordinator.join()
+
+
+def _batches_fn(data, batch_size, workers, seed):
+    """A dataset function for the coordinator: worker k's mini-batches in its own
+    seeded order (a new permutation of the training split every epoch)."""
+    tf = tensorflow()
+    x, y = data
+    epochs = 8  # then repeated; each worker's order is still its own
+    rng = np.random.default_rng(seed)
+    orders = np.stack([np.concatenate([rng.permutation(len(x)) for _ in range(epochs)])
+                       for _ in range(workers)])
+
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        order = tf.gather(tf.constant(orders), worker)
+        return (tf.data.Dataset.from_tensor_slices(order).repeat()
+                .batch(batch_size, drop_remainder=True)
+                .map(lambda i: (tf.gather(x, i), tf.gather(y, i))))
+
+    return dataset_fn

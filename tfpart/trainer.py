@@ -1,0 +1,326 @@
+"""``tfpart train``: run a training step for N updates on a cluster, from a data file.
+
+Modes:
+
+- ``sync``: the model's ``train_step`` compiled data-parallel over the cluster's
+  ``worker`` tasks (one replica per worker, batch shares by speed), run step after step
+  as one synchronous update of the global batch (``batch_size`` per worker);
+- ``async``, ``dc-asgd``, ``ddc-asgd``: asynchronous updates on TensorFlow's
+  parameter-server runtime (:mod:`tfpart.async_training`,
+  :mod:`tfpart.delay_compensation`), ``batch_size`` per update.
+
+The data file is an ``.npz`` holding the training step's inputs by name (``x`` and
+``y``); a seeded fraction is held out for evaluation. Every ``eval_every`` updates the
+weights are evaluated on it (loss, and accuracy when the labels are classes) and saved
+as a checkpoint, so a run that ends early leaves one that loads. The output folder
+gets:
+
+- ``updates.csv``: one row per update (update, worker, loss, delay, wall seconds);
+- ``evaluations.csv``: one row per evaluation (update, wall seconds, loss, accuracy);
+- ``train.json``: options, final figures, and the delays per worker;
+- ``plan.json``: where the variables live (the compiled plan for ``sync``; the
+  parameter servers' shards for the asynchronous modes);
+- ``checkpoint/``: the weights, by the ``weights`` signature's names
+  (:func:`trained_weights`).
+
+Example (not run here: it needs running ``tfpart worker`` tasks)::
+
+    result = train("model/", "cluster.json", "digits.npz", "run/",
+                   TrainOptions(mode="ddc-asgd", steps=300))
+    result.evaluations[-1]["accuracy"]
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rewriters.tf_import import tensorflow
+from tfpart.cluster import load_cluster
+from tfpart.delay_compensation import ASYNC_MODES, Hyper
+from tfpart.errors import ModelError, OutputError, TfpartError
+
+MODES = ("sync", *ASYNC_MODES)
+SIGNATURES = ("gradients", "predict", "weights")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    mode: str = "dc-asgd"
+    steps: int = 200  # updates
+    batch_size: int = 32  # samples per update and worker (sync: per worker)
+    learning_rate: float = 0.05
+    momentum: float = 0.0
+    lambda0: float = 2.0
+    ms_decay: float = 0.95
+    epsilon: float = 1e-7
+    eval_every: int = 25
+    eval_fraction: float = 0.2
+    seed: int = 0
+
+    def hyper(self):
+        return Hyper(self.learning_rate, self.momentum, self.lambda0, self.ms_decay,
+                     self.epsilon)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    options: TrainOptions
+    updates: list = field(default_factory=list)  # dicts: update, worker, loss, delay, wall_s
+    evaluations: list = field(default_factory=list)  # dicts: update, wall_s, loss, accuracy
+    summary: dict = field(default_factory=dict)
+
+
+def load_data(path, signature, fraction, seed):
+    """``((x, y) training, (x, y) held out)`` from an ``.npz`` with the signature's
+    inputs; one-line errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise TfpartError(path, "no such data file")
+    try:
+        with np.load(path) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError) as exc:
+        raise TfpartError(path, f"not a readable .npz file ({exc})") from None
+    specs = {name: spec for name, spec in signature.structured_input_signature[1].items()
+             if name in ("x", "y")}
+    missing = sorted(set(specs) - set(arrays))
+    if missing:
+        raise TfpartError(path, f"has no array {missing[0]!r} (the training step's inputs "
+                          f"are {', '.join(sorted(specs))})")
+    columns = []
+    for name in ("x", "y"):
+        spec, value = specs[name], arrays[name]
+        if value.shape[1:] != tuple(spec.shape[1:]) or not len(value):
+            raise TfpartError(path, f"array {name!r} has shape {value.shape}; the step "
+                              f"takes {spec.shape.as_list()} (None: any batch)")
+        columns.append(value.astype(spec.dtype.as_numpy_dtype))
+    if len(columns[0]) != len(columns[1]):
+        raise TfpartError(path, f"x has {len(columns[0])} samples but y {len(columns[1])}")
+    order = np.random.default_rng(seed).permutation(len(columns[0]))
+    held = max(1, int(round(fraction * len(order))))
+    if held >= len(order):
+        raise TfpartError(path, f"{len(order)} samples leave none to train on")
+    x, y = (c[order] for c in columns)
+    return (x[held:], y[held:]), (x[:held], y[:held])
+
+
+def evaluate(model, weights, held):
+    """Loss and accuracy (class labels or one-hot) of ``weights`` on ``held``."""
+    x, y = held
+    named = {f"w{i:03d}": w for i, w in enumerate(weights)}
+    loss = float(model.signatures["gradients"](x=x, y=y, **named)["loss"])
+    output = model.signatures["predict"](x=x, **named)["output"].numpy()
+    labels = y if y.ndim == 1 else y.argmax(-1) if y.shape[-1] > 1 else None
+    accuracy = None if labels is None or output.ndim != 2 else \
+        float(np.mean(output.argmax(-1) == labels.astype(np.int64)))
+    return loss, accuracy
+
+
+def trained_weights(out):
+    """The weights in ``out``'s latest checkpoint, by name (``w000``, …)."""
+    tf = tensorflow()
+    prefix = tf.train.latest_checkpoint(str(Path(out) / "checkpoint"))
+    if prefix is None:
+        raise TfpartError(out, "has no checkpoint")
+    reader = tf.train.load_checkpoint(prefix)
+    return {key.split("/")[0]: reader.get_tensor(key)
+            for key in reader.get_variable_to_shape_map()
+            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+
+
+def _load_model(model_dir, mode):
+    tf = tensorflow()
+    if not (Path(model_dir) / "saved_model.pb").is_file():
+        raise ModelError(model_dir, "is not a SavedModel (saved_model.pb is missing)")
+    try:
+        model = tf.saved_model.load(str(model_dir))
+    except (ValueError, OSError, tf.errors.OpError) as exc:
+        raise ModelError(model_dir, f"cannot be loaded: {str(exc).splitlines()[0]}") \
+            from None
+    needed = SIGNATURES + (("train_step",) if mode == "sync" else ())
+    missing = [name for name in needed if name not in model.signatures]
+    if missing:
+        raise ModelError(model_dir, f"has no {missing[0]!r} signature; export it with "
+                         "tfpart.export_train_step")
+    return model
+
+
+class _SyncRun:
+    """The data-parallel compile of ``train_step``, one step per global batch."""
+
+    def __init__(self, model_dir, cluster, out, train_data, options, stack):
+        from tfpart.compile import compile_model
+        from tfpart.runtime import load, runnable
+        from tfpart.training import weight_variable_ops
+
+        workers = len(cluster.tf_cluster.get("worker", ()))
+        if not workers:
+            raise TfpartError(cluster.source, "has no 'worker' job in its 'cluster' block")
+        self.batch = options.batch_size * workers
+        result = compile_model(model_dir, cluster.source, out / "compiled",
+                               batch_size=self.batch, signature="train_step",
+                               algorithm="data_parallel", options={"replicas": workers})
+        shutil.copy(out / "compiled" / "plan.json", out / "plan.json")
+        self.plan = result.plan
+        _, _, directory, _ = stack.enter_context(runnable(out / "compiled", cluster, True))
+        compiled = load(directory)
+        self.model = tensorflow().saved_model.load(str(model_dir))  # after connecting
+        self.step = compiled.signatures["train_step"]
+        self.variables = [compiled.variables_by_op[name]
+                          for name in weight_variable_ops(model_dir)]
+        self.data, self.options = train_data, options
+
+    def results(self):
+        rng = np.random.default_rng(self.options.seed)
+        x, y = self.data
+        order = np.zeros(0, np.int64)
+        for _ in range(self.options.steps):
+            if len(order) < self.batch:
+                order = np.concatenate([order, rng.permutation(len(x))])
+            take, order = order[:self.batch], order[self.batch:]
+            yield float(self.step(x=x[take], y=y[take])["loss"]), -1, 0
+
+    def weights(self):
+        return [v.numpy() for v in self.variables]
+
+    def applied(self, done):
+        return done
+
+    def checkpoint(self):
+        return tensorflow().train.Checkpoint(
+            **{f"w{i:03d}": v for i, v in enumerate(self.variables)})
+
+
+class _AsyncRun:
+    def __init__(self, model_dir, initial, cluster, out, train_data, options):
+        from tfpart.async_training import AsyncTrainer
+        from tfpart.plan import Plan
+
+        self.trainer = AsyncTrainer(cluster, model_dir, initial, train_data, options.mode,
+                                    options.hyper(), options.batch_size, options.seed)
+        self.model = self.trainer.model
+        self.steps = options.steps
+        self.plan = Plan(assignment=dict(self.trainer.placement), algorithm="ps_shards",
+                         options=dataclasses.asdict(options),
+                         context={"mode": options.mode, "workers": self.trainer.workers})
+        self.plan.save(out / "plan.json")
+
+    def results(self):
+        pending = [self.trainer.schedule() for _ in range(self.steps)]
+        for value in pending:
+            loss, worker, delay = value.fetch()
+            yield float(loss), int(worker), int(delay)
+        self.trainer.join()
+
+    def weights(self):
+        return self.trainer.weights()
+
+    def applied(self, done):
+        """Updates the servers have applied (some beyond the ``done`` fetched)."""
+        return self.trainer.updates()
+
+    def checkpoint(self):
+        return self.trainer.checkpoint()
+
+
+def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, force=False,
+          progress=None):
+    """Train ``model_dir``'s weights on ``cluster_file``'s tasks; see the module doc.
+
+    ``progress(done, total, text)`` is called after every update, when given.
+    """
+    from contextlib import ExitStack
+
+    from tfpart.servers import cluster_errors
+
+    tf = tensorflow()
+    if options.mode not in MODES:
+        raise TfpartError("", f"unknown mode {options.mode!r}; one of {', '.join(MODES)}")
+    if options.steps < 1 or options.batch_size < 1 or options.eval_every < 1:
+        raise TfpartError("", "steps, batch size and eval interval must be at least 1")
+    cluster = load_cluster(cluster_file)
+    model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
+    train_data, held = load_data(data_file, model.signatures["gradients"],
+                                 options.eval_fraction, options.seed)
+    initial = {k: v.numpy() for k, v in sorted(model.signatures["weights"]().items())}
+    if options.mode != "sync":
+        from tfpart.async_training import ps_devices
+
+        ps_devices(cluster)
+    out = Path(out)
+    if out.exists():
+        if not force:
+            raise OutputError(out, "already exists (use --force to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    result = TrainResult(out=out, options=options)
+    with ExitStack() as stack, cluster_errors(cluster):
+        run = _SyncRun(model_dir, cluster, out, train_data, options, stack) \
+            if options.mode == "sync" else \
+            _AsyncRun(model_dir, initial, cluster, out, train_data, options)
+        manager = tf.train.CheckpointManager(run.checkpoint(), str(out / "checkpoint"),
+                                             max_to_keep=1)
+        start = time.perf_counter()
+
+        def evaluation(done):
+            applied, weights = run.applied(done), run.weights()
+            if result.evaluations and result.evaluations[-1]["update"] == applied:
+                return  # the servers ran ahead of the results fetched: already evaluated
+            loss, accuracy = evaluate(run.model, weights, held)
+            result.evaluations.append({"update": applied,
+                                       "wall_s": time.perf_counter() - start,
+                                       "loss": loss, "accuracy": accuracy})
+            manager.save(checkpoint_number=applied)
+            _write_csv(out / "evaluations.csv", result.evaluations)
+
+        evaluation(0)
+        for done, (loss, worker, delay) in enumerate(run.results(), 1):
+            result.updates.append({"update": done, "worker": worker, "loss": loss,
+                                   "delay": delay, "wall_s": time.perf_counter() - start})
+            if done % options.eval_every == 0 or done == options.steps:
+                evaluation(done)
+            if progress:
+                last = result.evaluations[-1]
+                progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy "
+                         f"{last['accuracy'] if last['accuracy'] is not None else '-'}")
+    _write_csv(out / "updates.csv", result.updates)
+    result.summary = _summary(result, run.plan)
+    (out / "train.json").write_text(json.dumps(result.summary, indent=1))
+    return result
+
+
+def delays_by_worker(updates):
+    """Per worker: updates, and the mean, median, 95th percentile and largest delay."""
+    by_worker = {}
+    for row in updates:
+        by_worker.setdefault(row["worker"], []).append(row["delay"])
+    return {str(worker): {"updates": len(values), "mean": statistics.fmean(values),
+                          "median": float(np.median(values)),
+                          "p95": float(np.percentile(values, 95)), "max": max(values)}
+            for worker, values in sorted(by_worker.items())}
+
+
+def _summary(result, plan):
+    last = result.evaluations[-1]
+    return {"options": dataclasses.asdict(result.options), "updates": len(result.updates),
+            "wall_s": result.updates[-1]["wall_s"], "final_loss": last["loss"],
+            "final_accuracy": last["accuracy"],
+            "delays": delays_by_worker(result.updates),
+            "variables": {name: device for name, device in plan.assignment.items()
+                          if result.options.mode != "sync"}}
+
+
+def _write_csv(path, rows):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
