@@ -279,3 +279,36 @@ def export_training_step(path, model="mlp", optimizer="adam"):
     from tfpart.training import export_train_step
 
     return export_train_step(TRAINABLE[model](), OPTIMIZERS[optimizer](keras), "mse", path)
+
+
+def export_classifier_step(path, features=64, classes=10, hidden=64, learning_rate=0.05,
+                           momentum=0.0, seed=0):
+    """A one-hidden-layer classifier's training step (integer labels ``y``, softmax
+    cross-entropy, SGD): what ``tfpart train`` runs in every mode (the exported SGD is
+    the ``sync`` mode's optimizer)."""
+    import keras
+    import tensorflow as tf
+
+    from tfpart.training import export_train_step
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((features,), name="features"),
+                              keras.layers.Dense(hidden, activation="relu"),
+                              keras.layers.Dense(classes)], name="classifier")
+    return export_train_step(
+        model, keras.optimizers.SGD(learning_rate, momentum=momentum),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True), path,
+        y_spec=tf.TensorSpec([None], tf.int32, name="y"))
+
+
+def blobs(path, samples=600, features=16, classes=4, seed=0):
+    """An ``.npz`` of ``samples`` points around ``classes`` random centres (``x``
+    float32, ``y`` int32 labels), for training tests that need no download."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 1.5, (classes, features))
+    y = rng.integers(0, classes, samples)
+    x = centres[y] + rng.normal(0, 1.0, (samples, features))
+    np.savez(path, x=x.astype(np.float32), y=y.astype(np.int32))
+    return path

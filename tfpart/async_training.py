@@ -182,15 +182,24 @@ class AsyncTrainer:
         self.coordinator.join()
 
 
+def sample_orders(samples, workers, seed, epochs=8):
+    """Each worker's order of the training samples: a new seeded permutation every
+    epoch, for ``epochs`` epochs (then repeated). Row k is worker k's.
+
+    >>> sample_orders(4, 2, seed=0, epochs=2).shape
+    (2, 8)
+    """
+    rng = np.random.default_rng(seed)
+    return np.stack([np.concatenate([rng.permutation(samples) for _ in range(epochs)])
+                     for _ in range(workers)])
+
+
 def _batches_fn(data, batch_size, workers, seed):
-    """A dataset function for the coordinator: worker k's mini-batches in its own
-    seeded order (a new permutation of the training split every epoch)."""
+    """A dataset function for the coordinator: worker k's mini-batches are consecutive
+    runs of ``batch_size`` samples in its order (:func:`sample_orders`), repeated."""
     tf = tensorflow()
     x, y = data
-    epochs = 8  # then repeated; each worker's order is still its own
-    rng = np.random.default_rng(seed)
-    orders = np.stack([np.concatenate([rng.permutation(len(x)) for _ in range(epochs)])
-                       for _ in range(workers)])
+    orders = sample_orders(len(x), workers, seed)
 
     def dataset_fn():
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()

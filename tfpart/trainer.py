@@ -134,7 +134,7 @@ def trained_weights(out):
     reader = tf.train.load_checkpoint(prefix)
     return {key.split("/")[0]: reader.get_tensor(key)
             for key in reader.get_variable_to_shape_map()
-            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE")}
+            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and key.startswith("w")}
 
 
 def _load_model(model_dir, mode):
@@ -215,9 +215,16 @@ class _AsyncRun:
         self.plan.save(out / "plan.json")
 
     def results(self):
+        tf = tensorflow()
         pending = [self.trainer.schedule() for _ in range(self.steps)]
         for value in pending:
-            loss, worker, delay = value.fetch()
+            try:
+                loss, worker, delay = value.fetch()
+            except tf.errors.UnavailableError:
+                # The update was applied, but its results stayed on a worker lost since
+                # (the coordinator reruns a step that had not finished elsewhere).
+                yield float("nan"), None, None
+                continue
             yield float(loss), int(worker), int(delay)
         self.trainer.join()
 
@@ -289,9 +296,9 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
             if done % options.eval_every == 0 or done == options.steps:
                 evaluation(done)
             if progress:
-                last = result.evaluations[-1]
-                progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy "
-                         f"{last['accuracy'] if last['accuracy'] is not None else '-'}")
+                accuracy = result.evaluations[-1]["accuracy"]
+                progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy " + (
+                    "-" if accuracy is None else f"{accuracy:.3f}"))
     _write_csv(out / "updates.csv", result.updates)
     result.summary = _summary(result, run.plan)
     (out / "train.json").write_text(json.dumps(result.summary, indent=1))
@@ -299,10 +306,16 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
 
 
 def delays_by_worker(updates):
-    """Per worker: updates, and the mean, median, 95th percentile and largest delay."""
+    """Per worker: updates, and the mean, median, 95th percentile and largest delay.
+
+    >>> delays_by_worker([{"worker": 0, "delay": 0}, {"worker": 0, "delay": 2},
+    ...                   {"worker": 1, "delay": None}])
+    {'0': {'updates': 2, 'mean': 1.0, 'median': 1.0, 'p95': 1.9, 'max': 2}}
+    """
     by_worker = {}
     for row in updates:
-        by_worker.setdefault(row["worker"], []).append(row["delay"])
+        if row["delay"] is not None:  # None: the results were lost with their worker
+            by_worker.setdefault(row["worker"], []).append(row["delay"])
     return {str(worker): {"updates": len(values), "mean": statistics.fmean(values),
                           "median": float(np.median(values)),
                           "p95": float(np.percentile(values, 95)), "max": max(values)}

@@ -1,0 +1,206 @@
+"""``tfpart train`` on local ``tfpart worker`` and ``ps`` processes: the asynchronous
+modes against plain SGD, a worker lost mid-run, and bad input."""
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from examples.models import blobs, export_classifier_step
+from tfpart.local_workers import LocalWorkers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_and_data(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("async")
+    model = export_classifier_step(directory / "model", features=16, classes=4, hidden=32)
+    return model, blobs(directory / "blobs.npz")
+
+
+def tfpart_train(model, cluster, data, out, *extra, wait=True):
+    command = [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
+               str(cluster), "--data", str(data), "-o", str(out), *map(str, extra)]
+    if not wait:
+        return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def rows(path):
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
+    """Plain SGD with momentum over the batches worker 0 draws, in this process."""
+    import tensorflow as tf
+
+    from tfpart.async_training import sample_orders
+    from tfpart.trainer import load_data
+
+    model = tf.saved_model.load(str(model_dir))
+    (x, y), _ = load_data(data, model.signatures["gradients"], 0.2, seed)
+    order = np.tile(sample_orders(len(x), 1, seed)[0], 2)
+    weights = {k: v.numpy() for k, v in model.signatures["weights"]().items()}
+    velocity = {k: np.zeros_like(v) for k, v in weights.items()}
+    for step in range(steps):
+        take = order[step * batch:(step + 1) * batch]
+        grads = model.signatures["gradients"](x=x[take], y=y[take], **weights)
+        for k in weights:
+            velocity[k] = momentum * velocity[k] + grads[f"g{k[1:]}"].numpy()
+            weights[k] = weights[k] - learning_rate * velocity[k]
+    return weights
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
+    """One worker, so every delay is zero; lambda0 = 0: the asynchronous modes give the
+    weights of plain SGD with momentum after 20 updates. Two parameter servers share the
+    variables by size, as plan.json records."""
+    from tfpart.plan import Plan
+    from tfpart.trainer import trained_weights
+
+    model, data = model_and_data
+    expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
+    with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
+        for mode in ("async", "dc-asgd", "ddc-asgd"):
+            out = tmp_path / mode
+            run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps",
+                               20, "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5,
+                               "--lambda0", 0, "--seed", 3, "--eval-every", 10)
+            assert run.returncode == 0, run.stderr[-2000:]
+            got = trained_weights(out)
+            assert sorted(got) == sorted(expected)
+            for name in expected:
+                np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+            updates = rows(out / "updates.csv")
+            assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
+            evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
+            # at the 10th result the servers may have applied the 11th update already
+            assert evaluated[0] == 0 and 10 <= evaluated[1] < 20 and evaluated[2] == 20
+            plan = Plan.load(out / "plan.json")
+            assert plan.algorithm == "ps_shards"
+            assert set(plan.assignment.values()) == {
+                "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+            summary = json.loads((out / "train.json").read_text())
+            assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
+
+
+def wait_for_evaluations(out, count, process, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = out / "evaluations.csv"
+        if path.exists() and len(rows(path)) >= count:
+            return
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.1)
+    raise AssertionError(f"no {count} evaluations within {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
+    """Three workers, DDC-ASGD; worker 2 is killed after two evaluations: the run
+    finishes on the other two, learns, and its checkpoint loads."""
+    from tfpart.trainer import trained_weights
+
+    model, data = model_and_data
+    out = tmp_path / "run"
+    with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
+        process = tfpart_train(model, workers.path, data, out, "--mode", "ddc-asgd",
+                               "--steps", 600, "--batch-size", 16, "--lr", 0.05,
+                               "--eval-every", 20, wait=False)
+        wait_for_evaluations(out, 3, process)
+        workers.kill(2)
+        killed_at = len(rows(out / "evaluations.csv"))
+        _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-2000:]
+    updates = rows(out / "updates.csv")
+    assert len(updates) == 600
+    assert "2" in {u["worker"] for u in updates}
+    assert "2" not in {u["worker"] for u in updates[-100:]}
+    evaluations = rows(out / "evaluations.csv")
+    assert len(evaluations) > killed_at
+    assert float(evaluations[-1]["accuracy"]) > float(evaluations[0]["accuracy"]) + 0.3
+    assert len(trained_weights(out)) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
+    """The data-parallel compile, run synchronously: worker 1 killed mid-run ends it
+    with one line naming the task and exit code 2; the checkpoint so far loads and
+    holds the weights of an evaluation."""
+    from tfpart.trainer import trained_weights
+
+    model, data = model_and_data
+    out = tmp_path / "run"
+    with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
+        process = tfpart_train(model, workers.path, data, out, "--mode", "sync",
+                               "--steps", 5000, "--batch-size", 8, "--eval-every", 10,
+                               wait=False)
+        wait_for_evaluations(out, 3, process, timeout=300)
+        workers.kill(1)
+        _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "worker task 1" in lines[0], stderr[-2000:]
+    weights = trained_weights(out)
+    assert len(weights) == 4 and all(np.isfinite(w).all() for w in weights.values())
+    assert not (out / "updates.csv").exists() or len(rows(out / "updates.csv")) < 5000
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_path):
+    """Sync runs the data-parallel compile: one replica per worker, and the held-out
+    accuracy rises."""
+    from tfpart.plan import Plan
+
+    model, data = model_and_data
+    out = tmp_path / "run"
+    with LocalWorkers(2, tmp_path, ps=1, pin=False) as workers:
+        run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 60,
+                           "--batch-size", 16, "--eval-every", 30)
+    assert run.returncode == 0, run.stderr[-2000:]
+    plan = Plan.load(out / "plan.json")
+    assert plan.algorithm == "data_parallel" and len(plan.replicas["devices"]) == 2
+    evaluations = rows(out / "evaluations.csv")
+    assert [int(e["update"]) for e in evaluations] == [0, 30, 60]
+    assert float(evaluations[-1]["accuracy"]) > float(evaluations[0]["accuracy"]) + 0.2
+    assert "sync: 60 updates" in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+@pytest.mark.parametrize("problem", ["no data", "no labels", "no ps", "bad mode"])
+def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
+    model, data = model_and_data
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({
+        "cluster": {"worker": ["localhost:1"]},
+        "devices": [{"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}))
+    mode = "async"
+    if problem == "no data":
+        data = tmp_path / "missing.npz"
+    elif problem == "no labels":
+        np.savez(tmp_path / "x_only.npz", x=np.zeros((4, 16), np.float32))
+        data = tmp_path / "x_only.npz"
+    elif problem == "bad mode":
+        mode = "hogwild"
+    out = tmp_path / "out"
+    run = tfpart_train(model, cluster, data, out, "--mode", mode)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfpart: error:"), run.stderr
+    expected = {"no data": "missing.npz: no such file", "no labels": "has no array 'y'",
+                "no ps": "needs a 'ps' job", "bad mode": "invalid choice"}[problem]
+    assert expected in lines[0]
+    assert not out.exists()
