@@ -138,9 +138,11 @@ class AsyncTrainer:
                 with tf.device(w.device):
                     value = w.read_value()
                     bak.scatter_update(tf.IndexedSlices(value[None], tf.reshape(worker, [1])))
-                read.append(value)
+                # An identity on the worker: without it the placer puts the gradients'
+                # call beside its inputs, on the servers, and the steps run one by one.
+                read.append(tf.identity(value))
             out = gradients(x=x, y=y, **dict(zip(names, read)))
-            grads = [out[f"g{name[1:]}"] for name in names]
+            grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
             with tf.control_dependencies(grads):
                 with tf.device(state.updates.device):
                     delay = state.updates.assign_add(1) - 1 - tf.gather(state.read_at, worker)

@@ -1,0 +1,243 @@
+"""Synchronous against asynchronous training on three uneven workers: sync (the
+data-parallel compile), ASGD, DC-ASGD and DDC-ASGD, several seeds each.
+
+    python -m benchmarks.async_training [--seeds 5] [--steps 600] [--markdown]
+                                        [--plot async_training.png]
+
+Data: scikit-learn's handwritten digits (1,797 8×8 images, 10 classes; shipped inside
+the package, no download; ``pip install -e '.[bench]'``), a fifth held out. Model: a
+64-512-512-10 perceptron (:func:`examples.models.export_classifier_step`), SGD with
+momentum; wide enough that computing a gradient takes longer than the parameter
+servers' read and update, as in real training, so updates overlap and have delays. Cluster: three ``tfpart worker`` tasks and one ``ps`` task on loopback, fresh
+for every run; worker 2 is slowed by stopping and continuing its process (it runs
+``--slow-share`` of every 30 ms), so it computes about ``1 / share`` times slower.
+
+Each asynchronous run makes ``--steps`` updates of ``--batch-size`` samples; a sync
+update takes that batch on each of the three workers, so sync makes a third as many
+updates over the same number of samples. The sync compile is told worker 2's speed
+(a CPU kind ``1 / share`` times slower), so its batch shares follow speed; the
+asynchronous modes need no such hint. Wall time counts from the first update (not the
+start of the processes); evaluations on the held-out fifth run in the client.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.markdown import print_table
+from examples.clusters import with_slower_cpu
+from examples.models import export_classifier_step
+from tfpart.local_workers import LocalWorkers
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("sync", "async", "dc-asgd", "ddc-asgd")
+WORKERS, SLOW = 3, 2
+PERIOD = 0.03
+console = Console(highlight=False)
+
+
+def digits(path):
+    """The digits data set as the training step's ``x`` and ``y``."""
+    try:
+        from sklearn.datasets import load_digits
+    except ModuleNotFoundError:
+        raise SystemExit("benchmarks.async_training needs scikit-learn: "
+                         "pip install -e '.[bench]'") from None
+    data = load_digits()
+    np.savez(path, x=(data.data / 16.0).astype(np.float32), y=data.target.astype(np.int32))
+    return path
+
+
+class Throttle:
+    """Stop and continue a process so it runs ``share`` of every ``period`` seconds."""
+
+    def __init__(self, pid, share, period=PERIOD):
+        self.pid, self.share, self.period = pid, share, period
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopped.is_set():
+            time.sleep(self.period * self.share)
+            os.kill(self.pid, signal.SIGSTOP)
+            time.sleep(self.period * (1 - self.share))
+            os.kill(self.pid, signal.SIGCONT)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def one_run(work, model, data, mode, seed, args):
+    """Train once on fresh workers; the run's evaluations, updates and summary."""
+    out = work / f"{mode}-{seed}"
+    with LocalWorkers(WORKERS, work, ps=1, pin=False) as workers:
+        cluster = workers.path
+        if mode == "sync":  # tell the compile worker 2's speed
+            slowed = with_slower_cpu(json.loads(cluster.read_text()), SLOW,
+                                     1 / args.slow_share, "cpu_slowed")
+            cluster = work / "sync_cluster.json"
+            cluster.write_text(json.dumps(slowed))
+        steps = args.steps // WORKERS if mode == "sync" else args.steps
+        throttle = Throttle(workers.processes[SLOW].pid, args.slow_share)
+        try:
+            run = subprocess.run(
+                [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
+                 str(cluster), "--data", str(data), "-o", str(out), "--mode", mode,
+                 "--steps", str(steps), "--batch-size", str(args.batch_size), "--lr",
+                 str(args.lr), "--momentum", str(args.momentum), "--eval-every",
+                 str(max(1, steps // 30)), "--seed", str(seed)],
+                cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        finally:
+            throttle.stop()
+    if run.returncode:
+        raise RuntimeError(f"{mode} seed {seed}: {run.stderr[-2000:]}")
+    with open(out / "evaluations.csv") as handle:
+        evaluations = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+    return {"evaluations": evaluations, "summary": json.loads((out / "train.json").read_text())}
+
+
+def accuracy_at(evaluations, key, value):
+    """Held-out accuracy at ``value`` of ``key`` (update or wall_s), interpolated."""
+    xs = [e[key] for e in evaluations]
+    return float(np.interp(value, xs, [e["accuracy"] for e in evaluations]))
+
+
+def time_to_reach(evaluations, target):
+    """Wall seconds of the first evaluation at or above ``target`` (None: never)."""
+    return next((e["wall_s"] for e in evaluations if e["accuracy"] >= target), None)
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "never"
+    mean = statistics.fmean(values)
+    return f"{mean:.3f} ± {statistics.pstdev(values):.3f}" if len(values) > 1 else f"{mean:.3f}"
+
+
+def tables(runs, args):
+    """Rows of the accuracy/time table and of the delay table."""
+    target = statistics.fmean(r["evaluations"][-1]["accuracy"] for r in runs["sync"])
+    checkpoints = [args.steps // 6, args.steps // 2, args.steps]
+    rows = []
+    for mode in MODES:
+        results = runs[mode]
+        reach = [time_to_reach(r["evaluations"], target) for r in results]
+        rows.append({
+            "mode": mode,
+            "updates": results[0]["summary"]["updates"],
+            "wall s": spread([r["summary"]["wall_s"] for r in results]),
+            "final accuracy": spread([r["evaluations"][-1]["accuracy"] for r in results]),
+            f"s to sync's {target:.3f}": spread(reach) + (
+                f" ({sum(t is None for t in reach)} of {len(reach)} never)"
+                if any(t is None for t in reach) else ""),
+            **{f"accuracy at {n} updates": "-" if mode == "sync" else spread(
+                [accuracy_at(r["evaluations"], "update", n) for r in results])
+               for n in checkpoints}})
+    delays = []
+    for mode in MODES[1:]:
+        for worker in map(str, range(WORKERS)):
+            figures = [r["summary"]["delays"].get(worker) for r in runs[mode]]
+            figures = [f for f in figures if f]
+            delays.append({"mode": mode, "worker": worker + (" (slowed)" if worker == str(SLOW)
+                                                               else ""),
+                           "updates": f"{statistics.fmean(f['updates'] for f in figures):.0f}",
+                           "mean delay": f"{statistics.fmean(f['mean'] for f in figures):.2f}",
+                           "median": f"{statistics.fmean(f['median'] for f in figures):.1f}",
+                           "p95": f"{statistics.fmean(f['p95'] for f in figures):.1f}",
+                           "max": str(max(f["max"] for f in figures))})
+    return rows, delays
+
+
+def plot(runs, path):
+    """Held-out accuracy against wall time and against updates, mean over seeds with
+    the range of the seeds shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode in MODES:
+        for axis, key in zip(axes, ("wall_s", "update")):
+            end = min(r["evaluations"][-1][key] for r in runs[mode])
+            grid = np.linspace(0, end, 60)
+            curves = np.array([[accuracy_at(r["evaluations"], key, g) for g in grid]
+                               for r in runs[mode]])
+            axis.plot(grid, curves.mean(0), label=mode)
+            axis.fill_between(grid, curves.min(0), curves.max(0), alpha=0.2)
+    axes[0].set_xlabel("wall time (s)")
+    axes[1].set_xlabel("updates (sync: one per three worker batches)")
+    for axis in axes:
+        axis.set_ylabel("held-out accuracy")
+        axis.set_ylim(0, 1)
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right")
+    figure.suptitle("Digits, 3 workers (one slowed), mean over seeds, range shaded")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=600, help="asynchronous updates")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=512, help="units of each of the "
+                        "two hidden layers (a step must compute long enough to overlap)")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.5)
+    parser.add_argument("--slow-share", type=float, default=1 / 3,
+                        help="share of the time the slowed worker runs")
+    parser.add_argument("--plot", default="async_training.png")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tfpart-async-") as tmp:
+        work = Path(tmp)
+        data = digits(work / "digits.npz")
+        model = export_classifier_step(work / "model", learning_rate=args.lr,
+                                       momentum=args.momentum, hidden=args.hidden, depth=2)
+        runs = {mode: [] for mode in MODES}
+        for seed in range(args.seeds):  # modes alternate, so drift hits them alike
+            for mode in MODES:
+                runs[mode].append(one_run(work, model, data, mode, seed, args))
+                last = runs[mode][-1]
+                console.print(f"seed {seed} {mode}: accuracy "
+                              f"{last['evaluations'][-1]['accuracy']:.3f} in "
+                              f"{last['summary']['wall_s']:.1f} s")
+    rows, delays = tables(runs, args)
+    plot(runs, args.plot)
+    title = (f"Digits on 3 workers + 1 ps, worker {SLOW} runs {args.slow_share:.2f} of the "
+             f"time; {args.seeds} seeds, batch {args.batch_size}, lr {args.lr}, momentum "
+             f"{args.momentum}")
+    for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays)):
+        table = Table(title=caption)
+        for column in table_rows[0]:
+            table.add_column(column)
+        for row in table_rows:
+            table.add_row(*map(str, row.values()))
+        console.print(table)
+        if args.markdown:
+            print_table(list(table_rows[0]), [list(map(str, r.values())) for r in table_rows])
+    console.print(f"Plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
