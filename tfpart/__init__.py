@@ -5,8 +5,10 @@ partition without writing), ``load`` (load a compiled model with its variable de
 ``connect`` (become a client of a cluster's ``tfpart worker`` tasks), ``verify``
 (compare original and compiled), ``time_model``, ``LocalWorkers`` (a multi-host cluster
 on this machine), ``export_train_step`` (a Keras model's training step as a
-SavedModel signature), ``draw`` (a picture of a plan), ``diff_plans`` (what changed
-between two plans), ``load_cluster``, ``Plan``, ``Cluster``.
+SavedModel signature), ``train`` and ``TrainOptions`` (train its weights on a cluster,
+synchronously or asynchronously on parameter servers), ``trained_weights``, ``draw``
+(a picture of a plan), ``diff_plans`` (what changed between two plans),
+``load_cluster``, ``Plan``, ``Cluster``.
 Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
 import cycles with the packages below it.
 
@@ -22,7 +24,8 @@ _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
         "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
         "export_train_step": "tfpart.training", "draw": "tfpart.picture",
-        "diff_plans": "tfpart.plan_diff"}
+        "diff_plans": "tfpart.plan_diff", "train": "tfpart.trainer",
+        "TrainOptions": "tfpart.trainer", "trained_weights": "tfpart.trainer"}
 
 __all__ = sorted(_API)
 
