@@ -204,3 +204,25 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
                 "no ps": "needs a 'ps' job", "bad mode": "invalid choice"}[problem]
     assert expected in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_async_training_ends_naming_a_lost_parameter_server(model_and_data, tmp_path):
+    """The weights are gone with their server: one line naming it, exit code 2, and the
+    checkpoint written before loads."""
+    from tfpart.trainer import trained_weights
+
+    model, data = model_and_data
+    out = tmp_path / "run"
+    with LocalWorkers(2, tmp_path, ps=1, pin=False) as workers:
+        process = tfpart_train(model, workers.path, data, out, "--mode", "dc-asgd",
+                               "--steps", 20000, "--batch-size", 16, "--eval-every", 20,
+                               wait=False)
+        wait_for_evaluations(out, 3, process)
+        workers.kill(0, job="ps")
+        _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "ps task 0" in lines[0], stderr[-2000:]
+    assert len(trained_weights(out)) == 4
