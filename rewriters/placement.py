@@ -94,7 +94,8 @@ def place_devices(proto, plan, default_device=None):
         if fname in writer.functions:
             bound = objects.concrete_functions[fname].bound_inputs
             n_args = len(writer.functions[fname].signature.input_arg)
-            args = [None] * (n_args - len(bound)) + [variable_device[b] for b in bound]
+            # a captured constant (not a variable) binds no device
+            args = [None] * (n_args - len(bound)) + [variable_device.get(b) for b in bound]
             writer.place_by_rule(fname, args)
     _place_top_level(meta, writer, objects, variable_device, top_nodes)
     return new

@@ -123,48 +123,8 @@ class AsyncTrainer:
                                  self.workers, mode)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
             _batches_fn(data, batch_size, self.workers, seed)))
-        gradients = self.model.signatures["gradients"]
-        state, names = self.state, self.names
-
-        @tf.function
-        def step(iterator):
-            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            x, y = next(iterator)
-            with tf.device(state.updates.device):
-                state.read_at.scatter_update(tf.IndexedSlices(
-                    tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
-            read = []
-            for w, bak in zip(state.w, state.bak):
-                with tf.device(w.device):
-                    value = w.read_value()
-                    bak.scatter_update(tf.IndexedSlices(value[None], tf.reshape(worker, [1])))
-                # An identity on the worker: without it the placer puts the gradients'
-                # call beside its inputs, on the servers, and the steps run one by one.
-                read.append(tf.identity(value))
-            out = gradients(x=x, y=y, **dict(zip(names, read)))
-            grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
-            with tf.control_dependencies(grads):
-                with tf.device(state.updates.device):
-                    delay = state.updates.assign_add(1) - 1 - tf.gather(state.read_at, worker)
-                    tau = tf.cast(delay, tf.float32)
-                    mean_delay = state.mean_delay.read_value()
-                for k, g in enumerate(grads):
-                    with tf.device(state.w[k].device):
-                        new = update(mode, state.w[k].read_value(), g,
-                                     tf.gather(state.bak[k], worker),
-                                     0.0 if state.ms[k] is None else state.ms[k].read_value(),
-                                     state.velocity[k].read_value(), tau, mean_delay,
-                                     hyper, tf.sqrt)
-                        state.w[k].assign(new.w)
-                        state.velocity[k].assign(new.velocity)
-                        if state.ms[k] is not None:
-                            state.ms[k].assign(new.ms)
-                if mode == "ddc-asgd":
-                    with tf.device(state.updates.device):
-                        state.mean_delay.assign(new.mean_delay)
-            return out["loss"], worker, delay
-
-        self._step = step
+        self._step = _step_function(self.state, self.names,
+                                    self.model.signatures["gradients"], mode, hyper)
 
     def schedule(self):
         """Queue one update; a ``RemoteValue`` of (loss, worker index, delay)."""
@@ -182,6 +142,53 @@ class AsyncTrainer:
 
     def join(self):
         self.coordinator.join()
+
+
+def _step_function(state, names, gradients, mode, hyper):
+    """The scheduled step: read the weights (kept as the worker's ``w_bak``) on the
+    servers, compute the gradients on the worker, apply ``mode``'s update on the
+    servers; returns (loss, worker index, delay)."""
+    tf = tensorflow()
+
+    @tf.function
+    def step(iterator):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        x, y = next(iterator)
+        with tf.device(state.updates.device):
+            state.read_at.scatter_update(tf.IndexedSlices(
+                tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
+        read = []
+        for w, bak in zip(state.w, state.bak):
+            with tf.device(w.device):
+                value = w.read_value()
+                bak.scatter_update(tf.IndexedSlices(value[None], tf.reshape(worker, [1])))
+            # An identity on the worker: without it the placer puts the gradients'
+            # call beside its inputs, on the servers, and the steps run one by one.
+            read.append(tf.identity(value))
+        out = gradients(x=x, y=y, **dict(zip(names, read)))
+        grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
+        with tf.control_dependencies(grads):
+            with tf.device(state.updates.device):
+                delay = state.updates.assign_add(1) - 1 - tf.gather(state.read_at, worker)
+                tau = tf.cast(delay, tf.float32)
+                mean_delay = state.mean_delay.read_value()
+            for k, g in enumerate(grads):
+                with tf.device(state.w[k].device):
+                    new = update(mode, state.w[k].read_value(), g,
+                                 tf.gather(state.bak[k], worker),
+                                 0.0 if state.ms[k] is None else state.ms[k].read_value(),
+                                 state.velocity[k].read_value(), tau, mean_delay,
+                                 hyper, tf.sqrt)
+                    state.w[k].assign(new.w)
+                    state.velocity[k].assign(new.velocity)
+                    if state.ms[k] is not None:
+                        state.ms[k].assign(new.ms)
+            if mode == "ddc-asgd":
+                with tf.device(state.updates.device):
+                    state.mean_delay.assign(new.mean_delay)
+        return out["loss"], worker, delay
+
+    return step
 
 
 def sample_orders(samples, workers, seed, epochs=8):
