@@ -37,6 +37,7 @@ import json
 import shutil
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,9 +216,16 @@ class _AsyncRun:
         self.plan.save(out / "plan.json")
 
     def results(self):
+        """Results in the order scheduled, keeping a few steps per worker queued (so a
+        long run neither waits to queue every step nor holds every result)."""
         tf = tensorflow()
-        pending = [self.trainer.schedule() for _ in range(self.steps)]
-        for value in pending:
+        queued = min(self.steps, 4 * self.trainer.workers)
+        pending = deque(self.trainer.schedule() for _ in range(queued))
+        while pending:
+            value = pending.popleft()
+            if queued < self.steps:
+                pending.append(self.trainer.schedule())
+                queued += 1
             try:
                 loss, worker, delay = value.fetch()
             except tf.errors.UnavailableError:
