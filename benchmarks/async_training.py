@@ -202,8 +202,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=512, help="units of each of the "
                         "two hidden layers (a step must compute long enough to overlap)")
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.5)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--slow-share", type=float, default=1 / 3,
                         help="share of the time the slowed worker runs")
     parser.add_argument("--plot", default="async_training.png")

@@ -216,10 +216,12 @@ class _AsyncRun:
         self.plan.save(out / "plan.json")
 
     def results(self):
-        """Results in the order scheduled, keeping a few steps per worker queued (so a
-        long run neither waits to queue every step nor holds every result)."""
+        """Results in the order scheduled, keeping steps queued (so a long run neither
+        waits to queue every step first nor holds every result). The queue is long
+        enough that while the oldest result waits on a slow worker, the others do not
+        run out of steps."""
         tf = tensorflow()
-        queued = min(self.steps, 4 * self.trainer.workers)
+        queued = min(self.steps, 32 * self.trainer.workers)
         pending = deque(self.trainer.schedule() for _ in range(queued))
         while pending:
             value = pending.popleft()
