@@ -87,8 +87,8 @@ class LocalWorkers:
                 time.sleep(0.2)
 
     def _start(self, task, pin, job="worker"):
-        # With parameter servers, a worker with one inter-op thread deadlocks: its step
-        # waits on the servers' ops, which wait on the worker's sends. TF's defaults then.
+        # With parameter servers, workers given one intra-op and one inter-op thread
+        # hang in their first step (measured); they get TensorFlow's defaults then.
         command = worker_command(self.path, task, job=job,
                                  threads=None if self.ps else 1)
         if pin:

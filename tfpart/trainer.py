@@ -18,8 +18,9 @@ gets:
 - ``updates.csv``: one row per update (update, worker, loss, delay, wall seconds);
 - ``evaluations.csv``: one row per evaluation (update, wall seconds, loss, accuracy);
 - ``train.json``: options, final figures, and the delays per worker;
-- ``plan.json``: where the variables live (the compiled plan for ``sync``; the
-  parameter servers' shards for the asynchronous modes);
+- ``plan.json``: where the variables live (the compiled plan for ``sync``, whose
+  compiled model is ``compiled/``; the parameter servers' shards for the asynchronous
+  modes);
 - ``checkpoint/``: the weights, by the ``weights`` signature's names
   (:func:`trained_weights`).
 
