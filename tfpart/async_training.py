@@ -7,8 +7,8 @@ beside the variable it belongs to (:func:`partitioner.ps_shards.shard_by_size`):
 
 - the weights ``w``, their velocity and (DC-ASGD, DDC-ASGD) the mean square of their
   gradients;
-- ``w_bak``: one copy of the weights per worker, written when the worker reads them
-  (a variable with a leading worker axis);
+- ``w_bak`` (DC-ASGD, DDC-ASGD): one copy of the weights per worker, written when the
+  worker reads them (a variable with a leading worker axis);
 - on the first server: the update counter, the counter's value at each worker's last
   read (so an update's delay is counted there), and DDC-ASGD's running mean delay.
 
@@ -79,7 +79,8 @@ class ServerState:
                     self.ms.append(tf.Variable(np.zeros_like(value), name=f"{name}_ms")
                                    if mode != "async" else None)
                     self.bak.append(tf.Variable(np.repeat(value[None], workers, axis=0),
-                                                name=f"{name}_bak"))
+                                                name=f"{name}_bak")
+                                    if mode != "async" else None)
             with strategy.extended.colocate_vars_with(anchors[0]):
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
@@ -161,7 +162,9 @@ def _step_function(state, names, gradients, mode, hyper):
         for w, bak in zip(state.w, state.bak):
             with tf.device(w.device):
                 value = w.read_value()
-                bak.scatter_update(tf.IndexedSlices(value[None], tf.reshape(worker, [1])))
+                if bak is not None:
+                    bak.scatter_update(tf.IndexedSlices(value[None],
+                                                        tf.reshape(worker, [1])))
             # An identity on the worker: without it the placer puts the gradients'
             # call beside its inputs, on the servers, and the steps run one by one.
             read.append(tf.identity(value))
@@ -174,8 +177,10 @@ def _step_function(state, names, gradients, mode, hyper):
                 mean_delay = state.mean_delay.read_value()
             for k, g in enumerate(grads):
                 with tf.device(state.w[k].device):
-                    new = update(mode, state.w[k].read_value(), g,
-                                 tf.gather(state.bak[k], worker),
+                    current = state.w[k].read_value()
+                    new = update(mode, current, g,
+                                 current if state.bak[k] is None
+                                 else tf.gather(state.bak[k], worker),
                                  0.0 if state.ms[k] is None else state.ms[k].read_value(),
                                  state.velocity[k].read_value(), tau, mean_delay,
                                  hyper, tf.sqrt)

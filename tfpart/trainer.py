@@ -182,13 +182,13 @@ class _SyncRun:
         self.data, self.options = train_data, options
 
     def results(self):
-        rng = np.random.default_rng(self.options.seed)
+        from tfpart.async_training import sample_orders
+
         x, y = self.data
-        order = np.zeros(0, np.int64)
-        for _ in range(self.options.steps):
-            if len(order) < self.batch:
-                order = np.concatenate([order, rng.permutation(len(x))])
-            take, order = order[:self.batch], order[self.batch:]
+        steps, batch = self.options.steps, self.batch
+        order = sample_orders(len(x), 1, self.options.seed, -(-steps * batch // len(x)))[0]
+        for start in range(0, steps * batch, batch):
+            take = order[start:start + batch]
             yield float(self.step(x=x[take], y=y[take])["loss"]), -1, 0
 
     def weights(self):
@@ -269,11 +269,11 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
     model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
     train_data, held = load_data(data_file, model.signatures["gradients"],
                                  options.eval_fraction, options.seed)
-    initial = {k: v.numpy() for k, v in sorted(model.signatures["weights"]().items())}
     if options.mode != "sync":
         from tfpart.async_training import ps_devices
 
         ps_devices(cluster)
+        initial = {k: v.numpy() for k, v in sorted(model.signatures["weights"]().items())}
     out = Path(out)
     if out.exists():
         if not force:

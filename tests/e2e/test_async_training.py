@@ -104,6 +104,20 @@ def wait_for_evaluations(out, count, process, timeout=120):
     raise AssertionError(f"no {count} evaluations within {timeout} s")
 
 
+def killed_mid_run(model, data, tmp_path, workers, kill, *options, wait=120):
+    """Run ``tfpart train`` on ``workers`` local workers and one ps; after three
+    evaluations call ``kill(workers)``. Returns (return code, stderr, output folder,
+    evaluations written when the task was killed)."""
+    out = tmp_path / "run"
+    with LocalWorkers(workers, tmp_path, ps=1, pin=False) as tasks:
+        process = tfpart_train(model, tasks.path, data, out, *options, wait=False)
+        wait_for_evaluations(out, 3, process, timeout=wait)
+        kill(tasks)
+        killed_at = len(rows(out / "evaluations.csv"))
+        _, stderr = process.communicate(timeout=600)
+    return process.returncode, stderr, out, killed_at
+
+
 @pytest.mark.slow
 @pytest.mark.any_onednn
 def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
@@ -112,16 +126,10 @@ def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
     from tfpart.trainer import trained_weights
 
     model, data = model_and_data
-    out = tmp_path / "run"
-    with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
-        process = tfpart_train(model, workers.path, data, out, "--mode", "ddc-asgd",
-                               "--steps", 600, "--batch-size", 16, "--lr", 0.05,
-                               "--eval-every", 20, wait=False)
-        wait_for_evaluations(out, 3, process)
-        workers.kill(2)
-        killed_at = len(rows(out / "evaluations.csv"))
-        _, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr[-2000:]
+    code, stderr, out, killed_at = killed_mid_run(
+        model, data, tmp_path, 3, lambda tasks: tasks.kill(2), "--mode", "ddc-asgd",
+        "--steps", 600, "--batch-size", 16, "--lr", 0.05, "--eval-every", 20)
+    assert code == 0, stderr[-2000:]
     updates = rows(out / "updates.csv")
     assert len(updates) == 600
     assert "2" in {u["worker"] for u in updates}
@@ -141,15 +149,10 @@ def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
     from tfpart.trainer import trained_weights
 
     model, data = model_and_data
-    out = tmp_path / "run"
-    with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
-        process = tfpart_train(model, workers.path, data, out, "--mode", "sync",
-                               "--steps", 5000, "--batch-size", 8, "--eval-every", 10,
-                               wait=False)
-        wait_for_evaluations(out, 3, process, timeout=300)
-        workers.kill(1)
-        _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 2
+    code, stderr, out, _ = killed_mid_run(
+        model, data, tmp_path, 3, lambda tasks: tasks.kill(1), "--mode", "sync",
+        "--steps", 5000, "--batch-size", 8, "--eval-every", 10, wait=300)
+    assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "worker task 1" in lines[0], stderr[-2000:]
     weights = trained_weights(out)
@@ -214,15 +217,10 @@ def test_async_training_ends_naming_a_lost_parameter_server(model_and_data, tmp_
     from tfpart.trainer import trained_weights
 
     model, data = model_and_data
-    out = tmp_path / "run"
-    with LocalWorkers(2, tmp_path, ps=1, pin=False) as workers:
-        process = tfpart_train(model, workers.path, data, out, "--mode", "dc-asgd",
-                               "--steps", 20000, "--batch-size", 16, "--eval-every", 20,
-                               wait=False)
-        wait_for_evaluations(out, 3, process)
-        workers.kill(0, job="ps")
-        _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 2
+    code, stderr, out, _ = killed_mid_run(
+        model, data, tmp_path, 2, lambda tasks: tasks.kill(0, job="ps"), "--mode",
+        "dc-asgd", "--steps", 20000, "--batch-size", 16, "--eval-every", 20)
+    assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "ps task 0" in lines[0], stderr[-2000:]
     assert len(trained_weights(out)) == 4
