@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
+from tfpart.collector import with_collector_paused
 
 __all__ = ["GreedyOptions", "partition"]
 
 
+@with_collector_paused
 def partition(cost, options=GreedyOptions()):
     """The greedy's placement of every op of ``cost.graph`` as a checked Plan.
 

@@ -163,6 +163,20 @@ def test_plans_count_the_copies_between_devices_and_hosts(graph, cluster):
         host[plan.assignment[src]] != host[dst] for src, dst in copies)
 
 
+@PROPERTY
+@given(random_dags(min_ops=3, control=True), random_clusters(min_devices=2, slow_links=True))
+def test_the_prediction_is_the_simulated_step_of_the_placement_it_emits(graph, cluster):
+    """The greedy's list schedules cannot price link queues exactly (they book copies
+    in placement order, the simulator in time order), so it chooses among its
+    candidates by simulated steps: what it predicts is the simulator's step, with every
+    copy queued on its link, for the very placement the plan holds."""
+    cost = CostModel(graph, cluster)
+    plan = greedy.partition(cost)
+    placement = np.array([cluster.device_names.index(plan.assignment[op]) for op in cost.ops])
+    schedule = simulate(cost, placement)
+    assert plan.step_time == schedule.makespan
+    assert plan.predicted.bytes_moved == schedule.bytes_moved
+
 def test_work_that_gains_nothing_stays_with_its_neighbours():
     """A chain on one fast device with a light side branch: moving the branch to the
     other device gains nothing measurable, so the plan keeps one device and no copy."""
