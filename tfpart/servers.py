@@ -112,9 +112,20 @@ def cluster_errors(cluster):
     except tf.errors.OpError as exc:
         if cluster is None:
             raise
-        check_workers(cluster, timeout=1.0)  # names the lost task, if one is gone
+        _name_a_lost_task(cluster)
         raise TfpartError(cluster.source, "the run across the cluster failed: "
                           f"{first_line(exc)}") from None
+
+def _name_a_lost_task(cluster, wait=2.0, interval=0.2):
+    """Raise check_workers' error naming a task that stopped accepting connections
+    within ``wait`` seconds: a killed task's connections can reset before the kernel
+    has closed its listening port, so a single probe may still find it up."""
+    deadline = time.monotonic() + wait
+    while True:
+        check_workers(cluster, timeout=1.0)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
 
 def connect(cluster, watch=False):
     """Make this process a client of ``cluster``'s TensorFlow servers, after checking
