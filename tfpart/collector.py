@@ -1,0 +1,44 @@
+"""Pause Python's cyclic garbage collector around passes that allocate many small
+objects while a large graph is alive.
+
+Each generation-2 collection walks every container object in the process, and a
+networkx graph of 10,000 ops is hundreds of thousands of them; building the arrays of
+such a graph triggers several. Measured on the greedy at 10,000 ops: 0.72 s with the
+collector paused against 1.19 s without (``benchmarks/partition_quality.py``,
+scaling). The passes make no reference cycles worth collecting before they end.
+
+Examples
+--------
+>>> import gc
+>>> with collector_paused():
+...     gc.isenabled()
+False
+>>> gc.isenabled()
+True
+"""
+from __future__ import annotations
+
+import functools
+import gc
+from contextlib import contextmanager
+
+
+@contextmanager
+def collector_paused():
+    """Disable the cyclic collector for the block; re-enable it after if it was on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def with_collector_paused(function):
+    """Decorator: run ``function`` inside :func:`collector_paused`."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with collector_paused():
+            return function(*args, **kwargs)
+    return wrapper
