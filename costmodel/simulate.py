@@ -194,17 +194,11 @@ def simulate(cost, device_of, priority=None, memory=True):
     """
     device_of = np.asarray(device_of, dtype=np.int64)
     priority = upward_rank(cost) if priority is None else np.asarray(priority, dtype=float)
-    a = graph_arrays(cost)
-    executor_of = np.asarray(cost.cluster.executor_of, dtype=np.int64)
-    start, end, busy, order, transfers, link_bytes = _simulate_events(
-        device_of, priority, a.tie, cost.compute, executor_of, a.succ_ptr, a.succ_op,
-        a.succ_edge, a.edge_bytes, a.edge_control, a.comm_row, a.comm, cost.latency,
-        cost.inverse_bandwidth, cost.cpu_copy, cost.message_cost)
-    makespan = max(end.max(initial=0.0), transfers[:, 4].max(initial=0.0))
+    start, end, busy, order, transfers, link_bytes = _run_events(cost, device_of, priority)
     src, dst = np.nonzero(link_bytes)
     schedule = Schedule(
         device=device_of, start=start, end=end,
-        makespan=float(makespan) + cost.cluster.step_overhead, busy=busy,
+        makespan=_makespan(cost, end, transfers), busy=busy,
         link_bytes={(int(s), int(d)): float(link_bytes[s, d]) for s, d in zip(src, dst)},
         transfers=[(int(i), int(s), int(d), float(b), float(f))
                    for i, s, d, b, f in transfers] if memory else [],
@@ -212,6 +206,52 @@ def simulate(cost, device_of, priority=None, memory=True):
     if memory:
         schedule.peak_memory = peak_memory(cost, schedule)
     return schedule
+
+
+def simulated_step(cost, device_of, priority):
+    """The step time and bytes moved of :func:`simulate`, without building a Schedule
+    (for searches that simulate thousands of placements of a small graph).
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel.roofline import CostModel
+    >>> g = OpGraph()
+    >>> for n in "ab": g.add_op(n, op_type="Relu", bytes_accessed=2e10)
+    >>> g.add_edge("a", "b", bytes=1e6)
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
+    >>> placement = np.array([0, 1])
+    >>> schedule = simulate(cost, placement, upward_rank(cost))
+    >>> simulated_step(cost, placement, upward_rank(cost)) == (schedule.makespan, 1e6)
+    True
+    """
+    _, end, _, _, transfers, link_bytes = _run_events(cost, device_of, priority)
+    return _makespan(cost, end, transfers), float(link_bytes.sum())
+
+
+def _run_events(cost, device_of, priority):
+    a = graph_arrays(cost)
+    executor_of = cost.derived("executor_of", lambda: np.asarray(cost.cluster.executor_of,
+                                                                 dtype=np.int64))
+    return _simulate_events(
+        device_of, priority, a.tie, cost.compute, executor_of, a.succ_ptr, a.succ_op,
+        a.succ_edge, a.edge_bytes, a.edge_control, a.comm_row, a.comm, cost.latency,
+        cost.inverse_bandwidth, cost.cpu_copy, cost.message_cost)
+
+
+def _makespan(cost, end, transfers):
+    return _last_event(end, transfers) + cost.cluster.step_overhead
+
+
+@numba.njit(cache=True)
+def _last_event(end, transfers):
+    """The latest op end or transfer arrival (compiled: numpy's reductions cost more
+    than the simulation itself on small graphs)."""
+    last = 0.0
+    for t in end:
+        last = max(last, t)
+    for k in range(transfers.shape[0]):
+        last = max(last, transfers[k, 4])
+    return last
 
 
 @numba.njit(cache=True)

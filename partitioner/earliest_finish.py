@@ -19,10 +19,13 @@ heaviest consumer.
 
 The local search starts from the better of this placement and m-ETF's (Baechi's
 earliest-start rule does better where transfers dominate). It moves the heaviest
-groups, one at a time, to whichever other device lowers the simulated step time, for at
-most ``refine_evaluations`` simulations and ``search_op_budget`` simulated ops (so a few
-simulations on the largest graphs). The loops of the list schedules, the simulator and
-m-ETF are compiled (numba), which is what makes this affordable at 100,000 ops.
+groups, one at a time, to whichever other device lowers the simulated step time; once
+no single move helps, it kicks the placement (two groups moved at random, seeded) and
+descends again, keeping the fastest placement found (an iterated local search). It
+spends at most ``refine_evaluations`` simulations, fewer on large graphs
+(``search_budget``: a few simulations, and no kick, on the largest). The loops of the
+list schedules, the simulator and m-ETF are compiled (numba), which is what makes this
+affordable at 100,000 ops.
 
 Last, the plan is judged by simulation against gathered variants of itself (the groups
 of its least busy devices, then single groups, moved to the devices they exchange the
@@ -63,7 +66,7 @@ import numba
 import numpy as np
 
 from costmodel.arrays import edge_times, fits_memory, graph_arrays, heap_pop, heap_push
-from costmodel.simulate import simulate, upward_rank
+from costmodel.simulate import simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
@@ -78,17 +81,22 @@ class GreedyOptions:
     """``memory_headroom``: fraction of each device's memory kept free;
     ``insertion``: fill idle slots; ``refine_evaluations``: the most simulations the
     local search (and again the gathering) may spend (0 turns both off);
-    ``search_op_budget``: simulated ops each of them may spend, so that on large graphs
-    they take a bounded time (evaluations = ``search_op_budget`` / ops, at least 2)."""
+    ``search_budget``: evaluations = ``search_budget`` / ops², at least 2: a
+    simulation costs time in proportion to the ops, so the search's time falls as
+    1 / ops (about 1 s at 500 ops, 0.1 s at 10,000) and large graphs stay fast.
+
+    >>> [GreedyOptions().evaluations(n) for n in (20, 500, 2_000, 10_000, 100_000)]
+    [4000, 4000, 250, 10, 2]
+    """
 
     memory_headroom: float = 0.0
     insertion: bool = True
-    refine_evaluations: int = 1000
-    search_op_budget: int = 100_000
+    refine_evaluations: int = 4000
+    search_budget: float = 1e9
 
     def evaluations(self, n_ops):
         """Simulations the local search may spend on a graph of ``n_ops`` ops."""
-        return min(self.refine_evaluations, max(2, self.search_op_budget // max(n_ops, 1)))
+        return int(min(self.refine_evaluations, max(2, self.search_budget / max(n_ops, 1) ** 2)))
 
 
 def greedy_placement(cost, options=GreedyOptions()):
@@ -388,11 +396,11 @@ class _Judge:
         self.cost, self.priority, self.seen = cost, priority, {}
 
     def __call__(self, placement):
-        key = np.asarray(placement).tobytes()
+        placement = np.asarray(placement, dtype=np.int64)
+        key = placement.tobytes()
         if key not in self.seen:
-            schedule = simulate(self.cost, placement, self.priority, memory=False)
-            self.seen[key] = (schedule.makespan, schedule.bytes_moved,
-                              len(np.unique(placement)))
+            step, moved = simulated_step(self.cost, placement, self.priority)
+            self.seen[key] = (step, moved, int(np.count_nonzero(np.bincount(placement))))
         return self.seen[key]
 
 
@@ -521,24 +529,57 @@ def _better_start(judge, device_of, alternative):
 
 
 def _refine(graph, cost, device_of, judge, evaluations):
-    """First-improvement local search: move a colocation group (heaviest first) to the
-    device that most lowers the simulated makespan, within memory; repeat while it
-    helps and the evaluation budget lasts. Changes ``device_of`` in place."""
+    """Iterated local search: :func:`_descend` from ``device_of``; then, while the
+    budget lasts, kick a copy of the current placement (two groups moved to other
+    devices at random, seeded) and descend from it, keeping the fastest placement
+    found. The walk moves on to the kicked descent if it is at most ``WANDER`` slower
+    than the current one, which lets it leave a basin. Changes ``device_of`` in place."""
     units = placement_units(cost)  # topological order
     sizes = [len(unit.members) for unit in units]
     mean_time = np.add.reduceat(cost.mean_time()[np.concatenate([u.members for u in units])],
                                 np.cumsum([0] + sizes[:-1])) if units else np.zeros(0)
     heaviest = np.argsort(-mean_time, kind="stable")  # ties keep the topological order
-    groups = [units[k].members for k in heaviest if mean_time[k] > 0]
+    kept = heaviest[mean_time[heaviest] > 0]
+    groups = [units[k].members for k in kept]
+    a = graph_arrays(cost)
+    runnable = a.group_runnable[a.group_of[[members[0] for members in groups]]]
+    evaluations = _descend(cost, device_of, judge, groups, runnable, evaluations)
+    movable = np.flatnonzero(runnable.sum(axis=1) > 1)
+    one_pass = int(runnable.sum()) - len(groups)  # evaluations of one sweep of the search
+    rng = np.random.default_rng(0)
+    current = device_of.copy()
+    while len(movable) and evaluations >= one_pass:
+        trial = current.copy()
+        for k in rng.choice(movable, size=min(KICK_GROUPS, len(movable)), replace=False):
+            choices = np.flatnonzero(runnable[k])
+            trial[groups[k]] = rng.choice(choices[choices != trial[groups[k][0]]])
+        evaluations -= 1
+        if not fits_memory(cost, trial):
+            continue
+        evaluations = _descend(cost, trial, judge, groups, runnable, evaluations)
+        if judge(trial)[0] < judge(device_of)[0] * (1 - 1e-9):
+            device_of[:] = trial
+        if judge(trial)[0] <= judge(current)[0] * (1 + WANDER):
+            current = trial
+
+
+KICK_GROUPS = 2  # groups moved at random before each further descent
+WANDER = 0.02  # how much slower a kicked descent may be for the walk to move there
+
+
+def _descend(cost, device_of, judge, groups, runnable, evaluations):
+    """First-improvement local search: move a group (``groups``, heaviest first) to the
+    device, where its row of ``runnable`` is true, that most lowers the simulated
+    makespan, within memory; repeat while it helps and ``evaluations`` last. Changes
+    ``device_of`` in place; returns the evaluations left."""
     best = judge(device_of)[0]
     improved = True
     while improved and evaluations > 0:
         improved = False
-        for members in groups:
+        for members, devices in zip(groups, runnable):
             here = device_of[members[0]]
-            runnable = np.all(np.isfinite(cost.compute[members]), axis=0)
             choice = None
-            for d in np.flatnonzero(runnable):
+            for d in np.flatnonzero(devices):
                 if d == here or evaluations <= 0:
                     continue
                 trial = device_of.copy()
@@ -554,6 +595,7 @@ def _refine(graph, cost, device_of, judge, evaluations):
                 improved = True
             if evaluations <= 0:
                 break
+    return evaluations
 
 
 def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_only=False):
