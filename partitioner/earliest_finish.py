@@ -62,6 +62,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import networkx as nx
 import numba
 import numpy as np
 
@@ -543,9 +544,13 @@ def _refine(graph, cost, device_of, judge, evaluations):
     groups = [units[k].members for k in kept]
     a = graph_arrays(cost)
     runnable = a.group_runnable[a.group_of[[members[0] for members in groups]]]
+    one_pass = int(runnable.sum()) - len(groups)  # evaluations of one sweep of the search
+    if evaluations >= 2 * one_pass:  # room for kicks: chains move whole too
+        chains, chain_runnable = _chains(cost, groups, runnable)
+        groups, runnable = chains + groups, np.concatenate([chain_runnable, runnable])
+        one_pass = int(runnable.sum()) - len(groups)
     evaluations = _descend(cost, device_of, judge, groups, runnable, evaluations)
     movable = np.flatnonzero(runnable.sum(axis=1) > 1)
-    one_pass = int(runnable.sum()) - len(groups)  # evaluations of one sweep of the search
     rng = np.random.default_rng(0)
     current = device_of.copy()
     while len(movable) and evaluations >= one_pass:
@@ -561,6 +566,28 @@ def _refine(graph, cost, device_of, judge, evaluations):
             device_of[:] = trial
         if judge(trial)[0] <= judge(current)[0] * (1 + WANDER):
             current = trial
+
+
+def _chains(cost, groups, runnable):
+    """The chains of ``groups`` (ops joined along edges from an op with one successor
+    to an op with one predecessor: a branch between a fork and a join), each as its
+    members and the devices that can run all of them, heaviest first."""
+    a = graph_arrays(cost)
+    index_of = np.full(len(cost.ops), -1)
+    for k, members in enumerate(groups):
+        index_of[members] = k
+    producer = np.repeat(np.arange(len(cost.ops)), np.diff(a.succ_ptr))
+    link = (np.diff(a.succ_ptr)[producer] == 1) & (np.diff(a.pred_ptr)[a.succ_op] == 1)
+    pairs = [(int(index_of[p]), int(index_of[c])) for p, c in
+             zip(producer[link], a.succ_op[link]) if index_of[p] >= 0 and index_of[c] >= 0
+             and index_of[p] != index_of[c]]
+    chains = [sorted(component) for component in
+              nx.connected_components(nx.Graph(pairs)) if len(component) > 1]
+    chains.sort(key=lambda component: component[0])  # groups are heaviest first
+    members = [np.concatenate([groups[k] for k in component]) for component in chains]
+    allowed = np.array([runnable[component].all(axis=0) for component in chains],
+                       dtype=bool).reshape(len(chains), runnable.shape[1])
+    return members, allowed
 
 
 KICK_GROUPS = 2  # groups moved at random before each further descent

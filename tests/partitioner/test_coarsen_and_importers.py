@@ -53,8 +53,11 @@ def test_moirai_graphs_place_with_every_algorithm(name):
         plan = module.partition(cost)
         check_plan(plan, graph, cluster)
         steps[algorithm] = plan.step_time
-    assert steps["greedy"] <= steps["m_etf"] * (1 + 1e-9)
     assert steps["greedy"] < steps["random"]
+    # Both graphs leave room to spread (bound under 60% of one device): the greedy's
+    # step is at most 0.9x the best of one device and m-ETF (issue 13's target)
+    assert plan.lower_bound < 0.6 * steps["single"]
+    assert steps["greedy"] <= 0.9 * min(steps["single"], steps["m_etf"])
 
 
 @needs_shared
