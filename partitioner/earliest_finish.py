@@ -126,7 +126,7 @@ def greedy_placement(cost, options=GreedyOptions()):
     if evaluations:
         # a copy: the search changes it in place, and m-ETF's stays a baseline
         device_of = _better_start(judge, device_of, baselines.get("m-ETF")).copy()
-        _refine(graph, cost, device_of, judge, evaluations)
+        _refine(cost, device_of, judge, evaluations)
         # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
         # its reader whatever the plan says, so the plan must too; other free groups
         # follow their readers again only if that is no slower.
@@ -529,12 +529,15 @@ def _better_start(judge, device_of, alternative):
     return alternative if judge(alternative)[0] < judge(device_of)[0] else device_of
 
 
-def _refine(graph, cost, device_of, judge, evaluations):
+def _refine(cost, device_of, judge, evaluations):
     """Iterated local search: :func:`_descend` from ``device_of``; then, while the
     budget lasts, kick a copy of the current placement (two groups moved to other
     devices at random, seeded) and descend from it, keeping the fastest placement
     found. The walk moves on to the kicked descent if it is at most ``WANDER`` slower
-    than the current one, which lets it leave a basin. Changes ``device_of`` in place."""
+    than the current one, which lets it leave a basin. When the budget allows kicks,
+    chains (:func:`_chains`) are moved whole too, before single groups: one op of a
+    branch moved alone gains nothing, as it adds two transfers. Changes ``device_of``
+    in place."""
     units = placement_units(cost)  # topological order
     sizes = [len(unit.members) for unit in units]
     mean_time = np.add.reduceat(cost.mean_time()[np.concatenate([u.members for u in units])],
@@ -604,10 +607,9 @@ def _descend(cost, device_of, judge, groups, runnable, evaluations):
     while improved and evaluations > 0:
         improved = False
         for members, devices in zip(groups, runnable):
-            here = device_of[members[0]]
             choice = None
             for d in np.flatnonzero(devices):
-                if d == here or evaluations <= 0:
+                if evaluations <= 0 or (device_of[members] == d).all():
                     continue
                 trial = device_of.copy()
                 trial[members] = d

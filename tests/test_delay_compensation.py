@@ -16,17 +16,18 @@ V = np.array([0.1, 0.0, -0.2])
 HYPER = Hyper(learning_rate=0.1, momentum=0.5, lambda0=2.0, ms_decay=0.75, epsilon=0.0)
 
 
-def by_hand(mode, tau, mean_delay):
+def by_hand(mode, tau, mean_delay, step):
     """The rules written out element by element, as the module doc states them."""
     out_w, out_ms, out_v = [], [], []
+    unbias = 1 - 0.75 ** step
     mean = 0.75 * mean_delay + 0.25 * tau
-    r = (1 + mean) / (1 + tau) if mode == "ddc-asgd" else 1.0
+    r = (1 + mean / unbias) / (1 + tau) if mode == "ddc-asgd" else 1.0
     for w, w_bak, g, ms, v in zip(W, W_BAK, G, MS, V):
         if mode == "async":
             corrected, ms_new = g, ms
         else:
             ms_new = 0.75 * ms + 0.25 * g * g
-            lam = 2.0 / ms_new ** 0.5
+            lam = 2.0 / (ms_new / unbias) ** 0.5
             corrected = g + lam * r * g * g * (w - w_bak)
         v_new = 0.5 * v + r * corrected
         out_w.append(w - 0.1 * v_new)
@@ -40,11 +41,11 @@ def by_hand(mode, tau, mean_delay):
 def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
     import tensorflow as tf
 
-    expected = by_hand(mode, 3, 1.0)
-    got = update(mode, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt)
+    expected = by_hand(mode, 3, 1.0, step=4)
+    got = update(mode, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt, 4)
     tensors = update(mode, *(tf.constant(a) for a in (W, G, W_BAK, MS, V)),
                      tf.constant(3.0, tf.float64), tf.constant(1.0, tf.float64), HYPER,
-                     tf.sqrt)
+                     tf.sqrt, tf.constant(4.0, tf.float64))
     for value, tensor, want in zip(got, tensors, expected):
         np.testing.assert_allclose(value, want, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(tensor), want, rtol=1e-12)
@@ -53,7 +54,7 @@ def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
 def test_the_modes_differ_where_the_weights_moved():
     """Sanity of the hand values: compensation changes the step only where w != w_bak,
     and DDC-ASGD's stale update (tau 3 > mean) counts less than DC-ASGD's."""
-    asgd, dc, ddc = (update(m, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt).w
+    asgd, dc, ddc = (update(m, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt, 4).w
                      for m in ASYNC_MODES)
     assert asgd[2] == dc[2] and asgd[0] != dc[0]
     assert abs(ddc - W).sum() < abs(dc - W).sum()
@@ -68,7 +69,7 @@ finite = arrays(np.float64, 4, elements=st.floats(-10, 10))
 def test_a_fresh_update_is_sgd_with_momentum(w, g, v, mode, lr, mu, lambda0):
     """Zero delay (w_bak = w, one worker): every mode is SGD with momentum."""
     hyper = Hyper(learning_rate=lr, momentum=mu, lambda0=lambda0)
-    new = update(mode, w, g, w.copy(), np.ones(4), v, 0, 0.0, hyper, np.sqrt)
+    new = update(mode, w, g, w.copy(), np.ones(4), v, 0, 0.0, hyper, np.sqrt, 1)
     np.testing.assert_allclose(new.velocity, mu * v + g, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(new.w, w - lr * (mu * v + g), rtol=1e-12, atol=1e-12)
 
@@ -81,4 +82,4 @@ def test_freshness_falls_with_delay_and_is_one_at_the_mean(tau, mean):
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="unknown asynchronous mode"):
-        update("hogwild", W, G, W_BAK, MS, V, 0, 0.0, HYPER, np.sqrt)
+        update("hogwild", W, G, W_BAK, MS, V, 0, 0.0, HYPER, np.sqrt, 1)

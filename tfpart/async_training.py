@@ -172,7 +172,8 @@ def _step_function(state, names, gradients, mode, hyper):
         grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
         with tf.control_dependencies(grads):
             with tf.device(state.updates.device):
-                delay = state.updates.assign_add(1) - 1 - tf.gather(state.read_at, worker)
+                number = state.updates.assign_add(1)  # this update's, from 1
+                delay = number - 1 - tf.gather(state.read_at, worker)
                 tau = tf.cast(delay, tf.float32)
                 mean_delay = state.mean_delay.read_value()
             for k, g in enumerate(grads):
@@ -183,7 +184,7 @@ def _step_function(state, names, gradients, mode, hyper):
                                  else tf.gather(state.bak[k], worker),
                                  0.0 if state.ms[k] is None else state.ms[k].read_value(),
                                  state.velocity[k].read_value(), tau, mean_delay,
-                                 hyper, tf.sqrt)
+                                 hyper, tf.sqrt, tf.cast(number, tf.float32))
                     state.w[k].assign(new.w)
                     state.velocity[k].assign(new.velocity)
                     if state.ms[k] is not None:

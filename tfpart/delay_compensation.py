@@ -14,7 +14,7 @@ the velocity (momentum ``mu``), ``eta`` the learning rate.
 ``dc-asgd`` (Zheng et al., ICML 2017, the adaptive form DC-ASGD-a)::
 
     MS <- m * MS + (1 - m) * g * g                 mean square of the gradients
-    lam = lam0 / sqrt(MS + eps)                    element-wise
+    lam = lam0 / sqrt(MS / (1 - m^t) + eps)        element-wise; t = this update's number
     g_hat = g + lam * g * g * (w - w_bak)          first-order Taylor term of g(w) - g(w_bak)
     v <- mu * v + g_hat
     w <- w - eta * v
@@ -23,7 +23,7 @@ the velocity (momentum ``mu``), ``eta`` the learning rate.
 the momentum term by each update's measured delay; the exact rule implemented here)::
 
     tau_mean <- m * tau_mean + (1 - m) * tau       running mean delay (on the servers)
-    r = (1 + tau_mean) / (1 + tau)                 the update's freshness
+    r = (1 + tau_mean / (1 - m^t)) / (1 + tau)     the update's freshness
     g_hat = g + lam * r * g * g * (w - w_bak)      lam, MS as in DC-ASGD
     v <- mu * v + r * g_hat
     w <- w - eta * v
@@ -36,6 +36,12 @@ in proportion to ``r``: an update staler than usual (a slow worker's) counts les
 fresher one more, and a typical one (``tau`` = ``tau_mean``) exactly as in DC-ASGD, so
 the mean step size stays DC-ASGD's. With one worker every delay is zero, ``w_bak = w``
 and ``r = 1``: all three modes are plain SGD with momentum.
+
+Both running means start at zero, so, as Adam does, they are divided by ``1 - m^t``
+(``t`` counts the servers' updates, this one included): without it ``MS`` is 20 times
+too small at the first update (m = 0.95), ``lam`` about 4.5 times too large, and the
+first few dozen compensations overshoot (BENCHMARKS.md has the accuracies measured with
+and without it).
 
 The functions take ``sqrt`` so that the same code runs on numpy arrays (tests) and on
 TensorFlow tensors on the parameter servers (:mod:`tfpart.async_training`).
@@ -51,7 +57,8 @@ Examples
 >>> import numpy as np
 >>> w, w_bak, g = np.array([1.0]), np.array([0.5]), np.array([2.0])
 >>> hyper = Hyper(learning_rate=0.1, lambda0=1.0, ms_decay=0.0, epsilon=0.0)
->>> new = update("dc-asgd", w, g, w_bak, np.zeros(1), np.zeros(1), 3, 3.0, hyper, np.sqrt)
+>>> new = update("dc-asgd", w, g, w_bak, np.zeros(1), np.zeros(1), 3, 3.0, hyper, np.sqrt,
+...              step=1)
 >>> float(new.w[0])  # g_hat = 2 + (1 / 2) * 4 * 0.5 = 3
 0.7
 """
@@ -90,7 +97,7 @@ def freshness(tau, mean_delay):
     return (1.0 + mean_delay) / (1.0 + tau)
 
 
-def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt):
+def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt, step):
     """The parameter server's new state after one gradient (rules in the module doc).
 
     Parameters
@@ -104,6 +111,8 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt):
     hyper : Hyper
     sqrt : callable
         ``numpy.sqrt`` or ``tf.sqrt``.
+    step : number or scalar tensor
+        This update's number ``t`` on the servers, counting from 1.
 
     Returns
     -------
@@ -114,11 +123,12 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt):
     corrected = g
     weight = 1.0
     if mode != "async":
+        unbias = 1.0 - hyper.ms_decay ** step  # the running means start at zero
         ms = hyper.ms_decay * ms + (1.0 - hyper.ms_decay) * g * g
-        lam = hyper.lambda0 / sqrt(ms + hyper.epsilon)
+        lam = hyper.lambda0 / sqrt(ms / unbias + hyper.epsilon)
         if mode == "ddc-asgd":
             mean_delay = hyper.ms_decay * mean_delay + (1.0 - hyper.ms_decay) * tau
-            weight = freshness(tau, mean_delay)
+            weight = freshness(tau, mean_delay / unbias)
         corrected = g + lam * weight * g * g * (w - w_bak)
     velocity = hyper.momentum * velocity + weight * corrected
     return Updated(w - hyper.learning_rate * velocity, ms, velocity, mean_delay)
