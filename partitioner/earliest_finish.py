@@ -556,6 +556,7 @@ def _refine(cost, device_of, judge, evaluations):
     movable = np.flatnonzero(runnable.sum(axis=1) > 1)
     rng = np.random.default_rng(0)
     current = device_of.copy()
+    best_step = current_step = judge(device_of)[0]
     while len(movable) and evaluations >= one_pass:
         trial = current.copy()
         for k in rng.choice(movable, size=min(KICK_GROUPS, len(movable)), replace=False):
@@ -565,10 +566,11 @@ def _refine(cost, device_of, judge, evaluations):
         if not fits_memory(cost, trial):
             continue
         evaluations = _descend(cost, trial, judge, groups, runnable, evaluations)
-        if judge(trial)[0] < judge(device_of)[0] * (1 - 1e-9):
-            device_of[:] = trial
-        if judge(trial)[0] <= judge(current)[0] * (1 + WANDER):
-            current = trial
+        step = judge(trial)[0]
+        if step < best_step * (1 - 1e-9):
+            device_of[:], best_step = trial, step
+        if step <= current_step * (1 + WANDER):
+            current, current_step = trial, step
 
 
 def _chains(cost, groups, runnable):

@@ -111,22 +111,24 @@ def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=N
 
     w_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"w{i:03d}")
                for i, v in enumerate(variables)]
-    # Constants made inside the functions: a tensor made outside would be a capture.
     frozen = [v.numpy() for v in model.non_trainable_variables]
+
+    def frozen_constants():
+        # made inside each function: a tensor made outside would be a capture
+        return [tf.constant(a) for a in frozen]
 
     @tf.function(input_signature=[x_spec, y_spec, *w_specs])
     def gradients(x, y, *w):
         with tf.GradientTape() as tape:
             tape.watch(w)
-            output, _ = model.stateless_call(list(w), [tf.constant(a) for a in frozen], x,
-                                             training=True)
+            output, _ = model.stateless_call(list(w), frozen_constants(), x, training=True)
             value = tf.reduce_mean(loss_fn(y, output))
         return {"loss": value, **{f"g{i:03d}": g for i, g in
                                   enumerate(tape.gradient(value, list(w)))}}
 
     @tf.function(input_signature=[x_spec, *w_specs])
     def predict(x, *w):
-        return {"output": model.stateless_call(list(w), [tf.constant(a) for a in frozen], x,
+        return {"output": model.stateless_call(list(w), frozen_constants(), x,
                                                training=False)[0]}
 
     tf.saved_model.save(module, str(path), signatures={
