@@ -15,7 +15,10 @@ Model
   TensorFlow's receives run concurrently. On a ``cpu_copy`` link the copy also
   occupies both endpoints' executors, which compute nothing meanwhile. Each copy is a
   Send/Recv pair: its link's ``message_cost`` of executor time is taken at both ends
-  when it starts, so spreading ops is never free, even off the critical path.
+  when its producer ends (a copy queued behind others on its link holds no executor
+  meanwhile), so spreading ops is never free, even off the critical path.
+* Ops that become ready at the same moment are all queued before an executor chooses
+  among them.
 * The cluster's ``step_overhead`` (a client launching the step on remote workers) is
   added once to the step.
 * Memory: each device holds its variables for the whole step, plus every activation
@@ -280,18 +283,20 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
     for k in range(len(succ_op)):
         waiting[succ_op[k]] += 1
     ready_at = np.zeros(n_ops)
-    # (time, sequence, kind, payload): kind 0 = op finished, 1 = op ready, 2 = wake
+    # (time, kind, sequence, payload): kind 0 = op finished, 1 = op ready, 2 = wake (an
+    # executor picks its next op). At equal times wakes come last, so an executor
+    # chooses among every op ready by then, not the first one to arrive.
     events = [(0.0, 0, 0, 0)]
     events.pop()
     sequence = 0
     for i in range(n_ops):
         if waiting[i] == 0:
-            heapq.heappush(events, (0.0, sequence, 1, i))
+            heapq.heappush(events, (0.0, 1, sequence, i))
             sequence += 1
     copy_bytes, copy_link, copy_total = np.zeros(n_dev), np.zeros(n_dev), np.zeros(n_dev)
     copy_to = np.zeros(n_dev, dtype=np.bool_)
     while len(events) > 0:
-        now, _, kind, payload = heapq.heappop(events)
+        now, kind, _, payload = heapq.heappop(events)
         if kind == 1:  # all inputs of op `payload` are on its device
             e = executor_of[device_of[payload]]
             heap_push(queue, queued, e, payload, priority, tie)
@@ -327,8 +332,11 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
                 for x in ends:
                     if cpu_copy[src, dst]:
                         busy_until[x] = link_free[src, dst]
-                for x in ends:  # the Send and the Recv each take their executor a moment
-                    busy_until[x] = max(busy_until[x], begin) + message_cost[src, dst]
+                # The Send and the Recv each take their executor a moment when the
+                # producer ends, not when a queued copy reaches the link: TensorFlow
+                # issues both then, and the executors go on computing while it waits.
+                for x in ends:
+                    busy_until[x] = max(busy_until[x], end[i]) + message_cost[src, dst]
                 finish = link_free[src, dst] + (copy_total[dst] - copy_link[dst])
                 arrival[i, dst] = finish
                 transfers[n_transfers, 0] = i
@@ -345,13 +353,18 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
                 ready_at[j] = max(ready_at[j], there)
                 waiting[j] -= 1
                 if waiting[j] == 0:
-                    heapq.heappush(events, (ready_at[j], sequence, 1, j))
+                    heapq.heappush(events, (ready_at[j], 1, sequence, j))
                     sequence += 1
-        # try to start the next op on executor e
+        if kind != 2:  # the executor chooses once everything due now has happened
+            if not running[e] and queued[e] > 0:
+                heapq.heappush(events, (max(now, busy_until[e]), 2, sequence, e))
+                sequence += 1
+            continue
+        # start the next op on executor e
         if running[e] or queued[e] == 0:
             continue
         if busy_until[e] > now:
-            heapq.heappush(events, (busy_until[e], sequence, 2, e))
+            heapq.heappush(events, (busy_until[e], 2, sequence, e))
             sequence += 1
             continue
         i = heap_pop(queue, queued, e, priority, tie)
@@ -363,7 +376,7 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
         busy[d] += compute[i, d]
         order[n_started] = i
         n_started += 1
-        heapq.heappush(events, (end[i], sequence, 0, i))
+        heapq.heappush(events, (end[i], 0, sequence, i))
         sequence += 1
     return start, end, busy, order[:n_started], transfers[:n_transfers], link_bytes
 

@@ -120,6 +120,41 @@ def test_concurrent_transfers_share_a_link():
     assert s.link_bytes == {(0, 1): 8e6}
 
 
+def test_a_copy_queued_on_its_link_does_not_hold_its_sender():
+    # 'first' and 'second' on device 0 both send 4 MB to device 1 over one 1 GB/s link;
+    # 'after' (device 0) reads only 'second', so it starts when 'second' ends (plus
+    # the Send's moment), not when the queued copy of 'second' reaches the link.
+    graph = OpGraph()
+    for name in ("first", "second", "after", "far0", "far1"):
+        graph.add_op(name, op_type="Relu", bytes_accessed=1e6,
+                     outputs=[((1_000_000,), "float32")])
+    graph.add_edge("first", "second", control=True)
+    graph.add_edge("first", "far0", bytes=4e6)
+    graph.add_edge("second", "far1", bytes=4e6)
+    graph.add_edge("second", "after", bytes=4e6)
+    cost = CostModel(graph, two_device_cluster(message_cost="1us"))
+    s = simulate(cost, np.array([0, 0, 0, 1, 1]))
+    second, after = cost.index["second"], cost.index["after"]
+    queued = max(t[3] for t in s.transfers if t[0] == second)
+    assert queued > s.end[second] + 1e-3  # its copy waits for the first one's
+    assert s.start[after] == pytest.approx(s.end[second] + 1e-6)
+
+
+def test_an_executor_chooses_among_all_ops_ready_at_the_same_moment():
+    # When 'head' ends, 'tail' (its consumer, first on the long path) and 'side'
+    # (ready since the start, no successors) are both ready on the one device: the
+    # higher upward rank goes first, though 'side' was queued earlier.
+    graph = OpGraph()
+    for name, work in (("head", 1e9), ("side", 1e8), ("tail", 1e9), ("end", 1e9)):
+        graph.add_op(name, op_type="Relu", bytes_accessed=work)
+    graph.add_edge("head", "tail")
+    graph.add_edge("tail", "end")
+    cost = CostModel(graph, cluster_of_devices(["cpu"]))
+    s = simulate(cost, np.zeros(4, dtype=int))
+    assert s.start[cost.index["tail"]] == pytest.approx(s.end[cost.index["head"]])
+    assert s.start[cost.index["side"]] == pytest.approx(s.end[cost.index["end"]])
+
+
 def test_core_group_devices_share_an_executor():
     graph = OpGraph()
     for n in "ab":
