@@ -87,12 +87,12 @@ class GreedyOptions:
     1 / ops (about 1 s at 500 ops, 0.1 s at 10,000) and large graphs stay fast.
 
     >>> [GreedyOptions().evaluations(n) for n in (20, 500, 2_000, 10_000, 100_000)]
-    [4000, 4000, 250, 10, 2]
+    [20000, 4000, 250, 10, 2]
     """
 
     memory_headroom: float = 0.0
     insertion: bool = True
-    refine_evaluations: int = 4000
+    refine_evaluations: int = 20000
     search_budget: float = 1e9
 
     def evaluations(self, n_ops):
