@@ -324,12 +324,64 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     return replicated, placement
 
 
-def replicas_cost(cost, fractions, devices, pinned, home=None):
+def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
+    """Data-parallel replicas that each keep a copy of the variables, for the
+    simulator: replica ``r`` runs a copy of every op (named ``rep<r>/<op>``), its
+    per-sample ops costed for ``fractions[r]`` of the batch, on device index
+    ``replica_devices[r]``; each tensor a per-sample op (not one of the ``pinned``
+    variable readers) sends the update is all-reduced: an op ``rep<r>/allreduce/<op>``
+    per replica that receives ``2 / k`` of the tensor from each other replica, the
+    volume each device of a ring all-reduce over ``k`` replicas sends, and feeds
+    the replica's copy of the update.
+
+    Returns the graph and the device index of each of its ops.
+
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=4e6)
+    >>> g.add_op("grad", op_type="MatMul", flops=8e9)
+    >>> g.add_op("apply", op_type="ResourceApplyGradientDescent", phase="update")
+    >>> g.add_edge("w", "grad", bytes=4e6); g.add_edge("grad", "apply", bytes=4e6)
+    >>> g.add_edge("w", "apply")
+    >>> replicated, where = all_reduce_replicas_graph(g, [0.75, 0.25], [0, 1], set())
+    >>> sorted(replicated.predecessors("rep1/allreduce/grad")), where["rep1/apply"]
+    (['rep0/grad', 'rep1/grad'], 1)
+    >>> replicated.edge("rep0/grad", "rep1/allreduce/grad")["bytes"]
+    4000000.0
+    """
+    shared = shared_ops(graph)
+    replicated, placement = OpGraph(), {}
+    count = len(fractions)
+    for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
+        scaled = scaled_graph(graph, fraction)
+        for op, attrs in scaled.ops.items():
+            replicated.add_op(f"rep{r}/{op}", **dict(
+                attrs, colocation=f"rep{r}/{attrs['colocation']}"))
+            placement[f"rep{r}/{op}"] = device
+        for src, dst, edge in scaled.edges():
+            reduced = src not in shared and src not in pinned and dst in shared and count > 1
+            if not reduced:
+                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
+                continue
+            total = f"rep{r}/allreduce/{src}"
+            if total not in replicated.ops:
+                replicated.add_op(total, op_type="CollectiveReduceV2",
+                                  flops=edge["bytes"] / 4 * (count - 1) / count,
+                                  bytes_accessed=2 * edge["bytes"], colocation=total)
+                placement[total] = device
+                for q in range(count):
+                    replicated.add_edge(f"rep{q}/{src}", total,
+                                        bytes=edge["bytes"] * (1 if q == r else 2 / count))
+            replicated.add_edge(total, f"rep{r}/{dst}", bytes=edge["bytes"])
+    return replicated, placement
+
+
+def replicas_cost(cost, fractions, devices, pinned, home=None, all_reduce=False):
     """The cost model of :func:`replicas_graph` (the home is ``home``, by default
-    ``devices[0]``, the fastest replica's device) and the device index of each of its
-    ops."""
+    ``devices[0]``, the fastest replica's device), or with ``all_reduce`` of
+    :func:`all_reduce_replicas_graph`, and the device index of each of its ops."""
     home = devices[0] if home is None else home
-    replicated, where = replicas_graph(cost.graph, fractions, devices, home, pinned)
+    replicated, where = all_reduce_replicas_graph(cost.graph, fractions, devices, pinned) \
+        if all_reduce else replicas_graph(cost.graph, fractions, devices, home, pinned)
     replicated_cost = cost.of(replicated)
     return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
 
@@ -342,4 +394,5 @@ def plan_replicas_cost(cost, replicas):
     devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \
         if placements else [index[d] for d in replicas["devices"]]
     return replicas_cost(cost, replicas["fractions"], devices, set(replicas["pinned"]),
-                         index[replicas["devices"][0]])
+                         index[replicas["devices"][0]],
+                         replicas.get("reduce") == "all_reduce")

@@ -58,13 +58,20 @@ from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
 from tfpart.plan import Plan
 
+REDUCTIONS = ("one_device", "all_reduce")
+
+
 @dataclass(frozen=True)
 class DataParallelOptions:
     """``batch_size``: the compile batch the shares are planned for; ``replicas``:
-    exactly this many (the fastest devices; None: as many as help, by simulation)."""
+    exactly this many (the fastest devices; None: as many as help, by simulation);
+    ``reduce``: ``"one_device"`` (one copy of the variables, the gradients summed on
+    its device), ``"all_reduce"`` (a copy per replica, the gradients all-reduced with
+    collective ops) or None (whichever is predicted faster)."""
 
     batch_size: int = 1
     replicas: int | None = None
+    reduce: str | None = None
 
 
 def partition(cost, options=DataParallelOptions()):
@@ -92,6 +99,9 @@ def partition(cost, options=DataParallelOptions()):
                              f"can run every op, and the batch has {options.batch_size} "
                              "samples")
     counts = [wanted] if wanted else range(1, min(len(eligible), options.batch_size) + 1)
+    if options.reduce not in (None, *REDUCTIONS):
+        raise PlacementError("", f"reduce must be one of {', '.join(REDUCTIONS)}, not "
+                             f"{options.reduce!r}")
 
     def attempts():
         for k in counts:
@@ -100,20 +110,25 @@ def partition(cost, options=DataParallelOptions()):
             if min(shares) == 0 and not wanted:
                 return  # the slowest would get no sample, and slower ones after it neither
             shares = [max(share, 1) for share in shares]  # asked for: each gets a sample
-            yield lambda devices=devices, shares=shares: _plan(cost, devices, shares, pinned,
-                                                               shared, options)
+            for reduce in [options.reduce] if options.reduce else REDUCTIONS:
+                if k > 1 or reduce == "one_device":
+                    yield lambda devices=devices, shares=shares, reduce=reduce: _plan(
+                        cost, devices, shares, pinned, shared, options, reduce)
 
     return fastest_plan(attempts(), PlacementError("", "no replica fits in memory"))
 
 
-def _plan(cost, devices, shares, pinned, shared, options):
+def _plan(cost, devices, shares, pinned, shared, options, reduce):
     """The plan of replicas on ``devices`` (device indices, the home first) with
-    ``shares`` of the batch, checked and simulated on the replicated graph."""
+    ``shares`` of the batch and the gradients reduced by ``reduce``, checked and
+    simulated on the replicated graph."""
     graph, cluster = cost.graph, cost.cluster
     names = cluster.device_names
     total = sum(shares)
     fractions = [share / total for share in shares]
-    replicated_cost, device_of = replicas_cost(cost, fractions, devices, pinned)
+    all_reduce = reduce == "all_reduce"
+    replicated_cost, device_of = replicas_cost(cost, fractions, devices, pinned,
+                                               all_reduce=all_reduce)
     figures = make_plan(replicated_cost, device_of, "data_parallel", options,
                         start_first_priority(replicated_cost))
     home = names[devices[0]]
@@ -122,5 +137,5 @@ def _plan(cost, devices, shares, pinned, shared, options):
         options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
         microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
         replicas={"devices": [names[d] for d in devices], "fractions": fractions,
-                  "pinned": sorted(pinned)},
+                  "pinned": [] if all_reduce else sorted(pinned), "reduce": reduce},
         predicted=figures.predicted, lower_bound=figures.lower_bound)

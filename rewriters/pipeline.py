@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import zlib
 from pathlib import Path
 
 from rewriters.channel_split import split_channels
@@ -49,8 +50,10 @@ from tfpart.splits import SCOPE as SPLIT_SCOPE
 
 # A piece imported twice under one prefix (a stage's forward, then its backward) gets
 # TensorFlow's unique-name suffix: tfpart_mb0_stage1_1/.
-PIPELINE_PREFIX = re.compile(r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+(?:_\d+)?|tfpart_update)/")
-MICROBATCH = re.compile(r"(?:^|/)tfpart_mb(\d+)_stage\d+(?:_\d+)?/")
+# An all-reducing plan's replica r > 0 updates its own copy: tfpart_update_r<r>/.
+PIPELINE_PREFIX = re.compile(
+    r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+(?:_\d+)?|tfpart_update(?:_r\d+)?)/")
+MICROBATCH = re.compile(r"(?:^|/)(?:tfpart_mb(\d+)_stage\d+(?:_\d+)?|tfpart_update_r(\d+))/")
 GATE = "tfpart_gate"
 
 
@@ -63,6 +66,8 @@ def original_op_name(name):
     'adam/Sqrt'
     >>> original_op_name("StatefulPartitionedCall/tfpart_mb0_stage1_1/gradient_tape/MatMul")
     'gradient_tape/MatMul'
+    >>> original_op_name("StatefulPartitionedCall/tfpart_update_r1/adam/Sqrt")
+    'adam/Sqrt'
     """
     return PIPELINE_PREFIX.sub("", name)
 
@@ -75,9 +80,11 @@ def microbatch_of(name):
     3
     >>> microbatch_of("StatefulPartitionedCall/tfpart_update/adam/Sqrt") is None
     True
+    >>> microbatch_of("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt")
+    2
     """
     found = MICROBATCH.search(name)
-    return int(found.group(1)) if found else None
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def pipeline_pass(model, plan, workdir):
@@ -138,7 +145,22 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module = tf.Module()
     module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
                               for name in sorted(values)}
-    pipeline = _PipelineBody(flat, plan, regions, pieces, module.variables_by_op, outputs)
+    device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
+    copies = [module.variables_by_op]
+    if _all_reducing(plan):
+        devices = plan.replicas["devices"]
+        module.replica_variables = [
+            {name: tf.Variable(values[name], name=f"{name.replace('/', '_')}_replica{r}")
+             for name in sorted(values)} for r in range(1, len(devices))]
+        module.collective_tokens = [tf.Variable(0.0, name=f"tfpart_collective_token{r}")
+                                    for r in range(len(devices))]
+        copies += module.replica_variables
+        for r, device in enumerate(devices):
+            device_of[f"tfpart_collective_token{r}"] = device
+            device_of.update({f"{name.replace('/', '_')}_replica{r}": device
+                              for name in values if r})
+    pipeline = _PipelineBody(flat, plan, regions, pieces, copies,
+                             getattr(module, "collective_tokens", None), outputs)
     module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
     try:
         concrete = module.serve.get_concrete_function()
@@ -146,7 +168,13 @@ def _save_pipelined(model_dir, proto, plan, staging):
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
     tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete})
-    return {name.replace("/", "_"): plan.assignment[name] for name in values}
+    return device_of
+
+
+def _all_reducing(plan):
+    """Whether ``plan``'s replicas keep a copy of the variables each and all-reduce
+    their gradients (else the variables live on the first replica's device)."""
+    return bool(plan.replicas) and plan.replicas.get("reduce") == "all_reduce"
 
 
 def _regions(proto, model_dir, flat):
@@ -173,9 +201,13 @@ class _PipelineBody:
     micro-batch weighted by its share of the batch, and imports the update once.
     """
 
-    def __init__(self, flat, plan, regions, pieces, variables, outputs):
+    def __init__(self, flat, plan, regions, pieces, variables, tokens, outputs):
+        """``variables``: a dict (op name -> ``tf.Variable``) per copy of the variables
+        (one, or one per replica of an all-reducing plan); ``tokens``: per replica, a
+        resource on its device that orders its collectives (None without)."""
         self.flat, self.plan, self.regions = flat, plan, regions
         self.pieces, self.variables, self.outputs = pieces, variables, outputs
+        self.tokens = tokens
         self.stages = sorted({k for k, phase in pieces if phase != UPDATE})
         self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
                        if phase != UPDATE}
@@ -184,14 +216,15 @@ class _PipelineBody:
                         for key, graph in pieces.items()}
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
-        self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
+        self.pinned = set(plan.replicas["pinned"]) if plan.replicas and not tokens else set()
 
     def __call__(self, *args):
         tf = tensorflow()
         graph = tf.compat.v1.get_default_graph()
         m_count = self.plan.microbatches
         keys = sorted(self.flat.inputs)
-        handles = {f"{name}:0": graph.capture(var.handle) for name, var in self.variables.items()}
+        handles = [{f"{name}:0": graph.capture(var.handle) for name, var in copy.items()}
+                   for copy in self.variables]
         first_device = self.device[self.stages[0]]
         with tf.device(first_device):
             rows = tf.shape(args[0])[0]
@@ -203,7 +236,7 @@ class _PipelineBody:
             with tf.device(first_device):
                 start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
                 stop = start + tf.maximum(real[m], 1)
-            env = dict(handles)
+            env = dict(handles[m if self.tokens else 0])
             for key, value in zip(keys, args):
                 placeholder = self.flat.inputs[key][0]
                 with tf.device(self.plan.assignment.get(placeholder, first_device)):
@@ -220,11 +253,20 @@ class _PipelineBody:
             done[device] = [imported[name] for name in self.sinks[(k, phase)]]
         with tf.device(first_device):
             shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
-        update_env = dict(handles)
-        update_env.update(self._accumulated(envs, shares))
-        if (UPDATE, UPDATE) in self.pieces:
-            control = self._all_microbatches(ops_of)
-            self._import((UPDATE, UPDATE), "tfpart_update", update_env, {}, control)
+        if self.tokens:
+            update_envs = [{**handles[r], **totals}
+                           for r, totals in enumerate(self._all_reduced(envs, shares))]
+            for r, update_env in enumerate(update_envs):
+                if (UPDATE, UPDATE) in self.pieces:
+                    self._import((UPDATE, UPDATE), f"tfpart_update{f'_r{r}' if r else ''}",
+                                 update_env, {}, self._all_microbatches([ops_of[r]]), r)
+            update_env = update_envs[0]
+        else:
+            update_env = dict(handles[0])
+            update_env.update(self._accumulated(envs, shares))
+            if (UPDATE, UPDATE) in self.pieces:
+                control = self._all_microbatches(ops_of)
+                self._import((UPDATE, UPDATE), "tfpart_update", update_env, {}, control)
         results = {}
         for key, tensor in self.outputs.items():
             if tensor in update_env:
@@ -282,6 +324,37 @@ class _PipelineBody:
                                          name=f"tfpart_accumulate/{op}")
         return total
 
+    def _all_reduced(self, envs, shares):
+        """Per replica, what its copy of the update reads: the replicas' values of
+        each tensor computed from the batch, weighted by their shares and all-reduced
+        with TensorFlow's collective ops (every replica gets the same sum), and its
+        own value of the others (its copy's weight reads, constants)."""
+        from tensorflow.python.ops import collective_ops
+
+        tf = tensorflow()
+        devices = self.plan.replicas["devices"]
+        regions, totals = self.regions, [{} for _ in devices]
+        group_key, first_instance = _collective_keys(devices, sorted(regions.boundary))
+        reduced = 0
+        for tensor in sorted(regions.boundary):
+            op = tensor.rsplit(":", 1)[0]
+            if tensor in regions.batched:
+                continue
+            if op not in regions.data_dependent or not envs[0][tensor].dtype.is_floating:
+                for total, env in zip(totals, envs):
+                    total[tensor] = env[tensor]
+                continue
+            for r, (device, env) in enumerate(zip(devices, envs)):
+                with tf.device(device):
+                    dtype = env[tensor].dtype
+                    totals[r][tensor] = collective_ops.all_reduce_v2(
+                        env[tensor] * tf.cast(shares[r], dtype), group_size=len(devices),
+                        group_key=group_key, instance_key=first_instance + reduced,
+                        ordering_token=self.tokens[r].handle,
+                        name=f"tfpart_allreduce/{op}")
+            reduced += 1
+        return totals
+
     def _all_microbatches(self, ops_of):
         """Control inputs of the update on a per-micro-batch op: after every copy."""
         tf = tensorflow()
@@ -331,6 +404,22 @@ class _PipelineBody:
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _collective_keys(devices, tensors):
+    """The group key of ``devices`` and the first of the instance keys of the
+    all-reduces of ``tensors``: stable across processes (every worker must agree),
+    and unlikely to meet another compiled model's in one process.
+
+    >>> group, first = _collective_keys(["/device:CPU:0", "/device:CPU:1"], ["g:0"])
+    >>> (group, first) == _collective_keys(["/device:CPU:0", "/device:CPU:1"], ["g:0"])
+    True
+    >>> 0 < group < 2 ** 31 and 0 < first < 2 ** 31 - 2 ** 14
+    True
+    """
+    group = 1 + zlib.crc32(",".join(devices).encode()) % (2 ** 30)
+    first_instance = 1 + zlib.crc32(",".join(tensors).encode()) % (2 ** 16) * 2 ** 14
+    return group, first_instance
 
 
 def _split(rows, m_count, replicas):

@@ -70,6 +70,8 @@ def main(argv=None):
     parser.add_argument("--schedule")
     parser.add_argument("--workers", type=int)
     parser.add_argument("--replicas", type=int, help="data-parallel replicas")
+    parser.add_argument("--reduce", choices=["one_device", "all_reduce"],
+                        help="how data-parallel replicas reduce their gradients")
     parser.add_argument("--split", action="store_true",
                         help="split every convolution and matmul across the devices")
     parser.add_argument("--hybrid", action="store_true",
@@ -118,7 +120,8 @@ def compare(source, out, cluster_file, cluster, args):
     if args.hybrid:
         how = {"algorithm": "hybrid", "options": {"groups": 2}}
     elif args.replicas is not None:
-        how = {"algorithm": "data_parallel", "options": {"replicas": args.replicas}}
+        how = {"algorithm": "data_parallel", "options": {
+            "replicas": args.replicas, **({"reduce": args.reduce} if args.reduce else {})}}
     elif args.split:  # whatever the cost model says: split every splittable op
         how = {"algorithm": "filter_split", "options": {"min_gain": -1e9, "candidates": 10**6}}
     else:
@@ -133,8 +136,12 @@ def compare(source, out, cluster_file, cluster, args):
     expected_losses, expected_weights = train(original, data)
     with runnable(out, cluster, False) as (_, _, local_dir, _):
         by_op = weight_variable_ops(source)
-        losses, weights = train(load(local_dir), data, (lambda m: [
+        compiled = load(local_dir)
+        losses, weights = train(compiled, data, (lambda m: [
             m.variables_by_op[name].numpy() for name in by_op]) if pipelined else weights_of)
+        copies_apart = [float(np.max(np.abs(copy[name].numpy() - weight)))
+                        for copy in getattr(compiled, "replica_variables", [])
+                        for name, weight in zip(by_op, weights)]
     assignment = result.plan.assignment
     slots = slots_by_name(assignment)
     return {
@@ -151,6 +158,9 @@ def compare(source, out, cluster_file, cluster, args):
         "stages": len(set((result.plan.stages or {}).values())),
         "slots": len(slots),
         "slots_apart": [pair for pair in slots if assignment[pair[0]] != assignment[pair[1]]],
+        "copies_apart": max(copies_apart, default=None),
+        "all_reduced_on": sorted({device for name, device in report.placement.items()
+                                  if "/tfpart_allreduce/" in name}),
         "outputs_equal": report.outputs_equal, "ops_checked": report.ops_checked,
         "op_mismatches": report.op_mismatches, "variables_misplaced":
             report.variable_mismatches,

@@ -97,7 +97,9 @@ class Plan:
     # data-parallel: {"devices": [...], "fractions": [...], "pinned": [op, ...]}: replica
     # r (micro-batch r) runs the staged ops on devices[r] over its share of the batch
     # (largest remainder of fractions), except the pinned ops (variable reads); a hybrid
-    # plan's replica r runs each op on placements[r][op] instead (devices[r] leads it)
+    # plan's replica r runs each op on placements[r][op] instead (devices[r] leads it);
+    # "reduce": "all_reduce" gives every replica a copy of the variables on its device
+    # (no pinned ops) and all-reduces the gradients ("one_device", the default: one copy)
     replicas: dict | None = None
     # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
     # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)

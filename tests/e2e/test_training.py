@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
-            replicas=None, split=False, hybrid=False):
+            replicas=None, split=False, hybrid=False, reduce=None):
     options = [f"--{key}={value}" for key, value in [
         ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
-        ("replicas", replicas)] if value is not None] + (["--split"] if split else []) \
+        ("replicas", replicas), ("reduce", reduce)] if value is not None] + (["--split"] if split else []) \
         + (["--hybrid"] if hybrid else [])
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
                            optimizer, *options], cwd=ROOT, capture_output=True,
@@ -112,17 +112,27 @@ def assert_split_batches_train_like_the_original(run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, optimizer, replicas, workers", [
+@pytest.mark.parametrize("model, optimizer, replicas, workers, reduce", [
     # batch 6 on CPUs of relative speed 1, 1 and 1/3: shares 3, 2 and 1; on two: 3 and 3
-    ("cnn", "adam", 3, None),
-    pytest.param("mlp", "sgd_momentum", 2, None, marks=pytest.mark.any_onednn),
-    ("transformer", "adam", 3, None),
+    ("cnn", "adam", 3, None, "one_device"),
+    pytest.param("mlp", "sgd_momentum", 2, None, "one_device", marks=pytest.mark.any_onednn),
+    ("transformer", "adam", 3, None, "one_device"),
+    ("cnn", "adam", 3, None, "all_reduce"),
     # three tfpart worker processes, equal shares
-    pytest.param("mlp", "adam", 3, 3, marks=pytest.mark.any_onednn)])
+    pytest.param("mlp", "adam", 3, 3, "one_device", marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 3, 3, "all_reduce", marks=pytest.mark.any_onednn)])
 def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimizer, replicas,
-                                                       workers):
-    run = compare(tmp_path, model, optimizer, replicas=replicas, workers=workers)
+                                                       workers, reduce):
+    """Either reduction: one copy of the variables, or a copy per replica with the
+    gradients all-reduced by collective ops on every replica's device, after which
+    the copies are equal."""
+    run = compare(tmp_path, model, optimizer, replicas=replicas, workers=workers,
+                  reduce=reduce)
     assert len(run["replicas"]["devices"]) == replicas == run["devices_used"]
+    assert run["replicas"]["reduce"] == reduce
+    if reduce == "all_reduce":
+        assert run["all_reduced_on"] == sorted(run["replicas"]["devices"])
+        assert run["copies_apart"] == 0.0
     batch = 6
     shares = [round(f * batch) for f in run["replicas"]["fractions"]]
     assert sum(shares) == batch and shares == sorted(shares, reverse=True)
