@@ -17,7 +17,8 @@ training step (SGD with momentum) and timed on freshly started workers:
 (b) data parallel, equal shares: compiled for a cluster that says both workers are
     alike (what a tool that ignores speed does);
 (c) data parallel, shares by speed: compiled for the cluster as it is (task 1 a CPU
-    kind slower by the measured ratio);
+    kind slower by the measured ratio), the gradients reduced to one copy of the
+    variables (c1) or all-reduced by collective ops over a copy on each worker (c2);
 (d) filter split (``--strategy filter_split``): the convolutions and matmuls whose
     split the cost model predicts to pay, their output channels shared by speed;
 (e) ``--strategy auto`` on the cluster as it is;
@@ -55,7 +56,10 @@ from tfpart.plan import Plan
 REPLICAS = ["--algorithm", "data_parallel", "--option", "replicas=2"]
 VARIANTS = [("(a) one worker", "uneven", ["--algorithm", "single"]),
             ("(b) data parallel, equal shares", "even", REPLICAS),
-            ("(c) data parallel, shares by speed", "uneven", REPLICAS),
+            ("(c1) data parallel, shares by speed, one copy", "uneven",
+             [*REPLICAS, "--option", "reduce=one_device"]),
+            ("(c2) data parallel, shares by speed, all-reduced", "uneven",
+             [*REPLICAS, "--option", "reduce=all_reduce"]),
             ("(d) filter split", "uneven", ["--strategy", "filter_split"]),
             ("(e) --strategy auto", "uneven", ["--strategy", "auto"])]
 LOOP = "import time, numpy as np; a = np.random.rand(300, 300); t = time.perf_counter()\n" \
@@ -260,6 +264,8 @@ def row(label, plan, seconds, batch_size):
     replicas, splits = plan.replicas, plan.splits or {}
     if replicas:
         shares = "/".join(str(round(f * batch_size)) for f in replicas["fractions"])
+        if len(replicas["fractions"]) > 1:
+            shares += f", {replicas.get('reduce', 'one_device').replace('_', ' ')}"
     elif splits:
         channels = [sum(split["sizes"]) for split in splits.values()]
         fast = sum(split["sizes"][0] for split in splits.values())

@@ -4,16 +4,24 @@ Every replica runs the whole per-sample graph (a training step's forward and bac
 ops) on its share of the batch; a device's speed is the inverse of the time it takes
 for the whole graph, and shares are the largest-remainder split of the batch
 (:mod:`partitioner.shares`), as in the load balancing of Moreno-Álvarez et al. The
-variables live on one device, the home (the fastest replica's): there the ops
-that read a variable's resource run for every replica (TensorFlow runs them where the
-variable is), the replicas' gradients are summed, each weighted by its share of the
-batch, and the optimizer's update runs once. That is TensorFlow's
-reduction-to-one-device, chosen over an all-reduce because the update then runs once
-on one copy of the variables and no copies need to be kept equal.
+gradients are reduced one of two ways, whichever the simulation predicts faster
+(``DataParallelOptions.reduce`` forces one):
+
+- ``one_device``: the variables live on one device, the home (the fastest
+  replica's); there the ops that read a variable's resource run for every replica
+  (TensorFlow runs them where the variable is), the replicas' gradients are summed,
+  each weighted by its share of the batch, and the optimizer's update runs once.
+  Every step sends the weights out and the gradients back.
+- ``all_reduce``: every replica keeps a copy of the variables (and optimizer slots) on
+  its device; the weighted gradients are all-reduced with TensorFlow's collective
+  ops, as ``MultiWorkerMirroredStrategy`` does, and the update runs on every copy,
+  which stay equal. A ring sends each device ``2 (k - 1) / k`` of the gradients,
+  and no weights, but every device holds the variables and runs the update.
 
 The replicas are the k fastest devices that can run every op, for the k whose
 simulated step (every replica's ops costed at its share, the weights sent to the
-replicas, the gradients sent back; :func:`costmodel.pipeline.replicas_graph`) is
+replicas, the gradients sent back, :func:`costmodel.pipeline.replicas_graph`, or
+all-reduced, :func:`costmodel.pipeline.all_reduce_replicas_graph`) is
 least within memory; a device whose share would be empty, or that only slows the
 step, takes no part. The plan is a one-stage pipeline whose micro-batch ``r`` runs on
 ``replicas["devices"][r]`` (the pipeline rewriter builds it).

@@ -38,6 +38,10 @@ def replicas_line(plan):
     ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
     ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
     'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, schedule="gpipe",
+    ...     replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
+    ...               "reduce": "all_reduce"}))
+    'Data parallel: 2 replicas (A 2 samples, B 2 samples of 4); a copy of the variables on each, gradients all-reduced'
     """
     batch = plan.context.get("batch_size") or 1
     replicas = plan.replicas
@@ -46,8 +50,12 @@ def replicas_line(plan):
         "+".join([device, *sorted(set(placement.values()) - {device})])
         + f" {round(f * batch)} samples"
         for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
-    where = (f"gradients summed and the update run once on {replicas['devices'][0]}"
-             if plan.schedule else f"variables on {replicas['devices'][0]}")
+    if replicas.get("reduce") == "all_reduce":
+        where = ("a copy of the variables on each, gradients all-reduced"
+                 if plan.schedule else "a copy of the variables on each")
+    else:
+        where = (f"gradients summed and the update run once on {replicas['devices'][0]}"
+                 if plan.schedule else f"variables on {replicas['devices'][0]}")
     return f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); {where}"
 
 

@@ -99,14 +99,23 @@ def test_absent_worker_is_a_clean_error(exported, tmp_path):
 
 
 @pytest.mark.any_onednn  # about processes, not kernels
-@pytest.mark.parametrize("how", [{"microbatches": 2},  # pipelined
-                                 {"algorithm": "data_parallel", "options": {"replicas": 2}}])
-def test_worker_killed_mid_run_is_a_clean_error(how, exported, tmp_path):
+@pytest.mark.parametrize("model, how", [
+    ("mlp_module", {"microbatches": 2}),  # pipelined
+    ("mlp_module", {"algorithm": "data_parallel", "options": {"replicas": 2}}),
+    # a training step whose replicas all-reduce their gradients: the worker dies while
+    # the other waits in a collective
+    ("training_step", {"algorithm": "data_parallel", "signature": "train_step",
+                       "options": {"replicas": 2, "reduce": "all_reduce"}})])
+def test_worker_killed_mid_run_is_a_clean_error(model, how, exported, tmp_path):
     with LocalWorkers(2, tmp_path, links=FAST_LINKS) as workers:
-        model, out = exported("mlp_module"), tmp_path / "out"
+        model, out = exported(model), tmp_path / "out"
         plan = compile_model(model, workers.path, out, batch_size=16, **how).plan
         assert len({plan.assignment[op] for op in plan.stages} |
                    set((plan.replicas or {}).get("devices", []))) == 2
+        reduce = how.get("options", {}).get("reduce")
+        if reduce:
+            assert plan.replicas["reduce"] == reduce
+            assert b"CollectiveReduceV2" in (out / "saved_model.pb").read_bytes()
         run = subprocess.Popen([sys.executable, "-m", "tfpart.cli", "run", str(out),
                                 "--cluster", str(workers.path), "--repeats", "10000000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -123,7 +132,7 @@ def test_worker_killed_mid_run_is_a_clean_error(how, exported, tmp_path):
     line = one_line_error(stderr)
     assert "task 1" in line
     assert seconds < FAULT_LIMIT_S
-    print(f"worker killed mid-run: exit 2 {seconds:.1f} s after the kill")
+    print(f"worker killed mid-run: exit 2 {seconds:.1f} s after the kill: {line}")
 
 
 @pytest.mark.any_onednn  # about processes, not kernels
