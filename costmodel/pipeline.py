@@ -332,7 +332,8 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     variable readers) sends the update is all-reduced: an op ``rep<r>/allreduce/<op>``
     per replica that receives ``2 / k`` of the tensor from each other replica, the
     volume each device of a ring all-reduce over ``k`` replicas sends, and feeds
-    the replica's copy of the update.
+    the replica's copy of the update. A device runs its all-reduces one at a time, in
+    graph order (as the rewriter orders them).
 
     Returns the graph and the device index of each of its ops.
 
@@ -351,27 +352,36 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     shared = shared_ops(graph)
     replicated, placement = OpGraph(), {}
     count = len(fractions)
+    reduced = {src: sum(edge["bytes"] for dst, edge in graph.out_edges(src).items()
+                        if dst in shared)
+               for src in graph.ops if src not in shared and src not in pinned
+               and count > 1 and any(dst in shared for dst in graph.successors(src))}
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
         scaled = scaled_graph(graph, fraction)
         for op, attrs in scaled.ops.items():
             replicated.add_op(f"rep{r}/{op}", **dict(
                 attrs, colocation=f"rep{r}/{attrs['colocation']}"))
             placement[f"rep{r}/{op}"] = device
-        for src, dst, edge in scaled.edges():
-            reduced = src not in shared and src not in pinned and dst in shared and count > 1
-            if not reduced:
-                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
-                continue
+        previous = None
+        for src, size in reduced.items():
             total = f"rep{r}/allreduce/{src}"
-            if total not in replicated.ops:
-                replicated.add_op(total, op_type="CollectiveReduceV2",
-                                  flops=edge["bytes"] / 4 * (count - 1) / count,
-                                  bytes_accessed=2 * edge["bytes"], colocation=total)
-                placement[total] = device
-                for q in range(count):
-                    replicated.add_edge(f"rep{q}/{src}", total,
-                                        bytes=edge["bytes"] * (1 if q == r else 2 / count))
-            replicated.add_edge(total, f"rep{r}/{dst}", bytes=edge["bytes"])
+            replicated.add_op(total, op_type="CollectiveReduceV2",
+                              flops=size / 4 * (count - 1) / count,
+                              bytes_accessed=2 * size, colocation=total)
+            placement[total] = device
+            if previous:
+                replicated.add_edge(previous, total, control=True)
+            previous = total
+        for src, dst, edge in scaled.edges():
+            if src in reduced and dst in shared:
+                replicated.add_edge(f"rep{r}/allreduce/{src}", f"rep{r}/{dst}", **edge)
+            else:
+                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
+    for src, size in reduced.items():
+        for r in range(count):
+            for q in range(count):
+                replicated.add_edge(f"rep{q}/{src}", f"rep{r}/allreduce/{src}",
+                                    bytes=size * (1 if q == r else 2 / count))
     return replicated, placement
 
 

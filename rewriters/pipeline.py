@@ -334,9 +334,14 @@ class _PipelineBody:
         tf = tensorflow()
         devices = self.plan.replicas["devices"]
         regions, totals = self.regions, [{} for _ in devices]
-        group_key, first_instance = _collective_keys(devices, sorted(regions.boundary))
+        # TensorFlow runs a device's collectives in the order they are made (their
+        # token orders them): the order the graph computes the gradients in.
+        position = {node.name: i for i, node in enumerate(self.flat.graph_def.node)}
+        boundary = sorted(regions.boundary,
+                          key=lambda t: (position.get(t.rsplit(":", 1)[0], -1), t))
+        group_key, first_instance = _collective_keys(devices, boundary)
         reduced = 0
-        for tensor in sorted(regions.boundary):
+        for tensor in boundary:
             op = tensor.rsplit(":", 1)[0]
             if tensor in regions.batched:
                 continue
