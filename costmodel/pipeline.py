@@ -324,6 +324,33 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     return replicated, placement
 
 
+PACK_BYTES = 32 * 2 ** 20  # as MultiWorkerMirroredStrategy's bytes_per_pack: few, large
+
+
+def gradient_packs(tensors, limit=PACK_BYTES):
+    """Consecutive runs of ``tensors`` (``(key, kind, bytes)`` in the order they are
+    reduced) that one all-reduce each carries: a run keeps one ``kind`` (dtype) and
+    stays within ``limit`` bytes, but a bigger tensor (or one of unknown size,
+    ``None``) goes alone. Each collective costs a round of messages, so fewer, larger
+    ones are faster; packs close at ``limit`` so the first can start before the last
+    gradient is ready.
+
+    >>> gradient_packs([("a", "f32", 10), ("b", "f32", 20), ("c", "f16", 5),
+    ...                 ("d", "f16", 40), ("e", "f16", None), ("f", "f16", 1)], limit=30)
+    [['a', 'b'], ['c'], ['d'], ['e'], ['f']]
+    """
+    packs, kind, size = [], None, None  # size None: the open pack takes no more
+    for key, this_kind, nbytes in tensors:
+        if size is not None and nbytes is not None and this_kind == kind \
+                and size + nbytes <= limit:
+            packs[-1].append(key)
+            size += nbytes
+        else:
+            packs.append([key])
+            kind, size = this_kind, nbytes if nbytes is not None and nbytes <= limit else None
+    return packs
+
+
 def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     """Data-parallel replicas that each keep a copy of the variables, for the
     simulator: replica ``r`` runs a copy of every op (named ``rep<r>/<op>``), its
@@ -332,8 +359,9 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     variable readers) sends the update is all-reduced: an op ``rep<r>/allreduce/<op>``
     per replica that receives ``2 / k`` of the tensor from each other replica, the
     volume each device of a ring all-reduce over ``k`` replicas sends, and feeds
-    the replica's copy of the update. A device runs its all-reduces one at a time, in
-    graph order (as the rewriter orders them).
+    the replica's copy of the update. Tensors are all-reduced in packs
+    (:func:`gradient_packs`, in graph order; the op is named after the pack's first
+    tensor), one pack at a time per device, as the rewriter does.
 
     Returns the graph and the device index of each of its ops.
 
@@ -345,17 +373,19 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     >>> g.add_edge("w", "apply")
     >>> replicated, where = all_reduce_replicas_graph(g, [0.75, 0.25], [0, 1], set())
     >>> sorted(replicated.predecessors("rep1/allreduce/grad")), where["rep1/apply"]
-    (['rep0/grad', 'rep1/grad'], 1)
-    >>> replicated.edge("rep0/grad", "rep1/allreduce/grad")["bytes"]
+    (['rep0/pack/grad', 'rep1/pack/grad'], 1)
+    >>> replicated.edge("rep0/pack/grad", "rep1/allreduce/grad")["bytes"]
     4000000.0
     """
     shared = shared_ops(graph)
     replicated, placement = OpGraph(), {}
     count = len(fractions)
-    reduced = {src: sum(edge["bytes"] for dst, edge in graph.out_edges(src).items()
-                        if dst in shared)
-               for src in graph.ops if src not in shared and src not in pinned
-               and count > 1 and any(dst in shared for dst in graph.successors(src))}
+    sizes = {src: sum(edge["bytes"] for dst, edge in graph.out_edges(src).items()
+                      if dst in shared)
+             for src in graph.ops if src not in shared and src not in pinned
+             and count > 1 and any(dst in shared for dst in graph.successors(src))}
+    packs = gradient_packs([(src, None, size) for src, size in sizes.items()])
+    pack_of = {src: pack[0] for pack in packs for src in pack}
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
         scaled = scaled_graph(graph, fraction)
         for op, attrs in scaled.ops.items():
@@ -363,24 +393,32 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
                 attrs, colocation=f"rep{r}/{attrs['colocation']}"))
             placement[f"rep{r}/{op}"] = device
         previous = None
-        for src, size in reduced.items():
-            total = f"rep{r}/allreduce/{src}"
-            replicated.add_op(total, op_type="CollectiveReduceV2",
-                              flops=size / 4 * (count - 1) / count,
-                              bytes_accessed=2 * size, colocation=total)
-            placement[total] = device
+        for pack in packs:
+            size = sum(sizes[src] for src in pack)
+            for name, attrs in ((f"rep{r}/pack/{pack[0]}", {"op_type": "ConcatV2"}),
+                                (f"rep{r}/allreduce/{pack[0]}", {
+                                    "op_type": "CollectiveReduceV2",
+                                    "flops": size / 4 * (count - 1) / count,
+                                    "bytes_accessed": 2 * size})):
+                replicated.add_op(name, colocation=name, **attrs)
+                placement[name] = device
+            for src in pack:
+                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/pack/{pack[0]}",
+                                    bytes=sizes[src])
             if previous:
-                replicated.add_edge(previous, total, control=True)
-            previous = total
+                replicated.add_edge(previous, f"rep{r}/allreduce/{pack[0]}", control=True)
+            previous = f"rep{r}/allreduce/{pack[0]}"
         for src, dst, edge in scaled.edges():
-            if src in reduced and dst in shared:
-                replicated.add_edge(f"rep{r}/allreduce/{src}", f"rep{r}/{dst}", **edge)
+            if src in pack_of and dst in shared:
+                replicated.add_edge(f"rep{r}/allreduce/{pack_of[src]}", f"rep{r}/{dst}",
+                                    **edge)
             else:
                 replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
-    for src, size in reduced.items():
+    for pack in packs:
+        size = sum(sizes[src] for src in pack)
         for r in range(count):
             for q in range(count):
-                replicated.add_edge(f"rep{q}/{src}", f"rep{r}/allreduce/{src}",
+                replicated.add_edge(f"rep{q}/pack/{pack[0]}", f"rep{r}/allreduce/{pack[0]}",
                                     bytes=size * (1 if q == r else 2 / count))
     return replicated, placement
 

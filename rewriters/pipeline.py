@@ -327,37 +327,35 @@ class _PipelineBody:
     def _all_reduced(self, envs, shares):
         """Per replica, what its copy of the update reads: the replicas' values of
         each tensor computed from the batch, weighted by their shares and all-reduced
-        with TensorFlow's collective ops (every replica gets the same sum), and its
-        own value of the others (its copy's weight reads, constants)."""
-        from tensorflow.python.ops import collective_ops
+        with TensorFlow's collective ops (every replica gets the same sum; tensors
+        flattened into packs, :func:`costmodel.pipeline.gradient_packs`, one
+        collective each), and its own value of the others (its copy's weight reads,
+        constants)."""
+        from costmodel.pipeline import gradient_packs
 
-        tf = tensorflow()
         devices = self.plan.replicas["devices"]
         regions, totals = self.regions, [{} for _ in devices]
         # TensorFlow runs a device's collectives in the order they are made (their
         # token orders them): the order the graph computes the gradients in.
         position = {node.name: i for i, node in enumerate(self.flat.graph_def.node)}
-        boundary = sorted(regions.boundary,
+        boundary = sorted(regions.boundary - regions.batched,
                           key=lambda t: (position.get(t.rsplit(":", 1)[0], -1), t))
-        group_key, first_instance = _collective_keys(devices, boundary)
-        reduced = 0
+        reduced = []
         for tensor in boundary:
-            op = tensor.rsplit(":", 1)[0]
-            if tensor in regions.batched:
-                continue
-            if op not in regions.data_dependent or not envs[0][tensor].dtype.is_floating:
+            value = envs[0][tensor]
+            if tensor.rsplit(":", 1)[0] in regions.data_dependent and value.dtype.is_floating:
+                elements = value.shape.num_elements()
+                reduced.append((tensor, value.dtype, elements and elements * value.dtype.size))
+            else:
                 for total, env in zip(totals, envs):
                     total[tensor] = env[tensor]
-                continue
+        group_key, first_instance = _collective_keys(devices, boundary)
+        for i, pack in enumerate(gradient_packs(reduced)):
             for r, (device, env) in enumerate(zip(devices, envs)):
-                with tf.device(device):
-                    dtype = env[tensor].dtype
-                    totals[r][tensor] = collective_ops.all_reduce_v2(
-                        env[tensor] * tf.cast(shares[r], dtype), group_size=len(devices),
-                        group_key=group_key, instance_key=first_instance + reduced,
-                        ordering_token=self.tokens[r].handle,
-                        name=f"tfpart_allreduce/{op}")
-            reduced += 1
+                totals[r].update(_all_reduce_pack(
+                    [env[tensor] for tensor in pack], shares[r], device, len(devices),
+                    (group_key, first_instance + i), self.tokens[r], f"pack{i}",
+                    pack))
         return totals
 
     def _all_microbatches(self, ops_of):
@@ -409,6 +407,25 @@ class _PipelineBody:
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _all_reduce_pack(values, share, device, group_size, keys, token, name, tensors):
+    """On ``device``: ``values`` weighted by ``share``, flattened into one vector,
+    all-reduced over ``group_size`` devices with ``keys`` (group, instance) and the
+    ordering ``token``; the sums, by ``tensors`` (their names), in their shapes."""
+    from tensorflow.python.ops import collective_ops
+
+    tf = tensorflow()
+    with tf.device(device), tf.name_scope(f"tfpart_allreduce/{name}"):
+        weighted = [value * tf.cast(share, value.dtype) for value in values]
+        flat = tf.concat([tf.reshape(value, [-1]) for value in weighted], axis=0)
+        summed = collective_ops.all_reduce_v2(
+            flat, group_size=group_size, group_key=keys[0], instance_key=keys[1],
+            ordering_token=token.handle)
+        parts = tf.split(summed, tf.stack([tf.size(value) for value in values]),
+                         num=len(values))
+        return {tensor: tf.reshape(part, tf.shape(value))
+                for tensor, part, value in zip(tensors, parts, values)}
 
 
 def _collective_keys(devices, tensors):

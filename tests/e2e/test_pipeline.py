@@ -132,22 +132,25 @@ def test_resnet50_pipelined_on_a_heterogeneous_cluster(exported, local_cpus, tmp
     assert report.op_mismatches == [] and report.variable_mismatches == []
 
 
-@pytest.mark.parametrize("name", ["residual_cnn", "transformer_encoder"])
-def test_data_parallel_replicas_match_the_original(name, exported, local_cpus, write_cluster,
-                                                   tmp_path):
+@pytest.mark.parametrize("name, reduce", [("residual_cnn", "one_device"),
+                                          ("transformer_encoder", "one_device"),
+                                          ("residual_cnn", "all_reduce")])
+def test_data_parallel_replicas_match_the_original(name, reduce, exported, local_cpus,
+                                                   write_cluster, tmp_path):
     """Three replicas, the last on a CPU kind a third as fast: uneven shares of the
     batch (also of batches the compile did not plan for), each replica's ops on its
-    device, the variables read where they live."""
+    device, the variables read where they live (one copy) or each replica's copy
+    read on its device."""
     from tests.train_compare import uneven
 
     model, out = exported(name), tmp_path / "out"
     result = compile_model(model, write_cluster(uneven(local_cluster(3))), out,
                            batch_size=12, algorithm="data_parallel",
-                           options={"replicas": 3})
+                           options={"replicas": 3, "reduce": reduce})
     replicas = result.plan.replicas
     assert result.plan.microbatches == 3 and len(set(replicas["devices"])) == 3
     assert [round(f * 12) for f in replicas["fractions"]] == [5, 5, 2]
-    assert replicas["pinned"]  # variable reads stay with the variables
+    assert bool(replicas["pinned"]) == (reduce == "one_device")
     for batch in (2, 7, 12):  # 2: one replica gets no row
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)
