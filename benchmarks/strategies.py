@@ -51,6 +51,8 @@ def choices(batch_size=32):
                 if plan.replicas:
                     shares = "/".join(str(round(f * batch_size))
                                       for f in plan.replicas["fractions"])
+                    if len(plan.replicas["fractions"]) > 1:
+                        shares += f", {plan.replicas.get('reduce', 'one_device')}"
                 elif plan.splits:
                     shares = f"{len(plan.splits)} op{'s' if len(plan.splits) > 1 else ''} split"
                 rows.append((name, cluster.name, *(
