@@ -146,20 +146,10 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
                               for name in sorted(values)}
     device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
-    copies = [module.variables_by_op]
     if _all_reducing(plan):
-        devices = plan.replicas["devices"]
-        module.replica_variables = [
-            {name: tf.Variable(values[name], name=f"{name.replace('/', '_')}_replica{r}")
-             for name in sorted(values)} for r in range(1, len(devices))]
-        module.collective_tokens = [tf.Variable(0.0, name=f"tfpart_collective_token{r}")
-                                    for r in range(len(devices))]
-        copies += module.replica_variables
-        for r, device in enumerate(devices):
-            device_of[f"tfpart_collective_token{r}"] = device
-            device_of.update({f"{name.replace('/', '_')}_replica{r}": device
-                              for name in values if r})
-    pipeline = _PipelineBody(flat, plan, regions, pieces, copies,
+        device_of.update(_add_replica_copies(module, plan.replicas["devices"], values))
+    pipeline = _PipelineBody(flat, plan, regions, pieces,
+                             [module.variables_by_op, *getattr(module, "replica_variables", [])],
                              getattr(module, "collective_tokens", None), outputs)
     module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
     try:
@@ -168,6 +158,23 @@ def _save_pipelined(model_dir, proto, plan, staging):
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
     tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete})
+    return device_of
+
+
+def _add_replica_copies(module, devices, values):
+    """Give ``module`` a copy of every variable (``values``, by op name) for each
+    replica but the first (``module.replica_variables``) and a collective-ordering
+    token per replica (``module.collective_tokens``); return their devices by saved
+    name."""
+    tf = tensorflow()
+    module.replica_variables = [
+        {name: tf.Variable(values[name], name=f"{name.replace('/', '_')}_replica{r}")
+         for name in sorted(values)} for r in range(1, len(devices))]
+    module.collective_tokens = [tf.Variable(0.0, name=f"tfpart_collective_token{r}")
+                                for r in range(len(devices))]
+    device_of = {f"tfpart_collective_token{r}": device for r, device in enumerate(devices)}
+    device_of.update({f"{name.replace('/', '_')}_replica{r}": device
+                      for r, device in enumerate(devices) if r for name in values})
     return device_of
 
 
