@@ -35,6 +35,7 @@ from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
 from tfpart.graph import OpGraph
 from tfpart.ops import VARIABLE_OPS, WEIGHT_OPS
+from tfpart.plan import all_reduces
 
 
 
@@ -386,6 +387,7 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
              and count > 1 and any(dst in shared for dst in graph.successors(src))}
     packs = gradient_packs([(src, None, size) for src, size in sizes.items()])
     pack_of = {src: pack[0] for pack in packs for src in pack}
+    pack_bytes = {pack[0]: sum(sizes[src] for src in pack) for pack in packs}
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
         scaled = scaled_graph(graph, fraction)
         for op, attrs in scaled.ops.items():
@@ -394,7 +396,7 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
             placement[f"rep{r}/{op}"] = device
         previous = None
         for pack in packs:
-            size = sum(sizes[src] for src in pack)
+            size = pack_bytes[pack[0]]
             for name, attrs in ((f"rep{r}/pack/{pack[0]}", {"op_type": "ConcatV2"}),
                                 (f"rep{r}/allreduce/{pack[0]}", {
                                     "op_type": "CollectiveReduceV2",
@@ -414,11 +416,10 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
                                     **edge)
             else:
                 replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
-    for pack in packs:
-        size = sum(sizes[src] for src in pack)
+    for first, size in pack_bytes.items():
         for r in range(count):
             for q in range(count):
-                replicated.add_edge(f"rep{q}/pack/{pack[0]}", f"rep{r}/allreduce/{pack[0]}",
+                replicated.add_edge(f"rep{q}/pack/{first}", f"rep{r}/allreduce/{first}",
                                     bytes=size * (1 if q == r else 2 / count))
     return replicated, placement
 
@@ -442,5 +443,4 @@ def plan_replicas_cost(cost, replicas):
     devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \
         if placements else [index[d] for d in replicas["devices"]]
     return replicas_cost(cost, replicas["fractions"], devices, set(replicas["pinned"]),
-                         index[replicas["devices"][0]],
-                         replicas.get("reduce") == "all_reduce")
+                         index[replicas["devices"][0]], all_reduces(replicas))

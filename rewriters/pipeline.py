@@ -46,6 +46,7 @@ from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
+from tfpart.plan import all_reduces
 from tfpart.splits import SCOPE as SPLIT_SCOPE
 
 # A piece imported twice under one prefix (a stage's forward, then its backward) gets
@@ -146,7 +147,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
                               for name in sorted(values)}
     device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
-    if _all_reducing(plan):
+    if all_reduces(plan.replicas):
         device_of.update(_add_replica_copies(module, plan.replicas["devices"], values))
     pipeline = _PipelineBody(flat, plan, regions, pieces,
                              [module.variables_by_op, *getattr(module, "replica_variables", [])],
@@ -176,12 +177,6 @@ def _add_replica_copies(module, devices, values):
     device_of.update({f"{name.replace('/', '_')}_replica{r}": device
                       for r, device in enumerate(devices) if r for name in values})
     return device_of
-
-
-def _all_reducing(plan):
-    """Whether ``plan``'s replicas keep a copy of the variables each and all-reduce
-    their gradients (else the variables live on the first replica's device)."""
-    return bool(plan.replicas) and plan.replicas.get("reduce") == "all_reduce"
 
 
 def _regions(proto, model_dir, flat):
@@ -223,7 +218,7 @@ class _PipelineBody:
                         for key, graph in pieces.items()}
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
-        self.pinned = set(plan.replicas["pinned"]) if plan.replicas and not tokens else set()
+        self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
 
     def __call__(self, *args):
         tf = tensorflow()

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.errors import OutputError, TfpartError
+from tfpart.plan import all_reduces
 from tfpart.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -50,7 +51,7 @@ def replicas_line(plan):
         "+".join([device, *sorted(set(placement.values()) - {device})])
         + f" {round(f * batch)} samples"
         for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
-    if replicas.get("reduce") == "all_reduce":
+    if all_reduces(replicas):
         where = ("a copy of the variables on each, gradients all-reduced"
                  if plan.schedule else "a copy of the variables on each")
     else:

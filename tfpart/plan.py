@@ -161,3 +161,17 @@ class Plan:
 
     def devices_used(self):
         return sorted(set(self.assignment.values()))
+
+
+def all_reduces(replicas):
+    """Whether a plan's ``replicas`` (its dict, or None) keep a copy of the variables
+    per replica and all-reduce their gradients; replicas that do not say (hybrid
+    plans, plans written before the choice) reduce to one device.
+
+    >>> all_reduces({"devices": ["a", "b"], "fractions": [0.5, 0.5], "pinned": [],
+    ...              "reduce": "all_reduce"})
+    True
+    >>> all_reduces(None), all_reduces({"devices": ["a"], "fractions": [1.0], "pinned": []})
+    (False, False)
+    """
+    return bool(replicas) and replicas.get("reduce") == "all_reduce"
