@@ -27,6 +27,8 @@ instead of 2 × 4.
 """
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +42,7 @@ from tfpart.plan import all_reduces
 
 
 SCHEDULES = ("gpipe", "1f1b")
+REPLICA_COPY = re.compile(r"^rep(\d+)/(.*)$")  # a replica's copy of an op
 
 
 def task_order(schedule, stage, stages, microbatches):
@@ -228,17 +231,21 @@ def pinned_ops(graph):
             if op not in shared and attrs["colocation"] in groups}
 
 
-def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule):
+def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
+               into=None, prefix=""):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier between consecutive tasks of each stage: the sinks of one task before the
-    sources of the next, in the schedule's order."""
+    sources of the next, in the schedule's order. With ``into`` (a graph and
+    placement from an earlier call), the copies, named ``<prefix>mb<m>/<op>``, are
+    added to it, sharing its variables and update ops: a replica of the pipeline."""
     shared = shared_ops(graph)
 
     def name(op, m):
-        return op if op in shared else f"mb{m}/{op}"
+        return op if op in shared else f"{prefix}mb{m}/{op}"
 
-    replicated, placement = OpGraph(), {}
-    for op in [op for op in graph.ops if op in shared]:  # graph order: sets vary by process
+    replicated, placement = into or (OpGraph(), {})
+    first = into is None
+    for op in [op for op in graph.ops if op in shared and first]:  # graph order
         replicated.add_op(op, **graph.ops[op])
         placement[op] = device_of[op]
     for m in range(microbatches):
@@ -247,7 +254,7 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
                 replicated.add_op(name(op, m), **attrs)
                 placement[name(op, m)] = device_of[op]
         for src, dst, edge in graph.edges():
-            if src in shared and dst in shared and m:
+            if src in shared and dst in shared and (m or not first):
                 continue
             replicated.add_edge(name(src, m), name(dst, m), bytes=edge["bytes"],
                                 control=edge["control"], comm=edge.get("comm"))
@@ -261,13 +268,15 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
         if not any((u, op) in same_piece for u in graph.predecessors(op)):
             sources.setdefault(key, []).append(op)
     zero = {d: 0.0 for d in cluster_names}
-    stage_device = {stage_of[op]: device_of[op] for op in piece if op in stage_of}
+    # a replica's variable reads run on the first replica's devices: not its stage's
+    counts = Counter((stage_of[op], device_of[op]) for op in piece if op in stage_of)
+    stage_device = {stage: device for (stage, device), _ in counts.most_common()[::-1]}
     stages = sorted(stage_device)
     for i, stage in enumerate(stages):
         tasks = [(m, phase) for m, phase in task_order(schedule, i, len(stages), microbatches)
                  if (stage, phase) in sources]
         for (m0, phase0), (m1, phase1) in zip(tasks, tasks[1:]):
-            barrier = f"mb{m1}/stage{stage}-{phase1}-waits"
+            barrier = f"{prefix}mb{m1}/stage{stage}-{phase1}-waits"
             replicated.add_op(barrier, op_type="NoOp", cost=zero)
             placement[barrier] = stage_device[stage]
             for op in sinks[(stage, phase0)]:
@@ -323,6 +332,55 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
             replicated.add_edge(src if src in shared else f"rep{r}/{src}",
                                 dst if dst in shared else f"rep{r}/{dst}", **edge)
     return replicated, placement
+
+
+def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_of,
+                            microbatches, schedule="gpipe"):
+    """Replicas of a pipeline, for the simulator: replica ``r`` runs ``microbatches``
+    micro-batches of ``fractions[r] / microbatches`` of the batch each through the
+    stages ``stage_of`` on its own devices, ``device_maps[r]`` (op -> device index;
+    the variables, a training step's update and the variable reads on the first
+    replica's devices, where the variables are); ops are named ``rep<r>/mb<m>/<op>``.
+
+    Returns the graph and the device index of each of its ops.
+
+    >>> g = OpGraph()
+    >>> g.add_op("a", op_type="Relu", bytes_accessed=4e9)
+    >>> g.add_op("b", op_type="Relu", bytes_accessed=4e9)
+    >>> g.add_edge("a", "b", bytes=8)
+    >>> stages = {"a": 0, "b": 1}
+    >>> replicated, where = pipeline_replicas_graph(
+    ...     g, ["cpu:0", "cpu:1", "cpu:2", "cpu:3"], [0.5, 0.5],
+    ...     [{"a": 0, "b": 1}, {"a": 2, "b": 3}], stages, 2)
+    >>> where["rep1/mb1/b"], replicated.ops["rep1/mb0/a"]["bytes_accessed"]
+    (3, 1000000000.0)
+    """
+    into = None
+    for r, (fraction, device_of) in enumerate(zip(fractions, device_maps)):
+        scaled = scaled_graph(graph, fraction / microbatches)
+        for op, attrs in scaled.ops.items():
+            if device_of[op] != device_maps[0][op]:  # a colocation group of its own
+                attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
+        into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
+                          schedule, into, f"rep{r}/")
+    return into
+
+
+def replica_finishes(replicated_cost, device_of, count, shared):
+    """When each of ``count`` replicas' last op (named ``rep<r>/…``; the ``shared``
+    ones excepted) ends in the simulated step of ``replicated_cost`` placed by
+    ``device_of``."""
+    from costmodel.simulate import start_first_priority
+
+    end = simulate(replicated_cost, device_of, start_first_priority(replicated_cost),
+                   memory=False).end
+    finish = [0.0] * count
+    for i, op in enumerate(replicated_cost.ops):
+        copy = None if op in shared else REPLICA_COPY.match(op)
+        if copy is not None:
+            r = int(copy.group(1))
+            finish[r] = max(finish[r], float(end[i]))
+    return finish
 
 
 PACK_BYTES = 32 * 2 ** 20  # as MultiWorkerMirroredStrategy's bytes_per_pack: few, large
@@ -435,11 +493,22 @@ def replicas_cost(cost, fractions, devices, pinned, home=None, all_reduce=False)
     return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
 
 
-def plan_replicas_cost(cost, replicas):
+def plan_replicas_cost(cost, plan):
     """:func:`replicas_cost` of a plan's ``replicas`` (device names; a replica placed
-    across devices has its ``placements`` entry)."""
+    across devices has its ``placements`` entry), or for replicas of a pipeline
+    (``replicas["microbatches"]`` each) the cost model of
+    :func:`pipeline_replicas_graph`."""
+    replicas = plan.replicas
     index = {name: d for d, name in enumerate(cost.cluster.device_names)}
     placements = replicas.get("placements")
+    if replicas.get("microbatches"):
+        maps = [{op: index[placement.get(op, plan.assignment[op])] for op in cost.graph.ops}
+                for placement in placements]
+        replicated, where = pipeline_replicas_graph(
+            cost.graph, cost.cluster.device_names, replicas["fractions"], maps, plan.stages,
+            replicas["microbatches"], plan.schedule or "gpipe")
+        replicated_cost = cost.of(replicated)
+        return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
     devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \
         if placements else [index[d] for d in replicas["devices"]]
     return replicas_cost(cost, replicas["fractions"], devices, set(replicas["pinned"]),

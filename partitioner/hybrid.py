@@ -1,5 +1,6 @@
-"""Hybrid: data-parallel replicas of an op placement. The devices form groups of two or
-more; each group runs a replica of the step placed across its devices by the greedy,
+"""Hybrid: data-parallel replicas of an op placement or of a pipeline. The devices
+form groups of two or more; each group runs a replica of the step placed across its
+devices by the greedy, or pipelined over them (:mod:`partitioner.pipeline_replicas`),
 on a share of the batch in proportion to the group's predicted speed.
 
 This is how data parallelism meets devices too slow or too small to hold a replica
@@ -32,37 +33,47 @@ Four CPUs make two replicas of two devices each, each replica with half the batc
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
-from costmodel.simulate import simulate, start_first_priority
+from costmodel.pipeline import (REPLICA_COPY, pinned_ops, replica_finishes, replicas_cost,
+                                shared_ops)
+from costmodel.simulate import start_first_priority
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import fastest_plan, make_plan
+from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
 from tfpart.plan import Plan
-
-REPLICA_COPY = re.compile(r"^rep(\d+)/(.*)$")  # replicas_graph's names of a replica's ops
 
 
 @dataclass(frozen=True)
 class HybridOptions:
     """``batch_size``: the compile batch the shares are planned for; ``groups``: exactly
     this many replicas (None: each count from 2 to half the devices, by simulation);
-    ``greedy``: the options of the placement of the replicas."""
+    ``form``: ``"placement"`` (replicas of an op placement), ``"pipeline"`` (replicas
+    of a pipeline) or None (the faster); ``greedy``: the options of the placement of
+    the replicas; ``microbatches`` and ``schedule``: fix a replicated pipeline's
+    micro-batches per replica and a training step's schedule."""
 
     batch_size: int = 1
     groups: int | None = None
+    form: str | None = None
     greedy: GreedyOptions = field(default_factory=GreedyOptions)
+    microbatches: int | None = None
+    schedule: str | None = None
+
+
+FORMS = ("placement", "pipeline")
 
 
 def partition(cost, options=HybridOptions()):
-    """Replicas of an op placement: ``plan.replicas`` with a ``placements`` entry per
-    replica, and one stage of ``plan.microbatches`` (one micro-batch per replica).
+    """Replicas of an op placement (``plan.replicas`` with a ``placements`` entry per
+    replica, and one stage of ``plan.microbatches``, one micro-batch per replica) or
+    of a pipeline (``plan.stages``, and ``replicas["microbatches"]`` micro-batches per
+    replica), whichever is predicted faster.
 
     Raises
     ------
@@ -76,11 +87,25 @@ def partition(cost, options=HybridOptions()):
     if most < 2 or (wanted is not None and not 2 <= wanted <= most):
         raise PlacementError("", f"cannot make {wanted or 2} replicas of two or more devices "
                              f"each from {n} devices and a batch of {options.batch_size}")
+    if options.form not in (None, *FORMS):
+        raise PlacementError("", f"form must be one of {', '.join(FORMS)}, not "
+                             f"{options.form!r}")
     shared = shared_ops(graph)
     pinned = pinned_ops(graph)
-    return fastest_plan((lambda k=k: _plan(cost, _groups(cost, k), pinned, shared, options)
-                         for k in ([wanted] if wanted else range(2, most + 1))),
-                        PlacementError("", "no grouping of the devices fits in memory"))
+
+    def attempts():
+        for k in [wanted] if wanted else range(2, most + 1):
+            groups = _groups(cost, k)
+            if options.form in (None, "placement"):
+                yield lambda groups=groups: _plan(cost, groups, pinned, shared, options)
+            if options.form in (None, "pipeline"):
+                size = min(len(group) for group in groups)  # the slowest extras left out
+                yield lambda groups=groups: replicate_pipeline(
+                    cost, [group[:size] for group in groups], options.batch_size, options,
+                    options.microbatches, options.schedule)
+
+    return fastest_plan(attempts(), PlacementError("", "no grouping of the devices fits "
+                                                   "in memory"))
 
 
 def _groups(cost, k):
@@ -100,7 +125,7 @@ def _plan(cost, groups, pinned, shared, options):
     by each replica's simulated speed."""
     fractions = [1.0 / len(groups)] * len(groups)
     placed = _placed(cost, groups, fractions, pinned, shared, options)
-    finish = _finishes(*placed[:2], shared, len(groups))
+    finish = replica_finishes(*placed[:2], len(groups), shared)
     shares = proportional_shares(options.batch_size,
                                  [f / t for f, t in zip(fractions, finish)])
     if min(shares) > 0 and shares != [options.batch_size // len(groups)] * len(groups):
@@ -141,16 +166,3 @@ def _placed(cost, groups, fractions, pinned, shared, options):
         raise PlacementError("", "a group of devices cannot run every op")
     device_of, _ = greedy_placement(replicated_cost, options.greedy)
     return replicated_cost, device_of, home
-
-
-def _finishes(replicated_cost, device_of, shared, count):
-    """When each replica's last op ends, simulated."""
-    end = simulate(replicated_cost, device_of, start_first_priority(replicated_cost),
-                   memory=False).end
-    finish = [0.0] * count
-    for i, op in enumerate(replicated_cost.ops):
-        copy = None if op in shared else REPLICA_COPY.match(op)
-        if copy is not None:
-            r = int(copy.group(1))
-            finish[r] = max(finish[r], float(end[i]))
-    return finish

@@ -46,7 +46,7 @@ from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
-from tfpart.plan import all_reduces
+from tfpart.plan import all_reduces, replica_of
 from tfpart.splits import SCOPE as SPLIT_SCOPE
 
 # A piece imported twice under one prefix (a stage's forward, then its backward) gets
@@ -219,6 +219,10 @@ class _PipelineBody:
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
         self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
+        # replicas of a pipeline: each replica's device for each of the first's
+        self.moved = [{plan.assignment[op]: device for op, device in placement.items()}
+                      for placement in plan.replicas["placements"]] \
+            if plan.replicas and plan.replicas.get("microbatches") else None
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -251,7 +255,7 @@ class _PipelineBody:
             with tf.device(device), tf.control_dependencies(done.get(device, [])):
                 gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}_{phase}")
             imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
-                                    ops_of[m], {f"^{GATE}": gate}, m)
+                                    ops_of[m], {f"^{GATE}": gate}, self._replica(m))
             done[device] = [imported[name] for name in self.sinks[(k, phase)]]
         with tf.device(first_device):
             shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
@@ -281,13 +285,20 @@ class _PipelineBody:
 
     def _import_order(self):
         """``(micro-batch, stage, phase)`` in an order that follows each stage's schedule
-        and imports every piece after the pieces it reads."""
+        (each replica's, for replicas of a pipeline) and imports every piece after the
+        pieces it reads."""
+        per = (self.plan.replicas or {}).get("microbatches") or self.plan.microbatches
+        return [task for first in range(0, self.plan.microbatches, per)
+                for task in self._lane_order(first, per)]
+
+    def _lane_order(self, first, m_count):
+        """:meth:`_import_order` of micro-batches ``first`` … ``first + m_count - 1``,
+        which flow through the same devices."""
         from costmodel.pipeline import task_order
 
-        m_count, schedule = self.plan.microbatches, self.plan.schedule or "gpipe"
-        queues = {k: [(m, phase) for m, phase in task_order(schedule, i, len(self.stages),
-                                                            m_count)
-                      if (k, phase) in self.pieces]
+        schedule = self.plan.schedule or "gpipe"
+        queues = {k: [(first + m, phase) for m, phase in task_order(
+                      schedule, i, len(self.stages), m_count) if (k, phase) in self.pieces]
                   for i, k in enumerate(self.stages)}
         imported, order = set(), []
         while any(queues.values()):
@@ -375,9 +386,15 @@ class _PipelineBody:
             control[f"^{GATE}"] = tf.constant(0.0)
         return control
 
+    def _replica(self, m):
+        """The replica micro-batch ``m`` runs in (None without replicas)."""
+        return replica_of(self.plan.replicas, m) if self.plan.replicas else None
+
     def _device(self, m, k):
         """The device of stage ``k`` for micro-batch ``m`` (its replica's, if any)."""
         replicas = self.plan.replicas
+        if self.moved:
+            return self.moved[self._replica(m)].get(self.device[k], self.device[k])
         return replicas["devices"][m] if replicas else self.device[k]
 
     def _import(self, key, prefix, env, ops_of, control, replica=None):
@@ -389,7 +406,8 @@ class _PipelineBody:
         if replicas and replica is not None:
             placements = replicas.get("placements")
             piece = _on_replica(piece, replicas["devices"][replica], self.pinned,
-                                placements[replica] if placements else None)
+                                placements[replica] if placements else None,
+                                self.moved[replica] if self.moved else None)
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -450,7 +468,8 @@ def _split(rows, m_count, replicas):
     """Rows and first row of each micro-batch (scalar tensors): ``ceil(rows / M)`` each
     but the last, or the replicas' largest-remainder shares of ``rows`` (as
     :func:`partitioner.shares.proportional_shares` computes them, the faster replica
-    first on ties)."""
+    first on ties), each cut the same way into its micro-batches for replicas of a
+    pipeline."""
     tf = tensorflow()
     if not replicas:
         size = (rows + m_count - 1) // m_count
@@ -461,19 +480,27 @@ def _split(rows, m_count, replicas):
     left = tf.cast(rows, tf.float64) - tf.reduce_sum(whole)
     rank = tf.argsort(tf.argsort(whole - exact, stable=True), stable=True)
     sizes = tf.cast(whole + tf.cast(tf.cast(rank, tf.float64) < left, tf.float64), tf.int32)
+    per = replicas.get("microbatches") or 1
+    if per > 1:  # replicas of a pipeline: each share in micro-batches of ceil(share / per)
+        step = (sizes + per - 1) // per
+        sizes = tf.reshape(tf.clip_by_value(
+            sizes[:, None] - step[:, None] * tf.range(per)[None, :], 0, step[:, None]), [-1])
     offsets = tf.cumsum(sizes, exclusive=True)
     return [sizes[m] for m in range(m_count)], [offsets[m] for m in range(m_count)]
 
 
-def _on_replica(piece, device, pinned, placement=None):
+def _on_replica(piece, device, pinned, placement=None, moved=None):
     """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones; with a
-    ``placement`` (a hybrid plan's replica), each op it names on its device there."""
-    moved = type(piece)()
-    moved.CopyFrom(piece)
-    for node in moved.node:
+    ``placement`` (a hybrid plan's replica), each op it names on its device there, and
+    with ``moved`` (a replica of a pipeline: its device for each of the first
+    replica's) the others on the device standing for theirs."""
+    copy = type(piece)()
+    copy.CopyFrom(piece)
+    for node in copy.node:
         if node.name not in pinned:
-            node.device = (placement or {}).get(node.name, device)
-    return moved
+            node.device = (placement or {}).get(
+                node.name, moved.get(node.device, device) if moved else device)
+    return copy
 
 
 def _piece_dependencies(pieces, piece_of):

@@ -74,8 +74,9 @@ def main(argv=None):
                         help="how data-parallel replicas reduce their gradients")
     parser.add_argument("--split", action="store_true",
                         help="split every convolution and matmul across the devices")
-    parser.add_argument("--hybrid", action="store_true",
-                        help="two replicas of a placement over four devices")
+    parser.add_argument("--hybrid", choices=["placement", "pipeline"],
+                        help="two replicas of a placement or of a pipeline over four "
+                        "devices")
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -118,7 +119,7 @@ def compare(source, out, cluster_file, cluster, args):
     pipelined = args.microbatches is not None or args.replicas is not None or args.split \
         or args.hybrid
     if args.hybrid:
-        how = {"algorithm": "hybrid", "options": {"groups": 2}}
+        how = {"algorithm": "hybrid", "options": {"groups": 2, "form": args.hybrid}}
     elif args.replicas is not None:
         how = {"algorithm": "data_parallel", "options": {
             "replicas": args.replicas, **({"reduce": args.reduce} if args.reduce else {})}}

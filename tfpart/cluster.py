@@ -47,6 +47,7 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -503,3 +504,17 @@ def cluster_of_devices(kind_names, memory=None, name="uniform"):
         for d in devices:
             d["memory"] = memory
     return cluster_from_dict({"name": name, "devices": devices})
+
+
+def sub_cluster(cluster, indices):
+    """The cluster of only the devices at ``indices`` (in that order), with their links.
+
+    >>> small = sub_cluster(cluster_of_devices(["cpu", "T4", "V100"]), [2, 0])
+    >>> [d.kind.name for d in small.devices], small.link(0, 1) is not None
+    (['V100', 'cpu'], True)
+    """
+    links = {(a, b): cluster.link(indices[a], indices[b])
+             for a in range(len(indices)) for b in range(a + 1, len(indices))}
+    return dataclasses.replace(cluster, name=f"{cluster.name}[{len(indices)}]",
+                               devices=tuple(cluster.devices[i] for i in indices),
+                               links=links)

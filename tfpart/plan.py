@@ -99,7 +99,9 @@ class Plan:
     # (largest remainder of fractions), except the pinned ops (variable reads); a hybrid
     # plan's replica r runs each op on placements[r][op] instead (devices[r] leads it);
     # "reduce": "all_reduce" gives every replica a copy of the variables on its device
-    # (no pinned ops) and all-reduces the gradients ("one_device", the default: one copy)
+    # (no pinned ops) and all-reduces the gradients ("one_device", the default: one copy);
+    # "microbatches": replicas of a pipeline, each running that many consecutive
+    # micro-batches through the stages on its placement's devices
     replicas: dict | None = None
     # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
     # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)
@@ -175,3 +177,14 @@ def all_reduces(replicas):
     (False, False)
     """
     return bool(replicas) and replicas.get("reduce") == "all_reduce"
+
+
+def replica_of(replicas, microbatch):
+    """The replica that runs micro-batch ``microbatch`` of a plan with ``replicas``:
+    each replica of a pipeline runs ``replicas["microbatches"]`` consecutive ones,
+    other replicas one each.
+
+    >>> replica_of({"microbatches": 4}, 5), replica_of({}, 5)
+    (1, 5)
+    """
+    return microbatch // replicas.get("microbatches", 1)

@@ -185,7 +185,7 @@ def _replicas_schedule(plan, cost):
     from costmodel.pipeline import plan_replicas_cost
     from costmodel.simulate import simulate, start_first_priority
 
-    replicated_cost, device_of = plan_replicas_cost(cost, plan.replicas)
+    replicated_cost, device_of = plan_replicas_cost(cost, plan)
     return (simulate(replicated_cost, device_of, start_first_priority(replicated_cost)),
             replicated_cost)
 

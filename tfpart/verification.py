@@ -11,6 +11,7 @@ import numpy as np
 
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
+from tfpart.plan import replica_of
 from tfpart.runtime import canonical_device, load, random_inputs, runnable, same_device
 from tfpart.servers import cluster_errors
 from tfpart.splits import part_of
@@ -141,9 +142,10 @@ def _planned_device(plan, planned, device_map):
             return None
         m = microbatch_of(name)
         if replicas and m is not None and original not in pinned:
+            r = replica_of(replicas, m)
             placements = replicas.get("placements")
-            device = placements[m].get(original) if placements else None
-            return device_map[device or replicas["devices"][m]]
+            device = placements[r].get(original) if placements else None
+            return device_map[device or replicas["devices"][r]]
         return planned[original]
     return want
 

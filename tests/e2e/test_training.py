@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
-            replicas=None, split=False, hybrid=False, reduce=None):
+            replicas=None, split=False, hybrid=None, reduce=None):
     options = [f"--{key}={value}" for key, value in [
         ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
-        ("replicas", replicas), ("reduce", reduce)] if value is not None] + (["--split"] if split else []) \
-        + (["--hybrid"] if hybrid else [])
+        ("replicas", replicas), ("reduce", reduce), ("hybrid", hybrid)] if value is not None] \
+        + (["--split"] if split else [])
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
                            optimizer, *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
@@ -150,7 +150,7 @@ def test_replicas_of_a_placement_train_like_the_original(tmp_path, model, optimi
     """Hybrid: two replicas on four CPUs, each replica's ops placed across its group of
     two: logical CPUs with fast links (the fourth a third as fast), or four ``tfpart
     worker`` processes."""
-    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=True)
+    run = compare(tmp_path, model, optimizer, workers=workers, hybrid="placement")
     replicas = run["replicas"]
     groups = [set(placement.values()) for placement in replicas["placements"]]
     assert len(groups) == 2 and not groups[0] & groups[1]

@@ -1,0 +1,139 @@
+"""Replicas of a pipeline: data parallelism over groups of devices, each group running
+the step as pipeline stages over micro-batches of its share of the batch.
+
+This is the pipelined data-parallel mode of Applied Intelligence (2022) on uneven
+devices: a group of a fast and a slow device pipelines the step (each takes the
+stages its speed can carry), and several such groups split the batch. Every group
+has the same number of devices, dealt in snake order of speed (as
+:mod:`partitioner.hybrid` deals them), so that position ``p`` of each group
+holds devices of about the same speed; the stages are cut once, by
+:mod:`partitioner.pipeline` on the first group with the graph costed at its share of
+the batch, and replica ``r`` runs the stage on position ``p`` of the first group on
+position ``p`` of its own. The variables, their reads and a training step's update
+stay where the first replica's stages put them (one copy; every replica's gradients
+are summed there, each weighted by its share). Shares start equal and are then set
+from each replica's simulated finish, as for :mod:`partitioner.hybrid`.
+
+Examples
+--------
+A chain of eight equal ops on four CPUs: two replicas of a two-stage pipeline, half
+the batch each.
+
+>>> from tfpart.graph import OpGraph
+>>> from tfpart.cluster import cluster_of_devices
+>>> from costmodel import CostModel
+>>> g = OpGraph()
+>>> for i in range(8):
+...     g.add_op(f"op{i}", op_type="Relu", bytes_accessed=4e9,
+...              input_shapes=[(8, 1000)], outputs=[((8, 1000), "float32")])
+>>> for i in range(7): g.add_edge(f"op{i}", f"op{i + 1}", bytes=32000)
+>>> cost = CostModel(g, cluster_of_devices(["cpu"] * 4))
+>>> plan = replicate_pipeline(cost, [[0, 1], [2, 3]], batch_size=8)
+>>> plan.replicas["fractions"], len(set(plan.stages.values()))
+([0.5, 0.5], 2)
+>>> sorted(set(plan.replicas["placements"][1].values()))
+['/job:localhost/replica:0/task:0/device:CPU:2', '/job:localhost/replica:0/task:0/device:CPU:3']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.pipeline import (pinned_ops, pipeline_replicas_graph, replica_finishes,
+                                scaled_graph, shared_ops)
+from costmodel.roofline import CostModel
+from partitioner.finish import make_plan
+from partitioner.pipeline import PipelineOptions
+from partitioner.pipeline import partition as pipeline_partition
+from partitioner.shares import proportional_shares
+from tfpart.cluster import sub_cluster
+from tfpart.errors import PlacementError
+from tfpart.plan import Plan
+
+
+def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None,
+                       schedule=None):
+    """The plan of a replica of one pipeline per group of device indices (equal
+    sizes, position ``p`` of each group matching position ``p`` of the others).
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+    groups : list of list of int
+    batch_size : int
+        The compile batch the shares are planned for.
+    options : dataclass, optional
+        The calling algorithm's options, echoed into the plan.
+    microbatches, schedule : optional
+        Fix each replica's micro-batch count and a training step's schedule (else
+        :mod:`partitioner.pipeline` chooses them).
+
+    Raises
+    ------
+    tfpart.errors.PlacementError
+        If the groups differ in size, the graph carries per-device transfer tables
+        (imported graphs), or no pipeline fits.
+    """
+    graph = cost.graph
+    if len({len(group) for group in groups}) != 1 or len(groups) > batch_size:
+        raise PlacementError("", f"cannot make {len(groups)} equal replicas of a pipeline "
+                             f"of groups of {[len(g) for g in groups]} devices and a batch "
+                             f"of {batch_size}")
+    if any(edge.get("comm") is not None for _, _, edge in graph.edges()):
+        raise PlacementError("", "replicas of a pipeline need transfer times from the "
+                             "cluster's links, not the graph's per-device tables")
+    fractions = [1.0 / len(groups)] * len(groups)
+    staged = _first_group_pipeline(cost, groups[0], len(groups), batch_size, microbatches,
+                                   schedule)
+    shared, pinned = shared_ops(graph), pinned_ops(graph)
+    position = {device: p for p, device in enumerate(groups[0])}
+    first = {op: position[device] for op, device in staged["device_of"].items()}
+    maps = [{op: group[first[op]] if op not in shared and op not in pinned
+             else groups[0][first[op]] for op in graph.ops} for group in groups]
+    per_replica = min(staged["microbatches"], batch_size // len(groups))
+    replicated = _replicated(cost, fractions, maps, staged, per_replica)
+    shares = proportional_shares(batch_size, [
+        f / t for f, t in zip(fractions, replica_finishes(*replicated, len(groups), shared))])
+    if min(shares) > 0:
+        fractions = [share / batch_size for share in shares]
+        per_replica = min(per_replica, min(shares))
+        replicated = _replicated(cost, fractions, maps, staged, per_replica)
+    figures = make_plan(*replicated, "hybrid", options or PipelineOptions())
+    names = cost.cluster.device_names
+    stage_zero = min(staged["stages"].values())
+    lead = next(first[op] for op, stage in staged["stages"].items()
+                if stage == stage_zero and op not in shared and op not in pinned)
+    return Plan(
+        assignment={op: names[maps[0][op]] for op in graph.ops}, algorithm="hybrid",
+        options=figures.options, stages=staged["stages"],
+        microbatches=per_replica * len(groups), schedule=staged["schedule"],
+        replicas={"devices": [names[group[lead]] for group in groups],
+                  "fractions": fractions, "pinned": sorted(pinned),
+                  "placements": [{op: names[where[op]] for op in graph.ops
+                                  if op not in shared and op not in pinned}
+                                 for where in maps],
+                  "microbatches": per_replica},
+        predicted=figures.predicted, lower_bound=figures.lower_bound)
+
+
+def _first_group_pipeline(cost, group, count, batch_size, microbatches, schedule):
+    """The pipeline of the graph, costed at one of ``count`` equal shares of its
+    batch, on the devices of ``group``: each op's device index (in the whole
+    cluster), its stage, the micro-batch count and the schedule."""
+    small = CostModel(scaled_graph(cost.graph, 1.0 / count), sub_cluster(cost.cluster, group),
+                      measured=cost.measured, tf32=cost.tf32)
+    plan = pipeline_partition(small, PipelineOptions(batch_size=batch_size // count,
+                                                     microbatches=microbatches,
+                                                     schedule=schedule))
+    index = {name: group[d] for d, name in enumerate(small.cluster.device_names)}
+    return {"device_of": {op: index[device] for op, device in plan.assignment.items()},
+            "stages": plan.stages, "microbatches": plan.microbatches,
+            "schedule": plan.schedule}
+
+
+def _replicated(cost, fractions, maps, staged, per_replica):
+    """The cost model of the replicas and the device index of each of its ops."""
+    replicated, where = pipeline_replicas_graph(
+        cost.graph, cost.cluster.device_names, fractions, maps, staged["stages"],
+        per_replica, staged["schedule"] or "gpipe")
+    replicated_cost = cost.of(replicated)
+    return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
