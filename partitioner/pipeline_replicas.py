@@ -7,8 +7,8 @@ stages its speed can carry), and several such groups split the batch. Every grou
 has the same number of devices, dealt in snake order of speed (as
 :mod:`partitioner.hybrid` deals them), so that position ``p`` of each group
 holds devices of about the same speed; the stages are cut once, by
-:mod:`partitioner.pipeline` on the first group with the graph costed at its share of
-the batch, and replica ``r`` runs the stage on position ``p`` of the first group on
+:mod:`partitioner.pipeline_stages` on the first group with the graph costed at its
+share of the batch, and replica ``r`` runs the stage on position ``p`` of the first group on
 position ``p`` of its own. The variables, their reads and a training step's update
 stay where the first replica's stages put them (one copy; every replica's gradients
 are summed there, each weighted by its share). Shares start equal and are then set
@@ -16,17 +16,17 @@ from each replica's simulated finish, as for :mod:`partitioner.hybrid`.
 
 Examples
 --------
-A chain of eight equal ops on four CPUs: two replicas of a two-stage pipeline, half
-the batch each.
+Six matmuls in a row on four CPUs: two replicas of a two-stage pipeline, half the
+batch each.
 
 >>> from tfpart.graph import OpGraph
 >>> from tfpart.cluster import cluster_of_devices
 >>> from costmodel import CostModel
 >>> g = OpGraph()
->>> for i in range(8):
-...     g.add_op(f"op{i}", op_type="Relu", bytes_accessed=4e9,
-...              input_shapes=[(8, 1000)], outputs=[((8, 1000), "float32")])
->>> for i in range(7): g.add_edge(f"op{i}", f"op{i + 1}", bytes=32000)
+>>> g.add_op("x", op_type="Placeholder")
+>>> for i, before in enumerate(["x", "mm0", "mm1", "mm2", "mm3", "mm4"]):
+...     g.add_op(f"mm{i}", op_type="MatMul", flops=1e11, input_shapes=[(8, 500)])
+...     g.add_edge(before, f"mm{i}", bytes=16000)
 >>> cost = CostModel(g, cluster_of_devices(["cpu"] * 4))
 >>> plan = replicate_pipeline(cost, [[0, 1], [2, 3]], batch_size=8)
 >>> plan.replicas["fractions"], len(set(plan.stages.values()))
@@ -42,8 +42,7 @@ from costmodel.pipeline import (pinned_ops, pipeline_replicas_graph, replica_fin
                                 scaled_graph, shared_ops)
 from costmodel.roofline import CostModel
 from partitioner.finish import make_plan
-from partitioner.pipeline import PipelineOptions
-from partitioner.pipeline import partition as pipeline_partition
+from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
 from partitioner.shares import proportional_shares
 from tfpart.cluster import sub_cluster
 from tfpart.errors import PlacementError
@@ -65,7 +64,7 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
         The calling algorithm's options, echoed into the plan.
     microbatches, schedule : optional
         Fix each replica's micro-batch count and a training step's schedule (else
-        :mod:`partitioner.pipeline` chooses them).
+        :mod:`partitioner.pipeline_stages` chooses them).
 
     Raises
     ------
@@ -121,7 +120,7 @@ def _first_group_pipeline(cost, group, count, batch_size, microbatches, schedule
     cluster), its stage, the micro-batch count and the schedule."""
     small = CostModel(scaled_graph(cost.graph, 1.0 / count), sub_cluster(cost.cluster, group),
                       measured=cost.measured, tf32=cost.tf32)
-    plan = pipeline_partition(small, PipelineOptions(batch_size=batch_size // count,
+    plan = pipeline_plan(small, PipelineOptions(batch_size=batch_size // count,
                                                      microbatches=microbatches,
                                                      schedule=schedule))
     index = {name: group[d] for d, name in enumerate(small.cluster.device_names)}

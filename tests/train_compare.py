@@ -160,6 +160,7 @@ def compare(source, out, cluster_file, cluster, args):
         "slots": len(slots),
         "slots_apart": [pair for pair in slots if assignment[pair[0]] != assignment[pair[1]]],
         "copies_apart": max(copies_apart, default=None),
+        "ran_on": sorted(set(report.placement.values())),
         "all_reduced_on": sorted({device for name, device in report.placement.items()
                                   if "/tfpart_allreduce/" in name}),
         "outputs_equal": report.outputs_equal, "ops_checked": report.ops_checked,

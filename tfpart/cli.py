@@ -20,44 +20,11 @@ from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.errors import OutputError, TfpartError
-from tfpart.plan import all_reduces
+from tfpart.report import replicas_line
 from tfpart.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
-
-
-def replicas_line(plan):
-    """One line on a data-parallel plan: each replica's device and share of the batch.
-
-    >>> from tfpart.plan import Plan
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
-    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
-    ...     "pinned": []}))
-    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); variables on /device:CPU:0'
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, replicas={
-    ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
-    ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
-    'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, schedule="gpipe",
-    ...     replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
-    ...               "reduce": "all_reduce"}))
-    'Data parallel: 2 replicas (A 2 samples, B 2 samples of 4); a copy of the variables on each, gradients all-reduced'
-    """
-    batch = plan.context.get("batch_size") or 1
-    replicas = plan.replicas
-    placements = replicas.get("placements") or [{}] * len(replicas["devices"])
-    shares = ", ".join(
-        "+".join([device, *sorted(set(placement.values()) - {device})])
-        + f" {round(f * batch)} samples"
-        for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
-    if all_reduces(replicas):
-        where = ("a copy of the variables on each, gradients all-reduced"
-                 if plan.schedule else "a copy of the variables on each")
-    else:
-        where = (f"gradients summed and the update run once on {replicas['devices'][0]}"
-                 if plan.schedule else f"variables on {replicas['devices'][0]}")
-    return f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch}); {where}"
 
 
 def splits_line(plan):
@@ -518,7 +485,8 @@ def build_parser():
                           "pipeline flags): the fastest by predicted step of an op "
                           "placement, a pipeline, data-parallel replicas, an op "
                           "placement with convolutions and matmuls split across "
-                          "devices, and replicas of an op placement (hybrid); or force "
+                          "devices, and replicas of an op placement or of a pipeline "
+                          "(hybrid); or force "
                           "one")
     compile_.add_argument("--algorithm", help="placement algorithm (see the README's "
                           "table; default greedy; `pipeline` is --pipeline)")

@@ -120,7 +120,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`).
     ``strategy="auto"`` (unless a pipeline is asked for) plans an op placement
     (greedy), a pipeline, data-parallel replicas, a placement with filter splits and
-    replicas of a placement (hybrid), each with default options, and
+    replicas of a placement or of a pipeline (hybrid), each with default options, and
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
     each one's step time and why any was impossible."""
     from rewriters.reader import read_model
@@ -145,7 +145,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
             "filter_split": "a placement with filter splits",
-            "hybrid": "replicas of a placement"}
+            "hybrid": "replicas of a placement or of a pipeline"}
     tried, failures = {}, {}
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:  # micro-batches and replicas split every input

@@ -25,6 +25,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from tfpart.plan import all_reduces
+
 SECTIONS = ("Model", "Cluster", "Algorithm", "Per-device figures", "Step time and bound",
             "Placement", "Schedule", "Link traffic", "Pipeline", "Verification")
 
@@ -198,14 +200,56 @@ def _links(plan):
                                            for link, nbytes in sorted(links.items())])
 
 
+def replicas_line(plan):
+    """One line on a data-parallel plan: each replica's device and share of the batch.
+
+    >>> from tfpart.plan import Plan
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
+    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
+    ...     "pinned": []}))
+    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); variables on /device:CPU:0'
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, replicas={
+    ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
+    ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
+    'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, schedule="gpipe",
+    ...     replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
+    ...               "reduce": "all_reduce"}))
+    'Data parallel: 2 replicas (A 2 samples, B 2 samples of 4); a copy of the variables on each, gradients all-reduced'
+    >>> replicas_line(Plan(assignment={"x": "A", "y": "C"}, context={"batch_size": 8},
+    ...     stages={"x": 0, "y": 1}, replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5],
+    ...     "pinned": [], "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}],
+    ...     "microbatches": 2}))
+    'Data parallel: 2 replicas (A+C 4 samples, B+D 4 samples of 8), each a pipeline of 2 stages over 2 micro-batches; variables on A+C'
+    """
+    batch = plan.context.get("batch_size") or 1
+    replicas = plan.replicas
+    placements = replicas.get("placements") or [{}] * len(replicas["devices"])
+    shares = ", ".join(
+        "+".join([device, *sorted(set(placement.values()) - {device})])
+        + f" {round(f * batch)} samples"
+        for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
+    if all_reduces(replicas):
+        where = ("a copy of the variables on each, gradients all-reduced"
+                 if plan.schedule else "a copy of the variables on each")
+    else:
+        home = "+".join(sorted(set(plan.assignment.values()))) \
+            if replicas.get("microbatches") else replicas["devices"][0]
+        where = (f"gradients summed and the update run once on {home}"
+                 if plan.schedule else f"variables on {home}")
+    pipelines = (f", each a pipeline of {len(set(plan.stages.values()))} stages over "
+                 f"{replicas['microbatches']} micro-batches") \
+        if replicas.get("microbatches") else ""
+    return (f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch})"
+            f"{pipelines}; {where}")
+
+
 def _pipeline(plan):
     pipeline = plan.predicted.pipeline if plan.predicted else None
     if plan.replicas:
         batch = (plan.context or {}).get("batch_size") or 1
         replicas = plan.replicas
-        return (f"<p>Data parallel: each replica runs the whole step on its share of the "
-                f"batch of {batch}; the variables, their reads, the summed gradients and "
-                f"the update live on {_e(replicas['devices'][0])}.</p>" + _table(
+        return (f"<p>{_e(replicas_line(plan))}.</p>" + _table(
                     ("replica", "device", "share", "samples"),
                     [(r, d, f"{f:.3f}", round(f * batch)) for r, (d, f) in
                      enumerate(zip(replicas["devices"], replicas["fractions"]))]))

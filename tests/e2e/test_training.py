@@ -142,20 +142,27 @@ def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimiz
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, optimizer, workers", [
-    ("cnn", "adam", None),
-    pytest.param("mlp", "sgd_momentum", None, marks=pytest.mark.any_onednn),
-    pytest.param("mlp", "adam", 4, marks=pytest.mark.any_onednn)])
-def test_replicas_of_a_placement_train_like_the_original(tmp_path, model, optimizer, workers):
-    """Hybrid: two replicas on four CPUs, each replica's ops placed across its group of
-    two: logical CPUs with fast links (the fourth a third as fast), or four ``tfpart
-    worker`` processes."""
-    run = compare(tmp_path, model, optimizer, workers=workers, hybrid="placement")
+@pytest.mark.parametrize("model, optimizer, workers, form", [
+    ("cnn", "adam", None, "placement"),
+    pytest.param("mlp", "sgd_momentum", None, "placement", marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 4, "placement", marks=pytest.mark.any_onednn),
+    ("cnn", "adam", None, "pipeline"),
+    pytest.param("mlp", "adam", 4, "pipeline", marks=pytest.mark.any_onednn)])
+def test_replicas_of_a_placement_or_pipeline_train_like_the_original(
+        tmp_path, model, optimizer, workers, form):
+    """Hybrid: two replicas on four CPUs, each replica's ops placed across its group
+    of two or pipelined over it: logical CPUs with fast links (the fourth a third as
+    fast), or four ``tfpart worker`` processes."""
+    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=form)
     replicas = run["replicas"]
     groups = [set(placement.values()) for placement in replicas["placements"]]
     assert len(groups) == 2 and not groups[0] & groups[1]
     if workers is None:
         assert any(len(group) == 2 for group in groups)  # a replica spread over its group
+    if form == "pipeline":
+        assert run["stages"] == 2 and all(len(group) == 2 for group in groups)
+        assert run["microbatches"] == 2 * replicas["microbatches"]
+        assert len(run["ran_on"]) >= 4  # every replica on its own devices (and the client)
     shares = [round(f * 6) for f in replicas["fractions"]]
     assert sum(shares) == 6
     assert_split_batches_train_like_the_original(run)

@@ -1,0 +1,246 @@
+"""Pipeline stages: convex stages on (heterogeneous) devices, and a micro-batch count
+(the library behind :mod:`partitioner.pipeline` and the replicas of a pipeline).
+
+The graph is coarsened to at most ``target_units`` units (colocation groups, each
+weight with the first op that reads it, ops Grappler fuses kept together, chains, then
+contiguous topological pieces),
+devices are grouped into kinds (same device kind
+and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
+each runs on that minimise the largest stage load: compute plus the transfers into
+and out of the stage. A stage's memory is its variables plus its activations at the
+full batch (M micro-batches in flight hold at most that much).
+
+A training step (ops marked with a phase by the reader) is staged in its forward graph
+(:mod:`partitioner.training_stages`): each forward op carries its backward ops' time,
+its backward ops then join its stage and the update ops their variables; the schedule
+(GPipe or 1F1B, ``options.schedule`` overrides) is chosen with M, among the pairs whose
+predicted peak memory (:func:`costmodel.pipeline.training_peak_memory`) fits.
+
+The micro-batch count M (``options.microbatches`` overrides) is the one whose
+simulated batch time is least among 1, 2, 4, … up to the batch size: more micro-batches
+shrink the pipeline bubble (K - 1) / (M + K - 1) but make every op run at a smaller
+batch, which pays its launch overhead and weight reads M times
+(:mod:`costmodel.pipeline`). The candidates are simulated on the coarse units (each
+unit's ops back to back, its tensors sent when it ends); the chosen M is then simulated
+op by op for the figures in the plan.
+
+See :mod:`partitioner.pipeline` for an example.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from costmodel.memory import device_memory, new_output_bytes
+from costmodel.pipeline import (SCHEDULES, microbatch_graph, simulate_pipeline,
+                               training_peak_memory)
+from partitioner.coarsen import CoarsenOptions, coarsen, regroup
+from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
+from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
+                                         place_followers)
+from tfpart.errors import PlacementError
+from partitioner.validate import check_plan
+from tfpart.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    batch_size: int = 1
+    microbatches: int | None = None  # None: chosen by simulation
+    max_microbatches: int = 32
+    target_units: int = 64
+    ideal_limit: int = IDEAL_LIMIT
+    schedule: str | None = None  # training steps: "gpipe" or "1f1b"; None: the faster
+
+
+def pipeline_plan(cost, options=PipelineOptions()):
+    """A pipelined plan: ``plan.stages`` (op -> stage), ``plan.microbatches`` and, for a
+    training step, ``plan.schedule``."""
+    graph, cluster = cost.graph, cost.cluster
+    if options.microbatches is not None and not 1 <= options.microbatches:
+        raise PlacementError("", f"--microbatches must be at least 1, not "
+                             f"{options.microbatches}")
+    training = is_training_graph(graph)
+    partners = forward_partners(graph) if training else {}
+    staged = forward_view(graph, cost, partners) if training else graph
+    staged_cost = cost.of(staged) if training else cost
+    coarse = coarsen(staged, staged_cost, CoarsenOptions(target_units=options.target_units,
+                                                         weights_with_reader=True))
+    unit_graph = coarse.graph
+    units = [u for u in unit_graph.ops if unit_graph.in_degree(u) + unit_graph.out_degree(u)] \
+        or list(unit_graph.ops)
+    kinds = device_kinds(cluster)
+    problem = stage_problem(staged, staged_cost, kinds, units, coarse.members)
+    solution = solve(problem, ideal_limit=options.ideal_limit)
+    free = {k: list(devices) for k, devices in enumerate(kinds)}
+    device_of, stage_of = {}, {}
+    for stage, (kind, members) in enumerate(solution.stages):
+        device = free[kind].pop(0)
+        for u in members:
+            for op in coarse.members[units[u]]:
+                device_of[op], stage_of[op] = device, stage
+    _place_unconnected(staged, cluster, coarse, set(units), device_of, stage_of)
+    members = coarse.members
+    if training:
+        place_followers(graph, partners, device_of, stage_of)
+        members = _training_units(graph, coarse.members, stage_of)
+    names = cluster.device_names
+    assignment = {op: names[d] for op, d in device_of.items()}
+    schedules = [options.schedule or "gpipe"] if not training else \
+        [options.schedule] if options.schedule else list(SCHEDULES)
+    runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m, schedule)
+            for m in microbatch_candidates(options) for schedule in schedules}
+    peaks = {key: training_peak_memory(graph, assignment, stage_of, key[1], key[0])
+             if training else {} for key in runs}
+    fitting = [key for key in runs if all(peaks[key].get(d.name, 0) <= d.memory
+                                          for d in cluster.devices)]
+    if not fitting:
+        raise PlacementError("", "no micro-batch count and schedule fits the devices' "
+                             "memory: the training step's activations need more")
+    chosen, schedule = min(fitting, key=lambda key: (
+        runs[key].batch_time, max(peaks[key].values(), default=0), key[0]))
+    best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
+                             chosen, cost, schedule)
+    memory = device_memory(graph, assignment, names)
+    peak = peaks[(chosen, schedule)]
+    plan = Plan(
+        assignment=assignment, algorithm="pipeline", options=asdict(options),
+        stages=stage_of, microbatches=best.microbatches,
+        schedule=schedule if training else None,
+        predicted=Predicted(
+            step_time=float(best.batch_time),
+            devices={name: DeviceFigures(
+                kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
+                ops=sum(1 for device in device_of.values() if device == d),
+                memory_bound_bytes=float(memory[name]),
+                memory_bytes=float(cluster.devices[d].memory),
+                peak_memory_bytes=float(peak[name]) if name in peak else None)
+                for d, name in enumerate(names)},
+            pipeline=PipelineFigures(
+                throughput=options.batch_size / best.batch_time if best.batch_time else 0.0,
+                first_result=float(best.first_result), interval=float(best.interval),
+                bubble_fraction=float(best.bubble_fraction),
+                stage_max_load=float(solution.max_load), exact=bool(solution.exact),
+                ideals=int(solution.ideals), units=len(units),
+                stages=[StageFigures(device=names[device_of[coarse.members[units[m[0]]][0]]],
+                                     units=len(m), load=float(load))
+                        for (_, m), load in zip(solution.stages, solution.loads)],
+                microbatch_choices={
+                    (f"{key[0]} {key[1]}" if training else str(key[0])): {
+                        "batch_time": run.batch_time, "first_result": run.first_result,
+                        "bubble_fraction": run.bubble_fraction,
+                        **({"peak_memory_bytes": max(peaks[key].values())} if training else {})}
+                    for key, run in runs.items()})),
+        lower_bound=pipeline_lower_bound(cost, best.microbatches))
+    check_plan(plan, graph, cluster)
+    return plan
+
+
+def _training_units(graph, members, stage_of):
+    """Simulation units of a training step: the staged units of forward ops, each
+    stage's backward ops as one unit (the backward pass only goes back a stage, so
+    the units stay acyclic), and every update op alone (they run once)."""
+    units = {unit: list(ops) for unit, ops in members.items()}
+    for op, attrs in graph.ops.items():
+        if attrs["phase"] == "backward":
+            units.setdefault(f"stage{stage_of[op]}/backward", []).append(op)
+    grouped = {op for ops in units.values() for op in ops}
+    units.update({op: [op] for op in graph.ops if op not in grouped})
+    return units
+
+
+def _simulate_units(cost, members, device_of, stage_of, microbatches, schedule):
+    """Pipelined simulation of the coarse units (fast enough to try every M)."""
+    micro = microbatch_graph(cost.graph, microbatches)
+    units = regroup(micro, cost.of(micro), members)
+    first = {unit: ops[0] for unit, ops in members.items()}
+    for unit, op in first.items():
+        units.graph.ops[unit]["phase"] = cost.graph.ops[op].get("phase")
+    return simulate_pipeline(units.graph, cost.cluster,
+                             {u: device_of[first[u]] for u in members},
+                             {u: stage_of[first[u]] for u in members}, microbatches, cost,
+                             schedule)
+
+
+def _place_unconnected(graph, cluster, coarse, staged, device_of, stage_of):
+    """Units with no edges (variables the signature never reads, which still hold
+    memory) go to the stage device with the most memory left; they would only multiply
+    the DP's ideals."""
+    stage_device = {stage: device_of[op] for op, stage in stage_of.items()}
+    left = {d: cluster.devices[d].memory for d in stage_device.values()}
+    for op, device in device_of.items():
+        left[device] -= graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+    lonely = [u for u in coarse.graph.ops if u not in staged]
+    for unit in sorted(lonely, key=lambda u: -coarse.graph.ops[u]["param_bytes"]):
+        stage, device = max(stage_device.items(), key=lambda item: (left[item[1]], -item[0]))
+        for op in coarse.members[unit]:
+            device_of[op], stage_of[op] = device, stage
+            left[device] -= graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+
+
+def microbatch_candidates(options):
+    """1, 2, 4, … up to the batch size and ``max_microbatches`` (or the override)."""
+    if options.microbatches is not None:
+        return [options.microbatches]
+    limit = max(1, min(options.batch_size, options.max_microbatches))
+    return [2 ** i for i in range(int(np.log2(limit)) + 1)]
+
+
+def device_kinds(cluster):
+    """Device indices grouped by (kind, memory), in cluster order."""
+    groups = {}
+    for d, device in enumerate(cluster.devices):
+        groups.setdefault((device.kind.name, device.memory), []).append(d)
+    return list(groups.values())
+
+
+def stage_problem(graph, cost, kinds, units, members):
+    """The :class:`StageProblem` of ``graph`` grouped into ``units``.
+
+    A tensor leaving its unit costs, on a device of each kind, its mean transfer time
+    from that device to the others; each stage holding some but not all of the units
+    that produce and consume it pays it once.
+    """
+    unit_of = {op: u for u, name in enumerate(units) for op in members[name]}
+    first = [devices[0] for devices in kinds]
+    time = np.zeros((len(kinds), len(units)))
+    size = np.zeros(len(units))
+    for op, u in unit_of.items():
+        time[:, u] += cost.compute[cost.index[op], first]
+        size[u] += graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+    preds = [set() for _ in units]
+    tensors = {}
+    others = [[d for d in range(len(cost.cluster)) if d != f] for f in first]
+    for src, dst, edge in graph.edges():
+        a, b = unit_of.get(src), unit_of.get(dst)
+        if a is None or a == b:  # inside one unit, or inside a unit left out (no edges out)
+            continue
+        preds[b].add(a)
+        per_kind = [float(np.mean([cost.edge_time(edge, f, d) for d in rest])) if rest else 0.0
+                    for f, rest in zip(first, others)]
+        consumers, price = tensors.setdefault(src, ({a}, np.zeros(len(kinds))))
+        consumers.add(b)
+        np.maximum(price, per_kind, out=price)
+    groups = {}
+    for src, (touched, price) in tensors.items():
+        key = (unit_of[src], *sorted(touched - {unit_of[src]}))
+        groups[key] = groups.get(key, 0.0) + price
+    capacity = np.array([cost.cluster.devices[devices[0]].memory for devices in kinds],
+                        dtype=float)
+    return StageProblem(preds=[sorted(p) for p in preds], time=time, size=size,
+                        groups=list(groups),
+                        comm=np.array(list(groups.values())).T.reshape(len(kinds), -1),
+                        capacity=capacity, count=tuple(len(d) for d in kinds))
+
+
+def pipeline_lower_bound(cost, microbatches):
+    """No schedule of M micro-batches beats the fastest total work spread over every
+    executor, nor one micro-batch's critical path (a valid bound on the batch time)."""
+    from partitioner.lower_bound import critical_path_bound
+
+    cluster = cost.cluster
+    micro = cost.of(microbatch_graph(cost.graph, microbatches))
+    fastest = np.where(np.isfinite(micro.compute), micro.compute, np.inf).min(axis=1)
+    work = float(fastest.sum()) * microbatches / len(set(cluster.executor_of))
+    return max(work, critical_path_bound(micro)) + cluster.step_overhead
