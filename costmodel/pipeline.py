@@ -37,12 +37,13 @@ from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
 from tfpart.graph import OpGraph
 from tfpart.ops import VARIABLE_OPS, WEIGHT_OPS
-from tfpart.plan import all_reduces
+from tfpart.plan import all_reduces, device_stand_ins, replica_device
 
 
 
 SCHEDULES = ("gpipe", "1f1b")
 REPLICA_COPY = re.compile(r"^rep(\d+)/(.*)$")  # a replica's copy of an op
+PIPELINE_COPY = re.compile(r"^rep(\d+)/mb\d+/")  # a pipeline replica's per-micro-batch op
 
 
 def task_order(schedule, stage, stages, microbatches):
@@ -232,29 +233,38 @@ def pinned_ops(graph):
 
 
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
-               into=None, prefix=""):
+               into=None, prefix="", reduced=None):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier between consecutive tasks of each stage: the sinks of one task before the
     sources of the next, in the schedule's order. With ``into`` (a graph and
     placement from an earlier call), the copies, named ``<prefix>mb<m>/<op>``, are
-    added to it, sharing its variables and update ops: a replica of the pipeline."""
+    added to it, sharing its variables and update ops: a replica of the pipeline;
+    with ``reduced`` too (the ops whose results the replicas all-reduce), the replica
+    has its own variables and update ops, ``<prefix><op>``, and the caller connects
+    the ``reduced`` ops to them."""
     shared = shared_ops(graph)
+    own = reduced is not None
 
     def name(op, m):
-        return op if op in shared else f"{prefix}mb{m}/{op}"
+        if op in shared:
+            return f"{prefix}{op}" if own else op
+        return f"{prefix}mb{m}/{op}"
 
     replicated, placement = into or (OpGraph(), {})
-    first = into is None
+    first = into is None or own
     for op in [op for op in graph.ops if op in shared and first]:  # graph order
-        replicated.add_op(op, **graph.ops[op])
-        placement[op] = device_of[op]
+        attrs = graph.ops[op]
+        replicated.add_op(name(op, 0), **dict(attrs, colocation=f"{prefix}{attrs['colocation']}")
+                          if own else attrs)
+        placement[name(op, 0)] = device_of[op]
     for m in range(microbatches):
         for op, attrs in graph.ops.items():
             if op not in shared:
                 replicated.add_op(name(op, m), **attrs)
                 placement[name(op, m)] = device_of[op]
         for src, dst, edge in graph.edges():
-            if src in shared and dst in shared and (m or not first):
+            if src in shared and dst in shared and (m or not first) \
+                    or dst in shared and src in (reduced or ()):
                 continue
             replicated.add_edge(name(src, m), name(dst, m), bytes=edge["bytes"],
                                 control=edge["control"], comm=edge.get("comm"))
@@ -335,12 +345,15 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
 
 
 def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_of,
-                            microbatches, schedule="gpipe"):
+                            microbatches, schedule="gpipe", all_reduce=False):
     """Replicas of a pipeline, for the simulator: replica ``r`` runs ``microbatches``
     micro-batches of ``fractions[r] / microbatches`` of the batch each through the
     stages ``stage_of`` on its own devices, ``device_maps[r]`` (op -> device index;
     the variables, a training step's update and the variable reads on the first
     replica's devices, where the variables are); ops are named ``rep<r>/mb<m>/<op>``.
+    With ``all_reduce``, every replica has its own variables and update
+    (``rep<r>/<op>``, on its devices) and the gradients are all-reduced among the
+    devices that hold them in each replica (:func:`add_all_reduces`).
 
     Returns the graph and the device index of each of its ops.
 
@@ -356,27 +369,32 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
     (3, 1000000000.0)
     """
     into = None
+    gradients = reduced_tensors(graph) if all_reduce else None
     for r, (fraction, device_of) in enumerate(zip(fractions, device_maps)):
         scaled = scaled_graph(graph, fraction / microbatches)
         for op, attrs in scaled.ops.items():
             if device_of[op] != device_maps[0][op]:  # a colocation group of its own
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
-                          schedule, into, f"rep{r}/")
+                          schedule, into, f"rep{r}/", gradients)
+    if all_reduce:
+        add_all_reduces(*into, graph, gradients, len(fractions),
+                        lambda r, src: [f"rep{r}/mb{m}/{src}" for m in range(microbatches)],
+                        lambda r, src: device_maps[r][src])
     return into
 
 
-def replica_finishes(replicated_cost, device_of, count, shared):
-    """When each of ``count`` replicas' last op (named ``rep<r>/…``; the ``shared``
-    ones excepted) ends in the simulated step of ``replicated_cost`` placed by
-    ``device_of``."""
+def replica_finishes(replicated_cost, device_of, count, shared, copies=REPLICA_COPY):
+    """When each of ``count`` replicas' last op (named as ``copies`` matches, the
+    replica its first group; the ``shared`` ones excepted) ends in the simulated step
+    of ``replicated_cost`` placed by ``device_of``."""
     from costmodel.simulate import start_first_priority
 
     end = simulate(replicated_cost, device_of, start_first_priority(replicated_cost),
                    memory=False).end
     finish = [0.0] * count
     for i, op in enumerate(replicated_cost.ops):
-        copy = None if op in shared else REPLICA_COPY.match(op)
+        copy = None if op in shared else copies.match(op)
         if copy is not None:
             r = int(copy.group(1))
             finish[r] = max(finish[r], float(end[i]))
@@ -439,47 +457,73 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     shared = shared_ops(graph)
     replicated, placement = OpGraph(), {}
     count = len(fractions)
-    sizes = {src: sum(edge["bytes"] for dst, edge in graph.out_edges(src).items()
-                      if dst in shared)
-             for src in graph.ops if src not in shared and src not in pinned
-             and count > 1 and any(dst in shared for dst in graph.successors(src))}
-    packs = gradient_packs([(src, None, size) for src, size in sizes.items()])
-    pack_of = {src: pack[0] for pack in packs for src in pack}
-    pack_bytes = {pack[0]: sum(sizes[src] for src in pack) for pack in packs}
+    gradients = reduced_tensors(graph, pinned) if count > 1 else {}
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
         scaled = scaled_graph(graph, fraction)
         for op, attrs in scaled.ops.items():
             replicated.add_op(f"rep{r}/{op}", **dict(
                 attrs, colocation=f"rep{r}/{attrs['colocation']}"))
             placement[f"rep{r}/{op}"] = device
-        previous = None
-        for pack in packs:
-            size = pack_bytes[pack[0]]
-            for name, attrs in ((f"rep{r}/pack/{pack[0]}", {"op_type": "ConcatV2"}),
-                                (f"rep{r}/allreduce/{pack[0]}", {
-                                    "op_type": "CollectiveReduceV2",
-                                    "flops": size / 4 * (count - 1) / count,
-                                    "bytes_accessed": 2 * size})):
-                replicated.add_op(name, colocation=name, **attrs)
-                placement[name] = device
-            for src in pack:
-                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/pack/{pack[0]}",
-                                    bytes=sizes[src])
-            if previous:
-                replicated.add_edge(previous, f"rep{r}/allreduce/{pack[0]}", control=True)
-            previous = f"rep{r}/allreduce/{pack[0]}"
         for src, dst, edge in scaled.edges():
-            if src in pack_of and dst in shared:
-                replicated.add_edge(f"rep{r}/allreduce/{pack_of[src]}", f"rep{r}/{dst}",
-                                    **edge)
-            else:
+            if not (src in gradients and dst in shared):
                 replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
-    for first, size in pack_bytes.items():
-        for r in range(count):
-            for q in range(count):
-                replicated.add_edge(f"rep{q}/pack/{first}", f"rep{r}/allreduce/{first}",
-                                    bytes=size * (1 if q == r else 2 / count))
+    add_all_reduces(replicated, placement, graph, gradients, count,
+                    lambda r, src: [f"rep{r}/{src}"], lambda r, src: replica_devices[r])
     return replicated, placement
+
+
+def reduced_tensors(graph, pinned=()):
+    """The bytes each per-sample op (not one of the ``pinned``) sends the shared ops
+    (a training step's update): the gradients replicas all-reduce, in graph order."""
+    shared = shared_ops(graph)
+    return {src: sum(edge["bytes"] for dst, edge in graph.out_edges(src).items()
+                     if dst in shared)
+            for src in graph.ops if src not in shared and src not in pinned
+            and any(dst in shared for dst in graph.successors(src))}
+
+
+def add_all_reduces(replicated, placement, graph, gradients, count, copies, device_of):
+    """Add to ``replicated`` (with ``placement``) the all-reduce of ``gradients``
+    (op -> bytes, :func:`reduced_tensors`) over ``count`` replicas, feeding each
+    replica's shared ops (named ``rep<r>/<op>``): per replica a pack op
+    ``rep<r>/pack/<first op>`` that gathers the ops ``copies(r, op)`` (each of the
+    replica's micro-batches' copy of ``op``) and an op ``rep<r>/allreduce/<first op>``
+    that receives ``2 / count`` of the pack from each other replica, the volume each
+    device of a ring all-reduce sends. Gradients are packed
+    (:func:`gradient_packs`) among those on the same device in every replica
+    (``device_of(r, op)``), and each device runs its packs one at a time."""
+    shared = shared_ops(graph)
+    groups = {}
+    for src, size in gradients.items():
+        key = tuple(device_of(r, src) for r in range(count))
+        groups.setdefault(key, []).append((src, None, size))
+    previous = {}
+    for devices, tensors in groups.items():
+        for pack in gradient_packs(tensors):
+            first, size = pack[0], sum(gradients[src] for src in pack)
+            for r, device in enumerate(devices):
+                for name, attrs in ((f"rep{r}/pack/{first}", {"op_type": "ConcatV2"}),
+                                    (f"rep{r}/allreduce/{first}", {
+                                        "op_type": "CollectiveReduceV2",
+                                        "flops": size / 4 * (count - 1) / count,
+                                        "bytes_accessed": 2 * size})):
+                    replicated.add_op(name, colocation=name, **attrs)
+                    placement[name] = device
+                for src in pack:
+                    for copy in copies(r, src):
+                        replicated.add_edge(copy, f"rep{r}/pack/{first}", bytes=gradients[src])
+                    for dst, edge in graph.out_edges(src).items():
+                        if dst in shared:
+                            replicated.add_edge(f"rep{r}/allreduce/{first}", f"rep{r}/{dst}",
+                                                **edge)
+                if device in previous:
+                    replicated.add_edge(previous[device], f"rep{r}/allreduce/{first}",
+                                        control=True)
+                previous[device] = f"rep{r}/allreduce/{first}"
+            for r in range(count):
+                for q in range(count):
+                    replicated.add_edge(f"rep{q}/pack/{first}", f"rep{r}/allreduce/{first}",
+                                        bytes=size * (1 if q == r else 2 / count))
 
 
 def replicas_cost(cost, fractions, devices, pinned, home=None, all_reduce=False):
@@ -502,11 +546,14 @@ def plan_replicas_cost(cost, plan):
     index = {name: d for d, name in enumerate(cost.cluster.device_names)}
     placements = replicas.get("placements")
     if replicas.get("microbatches"):
-        maps = [{op: index[placement.get(op, plan.assignment[op])] for op in cost.graph.ops}
-                for placement in placements]
+        all_reduce = all_reduces(replicas)
+        stand_ins = device_stand_ins(replicas, plan.assignment)
+        maps = [{op: index[replica_device(replicas, stand_ins, r, op, plan.assignment[op])
+                           if all_reduce else placement.get(op, plan.assignment[op])]
+                 for op in cost.graph.ops} for r, placement in enumerate(placements)]
         replicated, where = pipeline_replicas_graph(
             cost.graph, cost.cluster.device_names, replicas["fractions"], maps, plan.stages,
-            replicas["microbatches"], plan.schedule or "gpipe")
+            replicas["microbatches"], plan.schedule or "gpipe", all_reduce)
         replicated_cost = cost.of(replicated)
         return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
     devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \

@@ -64,10 +64,7 @@ from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
-from tfpart.plan import Plan
-
-REDUCTIONS = ("one_device", "all_reduce")
-
+from tfpart.plan import REDUCTIONS, Plan
 
 @dataclass(frozen=True)
 class DataParallelOptions:

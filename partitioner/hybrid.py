@@ -46,7 +46,7 @@ from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
-from tfpart.plan import Plan
+from tfpart.plan import REDUCTIONS, Plan
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,10 @@ class HybridOptions:
     ``form``: ``"placement"`` (replicas of an op placement), ``"pipeline"`` (replicas
     of a pipeline) or None (the faster); ``greedy``: the options of the placement of
     the replicas; ``microbatches`` and ``schedule``: fix a replicated pipeline's
-    micro-batches per replica and a training step's schedule."""
+    micro-batches per replica and a training step's schedule; ``reduce``: a
+    replicated pipeline's gradients reduced on the first replica's devices
+    (``"one_device"``, as replicas of a placement always are) or all-reduced among a
+    copy of the variables per replica (``"all_reduce"``); None: the faster."""
 
     batch_size: int = 1
     groups: int | None = None
@@ -64,6 +67,7 @@ class HybridOptions:
     greedy: GreedyOptions = field(default_factory=GreedyOptions)
     microbatches: int | None = None
     schedule: str | None = None
+    reduce: str | None = None
 
 
 FORMS = ("placement", "pipeline")
@@ -90,19 +94,26 @@ def partition(cost, options=HybridOptions()):
     if options.form not in (None, *FORMS):
         raise PlacementError("", f"form must be one of {', '.join(FORMS)}, not "
                              f"{options.form!r}")
+    if options.reduce not in (None, *REDUCTIONS):
+        raise PlacementError("", f"reduce must be one of {', '.join(REDUCTIONS)}, not "
+                             f"{options.reduce!r}")
+    if options.form == "placement" and options.reduce == "all_reduce":
+        raise PlacementError("", "replicas of a placement reduce their gradients on one "
+                             "device; all_reduce needs form=pipeline")
     shared = shared_ops(graph)
     pinned = pinned_ops(graph)
 
     def attempts():
         for k in [wanted] if wanted else range(2, most + 1):
             groups = _groups(cost, k)
-            if options.form in (None, "placement"):
+            if options.form in (None, "placement") and options.reduce != "all_reduce":
                 yield lambda groups=groups: _plan(cost, groups, pinned, shared, options)
             if options.form in (None, "pipeline"):
                 size = min(len(group) for group in groups)  # the slowest extras left out
                 yield lambda groups=groups: replicate_pipeline(
                     cost, [group[:size] for group in groups], options.batch_size, options,
-                    options.microbatches, options.schedule)
+                    options.microbatches, options.schedule,
+                    [options.reduce] if options.reduce else REDUCTIONS)
 
     return fastest_plan(attempts(), PlacementError("", "no grouping of the devices fits "
                                                    "in memory"))

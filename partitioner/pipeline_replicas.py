@@ -38,19 +38,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.pipeline import (pinned_ops, pipeline_replicas_graph, replica_finishes,
-                                scaled_graph, shared_ops)
+from costmodel.pipeline import (PIPELINE_COPY, pinned_ops, pipeline_replicas_graph,
+                                replica_finishes, scaled_graph, shared_ops)
 from costmodel.roofline import CostModel
-from partitioner.finish import make_plan
+from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
 from partitioner.shares import proportional_shares
 from tfpart.cluster import sub_cluster
 from tfpart.errors import PlacementError
-from tfpart.plan import Plan
+from tfpart.plan import REDUCTIONS, Plan
 
 
 def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None,
-                       schedule=None):
+                       schedule=None, reductions=REDUCTIONS):
     """The plan of a replica of one pipeline per group of device indices (equal
     sizes, position ``p`` of each group matching position ``p`` of the others).
 
@@ -65,6 +65,10 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
     microbatches, schedule : optional
         Fix each replica's micro-batch count and a training step's schedule (else
         :mod:`partitioner.pipeline_stages` chooses them).
+    reductions : tuple of str
+        How the gradients may be reduced (:data:`tfpart.plan.REDUCTIONS`): one copy
+        of the variables on the first replica's devices, or a copy per replica and
+        the gradients all-reduced among the devices that hold them; the faster.
 
     Raises
     ------
@@ -80,26 +84,53 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
     if any(edge.get("comm") is not None for _, _, edge in graph.edges()):
         raise PlacementError("", "replicas of a pipeline need transfer times from the "
                              "cluster's links, not the graph's per-device tables")
-    fractions = [1.0 / len(groups)] * len(groups)
     staged = _first_group_pipeline(cost, groups[0], len(groups), batch_size, microbatches,
                                    schedule)
-    shared, pinned = shared_ops(graph), pinned_ops(graph)
     position = {device: p for p, device in enumerate(groups[0])}
-    first = {op: position[device] for op, device in staged["device_of"].items()}
-    maps = [{op: group[first[op]] if op not in shared and op not in pinned
-             else groups[0][first[op]] for op in graph.ops} for group in groups]
-    per_replica = min(staged["microbatches"], batch_size // len(groups))
-    replicated = _replicated(cost, fractions, maps, staged, per_replica)
-    shares = proportional_shares(batch_size, [
-        f / t for f, t in zip(fractions, replica_finishes(*replicated, len(groups), shared))])
-    if min(shares) > 0:
-        fractions = [share / batch_size for share in shares]
-        per_replica = min(per_replica, min(shares))
-        replicated = _replicated(cost, fractions, maps, staged, per_replica)
-    figures = make_plan(*replicated, "hybrid", options or PipelineOptions())
+    staged["position"] = {op: position[device] for op, device in staged["device_of"].items()}
+    fractions, per_replica = _shares(cost, groups, staged, batch_size)
+    return fastest_plan((lambda reduce=reduce: _plan(
+        cost, groups, staged, fractions, per_replica, reduce, options)
+        for reduce in reductions), PlacementError("", "no reduction was asked for"))
+
+
+def _device_maps(graph, groups, position, pinned):
+    """Per replica, each op's device index: the variables, the update and the
+    ``pinned`` ops (their reads) on the first replica's devices, unless ``pinned`` is
+    None (every replica has its own), the others on the replica's own device at the
+    op's ``position`` in its group."""
+    shared = shared_ops(graph)
+    own = pinned is None
+    return [{op: group[position[op]] if own or op not in shared and op not in pinned
+             else groups[0][position[op]] for op in graph.ops} for group in groups]
+
+
+def _shares(cost, groups, staged, batch_size):
+    """Each replica's fraction of the batch, by its simulated speed (shares start
+    equal), and the micro-batches per replica (no more than the smallest share)."""
+    count = len(groups)
+    fractions = [1.0 / count] * count
+    per_replica = min(staged["microbatches"], batch_size // count)
+    maps = _device_maps(cost.graph, groups, staged["position"], pinned_ops(cost.graph))
+    finishes = replica_finishes(*_replicated(cost, fractions, maps, staged, per_replica),
+                                count, shared_ops(cost.graph), PIPELINE_COPY)
+    shares = proportional_shares(batch_size, [f / t for f, t in zip(fractions, finishes)])
+    if min(shares) == 0:
+        return fractions, per_replica
+    return [share / batch_size for share in shares], min(per_replica, min(shares))
+
+
+def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
+    """The checked plan of the replicas with the gradients reduced by ``reduce``."""
+    graph = cost.graph
+    all_reduce = reduce == "all_reduce"
+    shared, pinned = shared_ops(graph), set() if all_reduce else pinned_ops(graph)
+    maps = _device_maps(graph, groups, staged["position"], None if all_reduce else pinned)
+    figures = make_plan(*_replicated(cost, fractions, maps, staged, per_replica, all_reduce),
+                        "hybrid", options or PipelineOptions())
     names = cost.cluster.device_names
     stage_zero = min(staged["stages"].values())
-    lead = next(first[op] for op, stage in staged["stages"].items()
+    lead = next(staged["position"][op] for op, stage in staged["stages"].items()
                 if stage == stage_zero and op not in shared and op not in pinned)
     return Plan(
         assignment={op: names[maps[0][op]] for op in graph.ops}, algorithm="hybrid",
@@ -110,7 +141,7 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
                   "placements": [{op: names[where[op]] for op in graph.ops
                                   if op not in shared and op not in pinned}
                                  for where in maps],
-                  "microbatches": per_replica},
+                  "microbatches": per_replica, "reduce": reduce},
         predicted=figures.predicted, lower_bound=figures.lower_bound)
 
 
@@ -129,10 +160,10 @@ def _first_group_pipeline(cost, group, count, batch_size, microbatches, schedule
             "schedule": plan.schedule}
 
 
-def _replicated(cost, fractions, maps, staged, per_replica):
+def _replicated(cost, fractions, maps, staged, per_replica, all_reduce=False):
     """The cost model of the replicas and the device index of each of its ops."""
     replicated, where = pipeline_replicas_graph(
         cost.graph, cost.cluster.device_names, fractions, maps, staged["stages"],
-        per_replica, staged["schedule"] or "gpipe")
+        per_replica, staged["schedule"] or "gpipe", all_reduce)
     replicated_cost = cost.of(replicated)
     return replicated_cost, np.array([where[op] for op in replicated_cost.ops])

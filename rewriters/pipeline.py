@@ -46,7 +46,7 @@ from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
 from tfpart.ops import RESOURCE_WRITE_OPS
-from tfpart.plan import all_reduces, replica_of
+from tfpart.plan import all_reduces, device_stand_ins, replica_device, replica_of
 from tfpart.splits import SCOPE as SPLIT_SCOPE
 
 # A piece imported twice under one prefix (a stage's forward, then its backward) gets
@@ -73,19 +73,24 @@ def original_op_name(name):
     return PIPELINE_PREFIX.sub("", name)
 
 
-def microbatch_of(name):
-    """The micro-batch (for a data-parallel plan: the replica) an op of a pipelined
-    model runs for, or None for the update's and other ops.
+def replica_of_op(name, replicas):
+    """The replica (the index in a plan's ``replicas``) an op of a compiled model with
+    replicas runs for, or None for the shared update's and other ops.
 
-    >>> microbatch_of("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul")
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", {})
     3
-    >>> microbatch_of("StatefulPartitionedCall/tfpart_update/adam/Sqrt") is None
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul",
+    ...               {"microbatches": 2})
+    1
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_update/adam/Sqrt", {}) is None
     True
-    >>> microbatch_of("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt")
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt", {"microbatches": 2})
     2
     """
     found = MICROBATCH.search(name)
-    return int(found.group(1) or found.group(2)) if found else None
+    if found is None:
+        return None
+    return int(found.group(2)) if found.group(2) else replica_of(replicas, int(found.group(1)))
 
 
 def pipeline_pass(model, plan, workdir):
@@ -148,7 +153,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
                               for name in sorted(values)}
     device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
     if all_reduces(plan.replicas):
-        device_of.update(_add_replica_copies(module, plan.replicas["devices"], values))
+        device_of.update(_add_replica_copies(module, plan, values))
     pipeline = _PipelineBody(flat, plan, regions, pieces,
                              [module.variables_by_op, *getattr(module, "replica_variables", [])],
                              getattr(module, "collective_tokens", None), outputs)
@@ -162,20 +167,30 @@ def _save_pipelined(model_dir, proto, plan, staging):
     return device_of
 
 
-def _add_replica_copies(module, devices, values):
+def _add_replica_copies(module, plan, values):
     """Give ``module`` a copy of every variable (``values``, by op name) for each
-    replica but the first (``module.replica_variables``) and a collective-ordering
-    token per replica (``module.collective_tokens``); return their devices by saved
-    name."""
+    replica but the first (``module.replica_variables``), on the replica's device (for
+    replicas of a pipeline: on its device standing for the variable's), and a
+    collective-ordering token per device of a replica (``module.collective_tokens``,
+    by device); return their devices by saved name."""
     tf = tensorflow()
-    module.replica_variables = [
-        {name: tf.Variable(values[name], name=f"{name.replace('/', '_')}_replica{r}")
-         for name in sorted(values)} for r in range(1, len(devices))]
-    module.collective_tokens = [tf.Variable(0.0, name=f"tfpart_collective_token{r}")
-                                for r in range(len(devices))]
-    device_of = {f"tfpart_collective_token{r}": device for r, device in enumerate(devices)}
-    device_of.update({f"{name.replace('/', '_')}_replica{r}": device
-                      for r, device in enumerate(devices) if r for name in values})
+    replicas = plan.replicas
+    stand_ins = device_stand_ins(replicas, plan.assignment)
+    device_of = {}
+    module.replica_variables = []
+    for r in range(1, len(replicas["devices"])):
+        copies = {}
+        for name in sorted(values):
+            saved = f"{name.replace('/', '_')}_replica{r}"
+            copies[name] = tf.Variable(values[name], name=saved)
+            device_of[saved] = stand_ins[r][plan.assignment[name]] if stand_ins \
+                else replicas["devices"][r]
+        module.replica_variables.append(copies)
+    devices = sorted({*replicas["devices"], *(d for m in stand_ins or () for d in m.values())})
+    module.collective_tokens = {device: tf.Variable(0.0, name=f"tfpart_collective_token{i}")
+                                for i, device in enumerate(devices)}
+    device_of.update({f"tfpart_collective_token{i}": device
+                      for i, device in enumerate(devices)})
     return device_of
 
 
@@ -205,8 +220,8 @@ class _PipelineBody:
 
     def __init__(self, flat, plan, regions, pieces, variables, tokens, outputs):
         """``variables``: a dict (op name -> ``tf.Variable``) per copy of the variables
-        (one, or one per replica of an all-reducing plan); ``tokens``: per replica, a
-        resource on its device that orders its collectives (None without)."""
+        (one, or one per replica of an all-reducing plan); ``tokens``: per device of a
+        replica, a resource on it that orders its collectives (None without)."""
         self.flat, self.plan, self.regions = flat, plan, regions
         self.pieces, self.variables, self.outputs = pieces, variables, outputs
         self.tokens = tokens
@@ -219,10 +234,7 @@ class _PipelineBody:
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
         self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
-        # replicas of a pipeline: each replica's device for each of the first's
-        self.moved = [{plan.assignment[op]: device for op, device in placement.items()}
-                      for placement in plan.replicas["placements"]] \
-            if plan.replicas and plan.replicas.get("microbatches") else None
+        self.moved = device_stand_ins(plan.replicas, plan.assignment)
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -242,7 +254,7 @@ class _PipelineBody:
             with tf.device(first_device):
                 start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
                 stop = start + tf.maximum(real[m], 1)
-            env = dict(handles[m if self.tokens else 0])
+            env = dict(handles[self._replica(m) if self.tokens else 0])
             for key, value in zip(keys, args):
                 placeholder = self.flat.inputs[key][0]
                 with tf.device(self.plan.assignment.get(placeholder, first_device)):
@@ -260,12 +272,14 @@ class _PipelineBody:
         with tf.device(first_device):
             shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
         if self.tokens:
+            lanes = self._lanes()
             update_envs = [{**handles[r], **totals}
-                           for r, totals in enumerate(self._all_reduced(envs, shares))]
+                           for r, totals in enumerate(self._all_reduced(envs, shares, lanes))]
             for r, update_env in enumerate(update_envs):
                 if (UPDATE, UPDATE) in self.pieces:
                     self._import((UPDATE, UPDATE), f"tfpart_update{f'_r{r}' if r else ''}",
-                                 update_env, {}, self._all_microbatches([ops_of[r]]), r)
+                                 update_env, {},
+                                 self._all_microbatches([ops_of[m] for m in lanes[r]]), r)
             update_env = update_envs[0]
         else:
             update_env = dict(handles[0])
@@ -337,38 +351,52 @@ class _PipelineBody:
                                          name=f"tfpart_accumulate/{op}")
         return total
 
-    def _all_reduced(self, envs, shares):
+    def _lanes(self):
+        """The micro-batches of each replica."""
+        per = self.plan.replicas.get("microbatches") or 1
+        return [list(range(first, first + per))
+                for first in range(0, self.plan.microbatches, per)]
+
+    def _all_reduced(self, envs, shares, lanes):
         """Per replica, what its copy of the update reads: the replicas' values of
-        each tensor computed from the batch, weighted by their shares and all-reduced
-        with TensorFlow's collective ops (every replica gets the same sum; tensors
-        flattened into packs, :func:`costmodel.pipeline.gradient_packs`, one
-        collective each), and its own value of the others (its copy's weight reads,
-        constants)."""
+        each tensor computed from the batch (summed over the replica's micro-batches
+        ``lanes[r]``), weighted by their shares and all-reduced with TensorFlow's
+        collective ops among the devices that hold that tensor in each replica (every
+        replica gets the same sum; tensors flattened into packs,
+        :func:`costmodel.pipeline.gradient_packs`, one collective each), and its own
+        value of the others (its copy's weight reads, constants)."""
         from costmodel.pipeline import gradient_packs
 
-        devices = self.plan.replicas["devices"]
-        regions, totals = self.regions, [{} for _ in devices]
+        replicas, regions = self.plan.replicas, self.regions
+        totals = [{} for _ in lanes]
         # TensorFlow runs a device's collectives in the order they are made (their
         # token orders them): the order the graph computes the gradients in.
         position = {node.name: i for i, node in enumerate(self.flat.graph_def.node)}
         boundary = sorted(regions.boundary - regions.batched,
                           key=lambda t: (position.get(t.rsplit(":", 1)[0], -1), t))
-        reduced = []
+        reduced = {}  # the tensor's device in each replica -> (tensor, dtype, bytes)
         for tensor in boundary:
-            value = envs[0][tensor]
-            if tensor.rsplit(":", 1)[0] in regions.data_dependent and value.dtype.is_floating:
+            op, value = tensor.rsplit(":", 1)[0], envs[0][tensor]
+            if op in regions.data_dependent and value.dtype.is_floating:
                 elements = value.shape.num_elements()
-                reduced.append((tensor, value.dtype, elements and elements * value.dtype.size))
+                group = tuple(replica_device(replicas, self.moved, r, op,
+                                             self.plan.assignment.get(op))
+                              for r in range(len(lanes)))
+                reduced.setdefault(group, []).append(
+                    (tensor, value.dtype, elements and elements * value.dtype.size))
             else:
-                for total, env in zip(totals, envs):
-                    total[tensor] = env[tensor]
-        group_key, first_instance = _collective_keys(devices, boundary)
-        for i, pack in enumerate(gradient_packs(reduced)):
-            for r, (device, env) in enumerate(zip(devices, envs)):
-                totals[r].update(_all_reduce_pack(
-                    [env[tensor] for tensor in pack], shares[r], device, len(devices),
-                    (group_key, first_instance + i), self.tokens[r], f"pack{i}",
-                    pack))
+                for total, lane in zip(totals, lanes):
+                    total[tensor] = envs[lane[0]][tensor]
+        instance = _collective_keys(replicas["devices"], boundary)[1]
+        for group, tensors in reduced.items():
+            group_key = _collective_keys(group, boundary)[0]
+            for pack in gradient_packs(tensors):
+                for r, (device, lane) in enumerate(zip(group, lanes)):
+                    totals[r].update(_all_reduce_pack(
+                        [[envs[m][tensor] for m in lane] for tensor in pack],
+                        [shares[m] for m in lane], device, len(lanes),
+                        (group_key, instance), self.tokens[device], f"pack{instance}", pack))
+                instance += 1
         return totals
 
     def _all_microbatches(self, ops_of):
@@ -429,23 +457,26 @@ class _PipelineBody:
         return imported
 
 
-def _all_reduce_pack(values, share, device, group_size, keys, token, name, tensors):
-    """On ``device``: ``values`` weighted by ``share``, flattened into one vector,
-    all-reduced over ``group_size`` devices with ``keys`` (group, instance) and the
-    ordering ``token``; the sums, by ``tensors`` (their names), in their shapes."""
+def _all_reduce_pack(values, shares, device, group_size, keys, token, name, tensors):
+    """On ``device``: each of ``tensors``' ``values`` (one per micro-batch) weighted by
+    the micro-batches' ``shares`` and summed, flattened into one vector, all-reduced
+    over ``group_size`` devices with ``keys`` (group, instance) and the ordering
+    ``token``; the sums, by ``tensors`` (their names), in their shapes."""
     from tensorflow.python.ops import collective_ops
 
     tf = tensorflow()
     with tf.device(device), tf.name_scope(f"tfpart_allreduce/{name}"):
-        weighted = [value * tf.cast(share, value.dtype) for value in values]
+        weighted = [tf.add_n([value * tf.cast(share, value.dtype)
+                              for value, share in zip(per_microbatch, shares)])
+                    for per_microbatch in values]
         flat = tf.concat([tf.reshape(value, [-1]) for value in weighted], axis=0)
         summed = collective_ops.all_reduce_v2(
             flat, group_size=group_size, group_key=keys[0], instance_key=keys[1],
             ordering_token=token.handle)
-        parts = tf.split(summed, tf.stack([tf.size(value) for value in values]),
-                         num=len(values))
+        parts = tf.split(summed, tf.stack([tf.size(value) for value in weighted]),
+                         num=len(weighted))
         return {tensor: tf.reshape(part, tf.shape(value))
-                for tensor, part, value in zip(tensors, parts, values)}
+                for tensor, part, value in zip(tensors, parts, weighted)}
 
 
 def _collective_keys(devices, tensors):

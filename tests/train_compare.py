@@ -71,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--workers", type=int)
     parser.add_argument("--replicas", type=int, help="data-parallel replicas")
     parser.add_argument("--reduce", choices=["one_device", "all_reduce"],
-                        help="how data-parallel replicas reduce their gradients")
+                        help="how data-parallel (or hybrid) replicas reduce their gradients")
     parser.add_argument("--split", action="store_true",
                         help="split every convolution and matmul across the devices")
     parser.add_argument("--hybrid", choices=["placement", "pipeline"],
@@ -119,7 +119,8 @@ def compare(source, out, cluster_file, cluster, args):
     pipelined = args.microbatches is not None or args.replicas is not None or args.split \
         or args.hybrid
     if args.hybrid:
-        how = {"algorithm": "hybrid", "options": {"groups": 2, "form": args.hybrid}}
+        how = {"algorithm": "hybrid", "options": {
+            "groups": 2, "form": args.hybrid, **({"reduce": args.reduce} if args.reduce else {})}}
     elif args.replicas is not None:
         how = {"algorithm": "data_parallel", "options": {
             "replicas": args.replicas, **({"reduce": args.reduce} if args.reduce else {})}}
@@ -161,8 +162,10 @@ def compare(source, out, cluster_file, cluster, args):
         "slots_apart": [pair for pair in slots if assignment[pair[0]] != assignment[pair[1]]],
         "copies_apart": max(copies_apart, default=None),
         "ran_on": sorted(set(report.placement.values())),
+        # (not the Send and Recv TensorFlow names after them: a loss goes to the client)
         "all_reduced_on": sorted({device for name, device in report.placement.items()
-                                  if "/tfpart_allreduce/" in name}),
+                                  if "/tfpart_allreduce/" in name
+                                  and name.endswith("/CollectiveReduceV2")}),
         "outputs_equal": report.outputs_equal, "ops_checked": report.ops_checked,
         "op_mismatches": report.op_mismatches, "variables_misplaced":
             report.variable_mismatches,

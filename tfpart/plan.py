@@ -165,6 +165,9 @@ class Plan:
         return sorted(set(self.assignment.values()))
 
 
+REDUCTIONS = ("one_device", "all_reduce")  # how replicas' gradients may be reduced
+
+
 def all_reduces(replicas):
     """Whether a plan's ``replicas`` (its dict, or None) keep a copy of the variables
     per replica and all-reduce their gradients; replicas that do not say (hybrid
@@ -188,3 +191,39 @@ def replica_of(replicas, microbatch):
     (1, 5)
     """
     return microbatch // replicas.get("microbatches", 1)
+
+
+def device_stand_ins(replicas, assignment):
+    """For replicas of a pipeline: per replica, its device for each device of the first
+    replica (the ``assignment``'s), from the replicas' placements; None for other
+    plans.
+
+    >>> device_stand_ins({"microbatches": 2, "placements": [{"x": "A", "y": "B"},
+    ...                   {"x": "C", "y": "D"}]}, {"x": "A", "y": "B", "w": "B"})[1]
+    {'A': 'C', 'B': 'D'}
+    """
+    if not replicas or not replicas.get("microbatches"):
+        return None
+    return [{assignment[op]: device for op, device in placement.items()}
+            for placement in replicas["placements"]]
+
+
+def replica_device(replicas, stand_ins, replica, op, first):
+    """The device replica ``replica`` runs ``op`` on, given ``first``, the device of
+    ``op`` in the first replica (the plan's assignment), and the plan's
+    :func:`device_stand_ins`: the replica's placement's, else its device standing for
+    ``first``, else the replica's one device.
+
+    >>> replicas = {"devices": ["A", "C"], "microbatches": 2,
+    ...             "placements": [{"x": "A", "y": "B"}, {"x": "C", "y": "D"}]}
+    >>> stand_ins = device_stand_ins(replicas, {"x": "A", "y": "B"})
+    >>> replica_device(replicas, stand_ins, 1, "y", "B"), replica_device(
+    ...     replicas, stand_ins, 1, "update_y", "B")
+    ('D', 'D')
+    """
+    placements = replicas.get("placements")
+    if placements and op in placements[replica]:
+        return placements[replica][op]
+    if stand_ins:
+        return stand_ins[replica].get(first, first)
+    return replicas["devices"][replica]

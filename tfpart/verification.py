@@ -11,7 +11,7 @@ import numpy as np
 
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
-from tfpart.plan import replica_of
+from tfpart.plan import device_stand_ins, replica_device
 from tfpart.runtime import canonical_device, load, random_inputs, runnable, same_device
 from tfpart.servers import cluster_errors
 from tfpart.splits import part_of
@@ -127,11 +127,12 @@ def _planned_device(plan, planned, device_map):
     """The device an op of the compiled model should run on, by its name (None for
     ops the plan does not name): a replica's copy on the replica's device, unless it
     reads a variable; a split op's slice on the slice's device."""
-    from rewriters.pipeline import microbatch_of, original_op_name
+    from rewriters.pipeline import original_op_name, replica_of_op
 
     replicas = plan.replicas
     pinned = set(replicas["pinned"]) if replicas else set()
     splits = plan.splits or {}
+    stand_ins = device_stand_ins(replicas, plan.assignment)
 
     def want(name):
         original = original_op_name(name)
@@ -140,12 +141,10 @@ def _planned_device(plan, planned, device_map):
             return device_map[splits[part[0]]["devices"][part[1]]]
         if original not in planned:
             return None
-        m = microbatch_of(name)
-        if replicas and m is not None and original not in pinned:
-            r = replica_of(replicas, m)
-            placements = replicas.get("placements")
-            device = placements[r].get(original) if placements else None
-            return device_map[device or replicas["devices"][r]]
+        r = replica_of_op(name, replicas) if replicas else None
+        if r is not None and original not in pinned:
+            return device_map[replica_device(replicas, stand_ins, r, original,
+                                             plan.assignment.get(original))]
         return planned[original]
     return want
 

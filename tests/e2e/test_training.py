@@ -142,18 +142,22 @@ def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimiz
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, optimizer, workers, form", [
-    ("cnn", "adam", None, "placement"),
-    pytest.param("mlp", "sgd_momentum", None, "placement", marks=pytest.mark.any_onednn),
-    pytest.param("mlp", "adam", 4, "placement", marks=pytest.mark.any_onednn),
-    ("cnn", "adam", None, "pipeline"),
-    pytest.param("mlp", "adam", 4, "pipeline", marks=pytest.mark.any_onednn)])
+@pytest.mark.parametrize("model, optimizer, workers, form, reduce", [
+    ("cnn", "adam", None, "placement", None),
+    pytest.param("mlp", "sgd_momentum", None, "placement", None,
+                 marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 4, "placement", None, marks=pytest.mark.any_onednn),
+    ("cnn", "adam", None, "pipeline", "one_device"),
+    ("cnn", "adam", None, "pipeline", "all_reduce"),
+    pytest.param("mlp", "adam", 4, "pipeline", "one_device", marks=pytest.mark.any_onednn),
+    pytest.param("mlp", "adam", 4, "pipeline", "all_reduce", marks=pytest.mark.any_onednn)])
 def test_replicas_of_a_placement_or_pipeline_train_like_the_original(
-        tmp_path, model, optimizer, workers, form):
+        tmp_path, model, optimizer, workers, form, reduce):
     """Hybrid: two replicas on four CPUs, each replica's ops placed across its group
-    of two or pipelined over it: logical CPUs with fast links (the fourth a third as
-    fast), or four ``tfpart worker`` processes."""
-    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=form)
+    of two or pipelined over it, the gradients reduced on the first replica's devices
+    or all-reduced among copies of the variables: logical CPUs with fast links (the
+    fourth a third as fast), or four ``tfpart worker`` processes."""
+    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=form, reduce=reduce)
     replicas = run["replicas"]
     groups = [set(placement.values()) for placement in replicas["placements"]]
     assert len(groups) == 2 and not groups[0] & groups[1]
@@ -163,6 +167,9 @@ def test_replicas_of_a_placement_or_pipeline_train_like_the_original(
         assert run["stages"] == 2 and all(len(group) == 2 for group in groups)
         assert run["microbatches"] == 2 * replicas["microbatches"]
         assert len(run["ran_on"]) >= 4  # every replica on its own devices (and the client)
+        assert replicas["reduce"] == reduce
+    if reduce == "all_reduce":  # on every device, each stage's gradients among its pair
+        assert len(run["all_reduced_on"]) == 4 and run["copies_apart"] == 0.0
     shares = [round(f * 6) for f in replicas["fractions"]]
     assert sum(shares) == 6
     assert_split_batches_train_like_the_original(run)

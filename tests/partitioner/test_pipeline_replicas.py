@@ -33,8 +33,10 @@ def cost():
     return CostModel(chain(), cluster_of_devices(["V100", "V100", "T4", "T4"]))
 
 
-def test_each_replica_pipelines_over_its_own_group_of_matching_kinds(cost):
-    plan = partition(cost, HybridOptions(batch_size=16, groups=2, form="pipeline"))
+@pytest.mark.parametrize("reduce", ["one_device", "all_reduce"])
+def test_each_replica_pipelines_over_its_own_group_of_matching_kinds(cost, reduce):
+    plan = partition(cost, HybridOptions(batch_size=16, groups=2, form="pipeline",
+                                         reduce=reduce))
     replicas = plan.replicas
     kind = {d.name: d.kind.name for d in cost.cluster.devices}
     groups = [set(placement.values()) for placement in replicas["placements"]]
@@ -46,9 +48,15 @@ def test_each_replica_pipelines_over_its_own_group_of_matching_kinds(cost):
             assert len({kind[p[op]] for p in replicas["placements"]}) == 1, op
     assert replicas["placements"][0] == {op: plan.assignment[op]
                                          for op in replicas["placements"][0]}
-    # variables and their reads stay on the first replica's devices
-    assert set(replicas["pinned"]) == {f"read{i}" for i in range(12)}
-    assert not set(replicas["pinned"]) & set(replicas["placements"][1])
+    assert replicas["reduce"] == reduce
+    if reduce == "one_device":  # variables and their reads stay on the first replica's
+        assert set(replicas["pinned"]) == {f"read{i}" for i in range(12)}
+        assert not set(replicas["pinned"]) & set(replicas["placements"][1])
+    else:  # each replica reads its own copy, on the device of the stage reading it
+        assert replicas["pinned"] == []
+        for i in range(12):
+            assert [p[f"read{i}"] for p in replicas["placements"]] == [
+                p[f"mm{i}"] for p in replicas["placements"]]
     assert plan.microbatches == 2 * replicas["microbatches"] >= 2
     assert sum(replicas["fractions"]) == pytest.approx(1.0)
     assert plan.step_time > 0 and plan.step_time >= plan.lower_bound
