@@ -1,5 +1,6 @@
 """Which strategy ``--strategy auto`` picks: op placement (greedy), pipeline,
-data-parallel replicas or filter split, by predicted step time, for example models
+data-parallel replicas, filter split or hybrid replicas (of a placement or of a
+pipeline), by predicted step time, for example models
 (inference at batch 32, and training steps) on every example cluster, side by side.
 
 Predictions only; the measured comparison on two pinned workers (one slowed) against
@@ -51,6 +52,9 @@ def choices(batch_size=32):
                 if plan.replicas:
                     shares = "/".join(str(round(f * batch_size))
                                       for f in plan.replicas["fractions"])
+                    if plan.replicas.get("microbatches"):
+                        shares += (f", pipelines of {len(set(plan.stages.values()))} "
+                                   f"stages × {plan.replicas['microbatches']}")
                     if len(plan.replicas["fractions"]) > 1:
                         shares += f", {plan.replicas.get('reduce', 'one_device')}"
                 elif plan.splits:

@@ -183,8 +183,8 @@ def _add_replica_copies(module, plan, values):
         for name in sorted(values):
             saved = f"{name.replace('/', '_')}_replica{r}"
             copies[name] = tf.Variable(values[name], name=saved)
-            device_of[saved] = stand_ins[r][plan.assignment[name]] if stand_ins \
-                else replicas["devices"][r]
+            device_of[saved] = replica_device(replicas, stand_ins, r, name,
+                                              plan.assignment[name])
         module.replica_variables.append(copies)
     devices = sorted({*replicas["devices"], *(d for m in stand_ins or () for d in m.values())})
     module.collective_tokens = {device: tf.Variable(0.0, name=f"tfpart_collective_token{i}")
@@ -234,7 +234,7 @@ class _PipelineBody:
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
         self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
-        self.moved = device_stand_ins(plan.replicas, plan.assignment)
+        self.stand_ins = device_stand_ins(plan.replicas, plan.assignment)
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -301,9 +301,7 @@ class _PipelineBody:
         """``(micro-batch, stage, phase)`` in an order that follows each stage's schedule
         (each replica's, for replicas of a pipeline) and imports every piece after the
         pieces it reads."""
-        per = (self.plan.replicas or {}).get("microbatches") or self.plan.microbatches
-        return [task for first in range(0, self.plan.microbatches, per)
-                for task in self._lane_order(first, per)]
+        return [task for lane in self._lanes() for task in self._lane_order(lane[0], len(lane))]
 
     def _lane_order(self, first, m_count):
         """:meth:`_import_order` of micro-batches ``first`` … ``first + m_count - 1``,
@@ -352,10 +350,11 @@ class _PipelineBody:
         return total
 
     def _lanes(self):
-        """The micro-batches of each replica."""
-        per = self.plan.replicas.get("microbatches") or 1
-        return [list(range(first, first + per))
-                for first in range(0, self.plan.microbatches, per)]
+        """The micro-batches of each replica (without replicas: all of them, one
+        lane)."""
+        replicas, m_count = self.plan.replicas, self.plan.microbatches
+        per = (replicas.get("microbatches") or 1) if replicas else m_count
+        return [list(range(first, first + per)) for first in range(0, m_count, per)]
 
     def _all_reduced(self, envs, shares, lanes):
         """Per replica, what its copy of the update reads: the replicas' values of
@@ -379,7 +378,7 @@ class _PipelineBody:
             op, value = tensor.rsplit(":", 1)[0], envs[0][tensor]
             if op in regions.data_dependent and value.dtype.is_floating:
                 elements = value.shape.num_elements()
-                group = tuple(replica_device(replicas, self.moved, r, op,
+                group = tuple(replica_device(replicas, self.stand_ins, r, op,
                                              self.plan.assignment.get(op))
                               for r in range(len(lanes)))
                 reduced.setdefault(group, []).append(
@@ -421,8 +420,8 @@ class _PipelineBody:
     def _device(self, m, k):
         """The device of stage ``k`` for micro-batch ``m`` (its replica's, if any)."""
         replicas = self.plan.replicas
-        if self.moved:
-            return self.moved[self._replica(m)].get(self.device[k], self.device[k])
+        if self.stand_ins:
+            return self.stand_ins[self._replica(m)].get(self.device[k], self.device[k])
         return replicas["devices"][m] if replicas else self.device[k]
 
     def _import(self, key, prefix, env, ops_of, control, replica=None):
@@ -435,7 +434,7 @@ class _PipelineBody:
             placements = replicas.get("placements")
             piece = _on_replica(piece, replicas["devices"][replica], self.pinned,
                                 placements[replica] if placements else None,
-                                self.moved[replica] if self.moved else None)
+                                self.stand_ins[replica] if self.stand_ins else None)
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -520,17 +519,17 @@ def _split(rows, m_count, replicas):
     return [sizes[m] for m in range(m_count)], [offsets[m] for m in range(m_count)]
 
 
-def _on_replica(piece, device, pinned, placement=None, moved=None):
+def _on_replica(piece, device, pinned, placement=None, stand_ins=None):
     """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones; with a
     ``placement`` (a hybrid plan's replica), each op it names on its device there, and
-    with ``moved`` (a replica of a pipeline: its device for each of the first
+    with ``stand_ins`` (a replica of a pipeline: its device for each of the first
     replica's) the others on the device standing for theirs."""
     copy = type(piece)()
     copy.CopyFrom(piece)
     for node in copy.node:
         if node.name not in pinned:
             node.device = (placement or {}).get(
-                node.name, moved.get(node.device, device) if moved else device)
+                node.name, stand_ins.get(node.device, device) if stand_ins else device)
     return copy
 
 

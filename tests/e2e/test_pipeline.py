@@ -189,21 +189,22 @@ def test_filter_split_models_match_the_original(name, exported, local_cpus, writ
             assert len({device for o, device in slices if o == op}) == len(split["devices"])
 
 
-@pytest.mark.parametrize("name, form", [("residual_cnn", "placement"),
-                                        ("parallel_dense", "placement"),
-                                        ("residual_cnn", "pipeline")])
+@pytest.mark.parametrize("name, form, reduce", [
+    ("residual_cnn", "placement", None), ("parallel_dense", "placement", None),
+    ("residual_cnn", "pipeline", "one_device"), ("residual_cnn", "pipeline", "all_reduce")])
 def test_replicas_of_a_placement_or_pipeline_match_the_original(
-        name, form, exported, local_cpus, write_cluster, tmp_path):
+        name, form, reduce, exported, local_cpus, write_cluster, tmp_path):
     """Hybrid: two replicas on four CPUs, each placed across its own two or pipelined
-    over them (the last CPU a third as fast): the same outputs, each replica's ops
-    where its placement says."""
+    over them (the last CPU a third as fast), reading the first replica's weights or
+    its own copy: the same outputs, each replica's ops where its placement says."""
     from tests.train_compare import FAST_LINKS as links
     from tests.train_compare import uneven
 
     model, out = exported(name), tmp_path / "out"
     cluster = dict(uneven(local_cluster(4)), links=links)
     result = compile_model(model, write_cluster(cluster), out, batch_size=16,
-                           algorithm="hybrid", options={"groups": 2, "form": form})
+                           algorithm="hybrid", options={"groups": 2, "form": form,
+                                                        "reduce": reduce})
     replicas = result.plan.replicas
     groups = [set(placement.values()) for placement in replicas["placements"]]
     assert len(groups) == 2 and not groups[0] & groups[1]
@@ -211,6 +212,7 @@ def test_replicas_of_a_placement_or_pipeline_match_the_original(
         assert len(set(result.plan.stages.values())) == 2
         assert all(len(group) == 2 for group in groups)
         assert result.plan.microbatches == 2 * replicas["microbatches"] > 2
+        assert replicas["reduce"] == reduce
     for batch in (3, 7, 16):
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)
