@@ -282,10 +282,11 @@ def export_training_step(path, model="mlp", optimizer="adam"):
 
 
 def export_classifier_step(path, features=64, classes=10, hidden=64, learning_rate=0.05,
-                           momentum=0.0, seed=0, depth=1):
-    """A classifier's training step (``depth`` hidden layers, integer labels ``y``,
-    softmax cross-entropy, SGD): what ``tfpart train`` runs in every mode (the exported
-    SGD is the ``sync`` mode's optimizer)."""
+                           momentum=0.0, seed=0, depth=1, batch_norm=False):
+    """A classifier's training step (``depth`` hidden layers, each followed by batch
+    normalisation if ``batch_norm``, integer labels ``y``, softmax cross-entropy,
+    SGD): what ``tfpart train`` runs in every mode (the exported SGD is the ``sync``
+    mode's optimizer)."""
     import keras
     import tensorflow as tf
 
@@ -293,8 +294,10 @@ def export_classifier_step(path, features=64, classes=10, hidden=64, learning_ra
 
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((features,), name="features"),
-                              *(keras.layers.Dense(hidden, activation="relu")
-                                for _ in range(depth)),
+                              *(layer for _ in range(depth) for layer in (
+                                  keras.layers.Dense(hidden, activation="relu"),
+                                  *([keras.layers.BatchNormalization()] if batch_norm
+                                    else []))),
                               keras.layers.Dense(classes)], name="classifier")
     return export_train_step(
         model, keras.optimizers.SGD(learning_rate, momentum=momentum),

@@ -120,7 +120,9 @@ def compare(source, out, cluster_file, cluster, args):
         or args.hybrid
     if args.hybrid:
         how = {"algorithm": "hybrid", "options": {
-            "groups": 2, "form": args.hybrid, **({"reduce": args.reduce} if args.reduce else {})}}
+            "groups": 2, "form": args.hybrid, **{key: value for key, value in [
+                ("reduce", args.reduce), ("schedule", args.schedule),
+                ("microbatches", args.microbatches)] if value is not None}}}
     elif args.replicas is not None:
         how = {"algorithm": "data_parallel", "options": {
             "replicas": args.replicas, **({"reduce": args.reduce} if args.reduce else {})}}

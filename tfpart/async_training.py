@@ -10,7 +10,11 @@ beside the variable it belongs to (:func:`partitioner.ps_shards.shard_by_size`):
 - ``w_bak`` (DC-ASGD, DDC-ASGD): one copy of the weights per worker, written when the
   worker reads them (a variable with a leading worker axis);
 - on the first server: the update counter, the counter's value at each worker's last
-  read (so an update's delay is counted there), and DDC-ASGD's running mean delay.
+  read (so an update's delay is counted there), and DDC-ASGD's running mean delay;
+- the model's non-trainable state (batch normalisation's moving statistics), spread
+  over the servers like the weights: each step reads it with the weights and writes
+  back the state its ``gradients`` call left, last writer wins, as a model's own
+  training step updates it (uncompensated: it is not a gradient).
 
 One scheduled step, run by whichever worker is free: read the weights (and keep them
 as ``w_bak``) on the servers, compute the gradients on the worker with the model's
@@ -22,7 +26,7 @@ on the workers still up.
 
 Example (not run here: it needs running ``ps`` and ``worker`` tasks)::
 
-    trainer = AsyncTrainer(cluster, "model/", initial, data, "dc-asgd", Hyper(0.05), 32)
+    trainer = AsyncTrainer(cluster, "model/", initial, {}, data, "dc-asgd", Hyper(0.05), 32)
     pending = [trainer.schedule() for _ in range(100)]
     loss, worker, delay = pending[0].fetch()
 """
@@ -60,7 +64,7 @@ def coordinator_of(cluster):
 class ServerState:
     """The variables of one asynchronous run, created on the parameter servers."""
 
-    def __init__(self, strategy, initial, placement, servers, workers, mode):
+    def __init__(self, strategy, initial, placement, servers, workers, mode, states=None):
         tf = tensorflow()
         with strategy.scope():
             # Round robin puts the k-th new variable on server k; the others colocate.
@@ -81,14 +85,20 @@ class ServerState:
                     self.bak.append(tf.Variable(np.repeat(value[None], workers, axis=0),
                                                 name=f"{name}_bak")
                                     if mode != "async" else None)
+            self.states = {}
+            for name, value in (states or {}).items():
+                with strategy.extended.colocate_vars_with(anchors[servers.index(
+                        placement[name])]):
+                    self.states[name] = tf.Variable(value, name=name)
             with strategy.extended.colocate_vars_with(anchors[0]):
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
                 self.mean_delay = tf.Variable(0.0, name="mean_delay")
 
     def checkpoint(self, names):
-        """A ``tf.train.Checkpoint`` of the weights, by their signature names."""
-        return tensorflow().train.Checkpoint(**dict(zip(names, self.w)))
+        """A ``tf.train.Checkpoint`` of the weights and states, by their signature
+        names."""
+        return tensorflow().train.Checkpoint(**dict(zip(names, self.w)), **self.states)
 
 
 class AsyncTrainer:
@@ -104,6 +114,9 @@ class AsyncTrainer:
         is connected (``self.model``): functions loaded before do not reach the workers.
     initial : dict
         The weights to start from, by the ``weights`` signature's names (numpy arrays).
+    states : dict
+        The non-trainable state to start from, by the ``states`` signature's names
+        (empty for a model without one).
     data : (x, y) numpy arrays
         The training split; each worker draws its own shuffled mini-batches.
     mode : {"async", "dc-asgd", "ddc-asgd"}
@@ -112,16 +125,18 @@ class AsyncTrainer:
     seed : int
     """
 
-    def __init__(self, cluster, model_dir, initial, data, mode, hyper, batch_size, seed=0):
+    def __init__(self, cluster, model_dir, initial, states, data, mode, hyper, batch_size,
+                 seed=0):
         tf = tensorflow()
         self.strategy, self.coordinator = coordinator_of(cluster)
         self.model = tf.saved_model.load(str(model_dir))
         self.workers = len(cluster.tf_cluster["worker"])
         self.names = list(initial)
         servers = ps_devices(cluster)
-        self.placement = shard_by_size({k: v.nbytes for k, v in initial.items()}, servers)
+        self.placement = shard_by_size({k: v.nbytes for k, v in {**initial, **states}.items()},
+                                       servers)
         self.state = ServerState(self.strategy, initial, self.placement, servers,
-                                 self.workers, mode)
+                                 self.workers, mode, states)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
             _batches_fn(data, batch_size, self.workers, seed)))
         self._step = _step_function(self.state, self.names,
@@ -132,8 +147,9 @@ class AsyncTrainer:
         return self.coordinator.schedule(self._step, args=(self.iterator,))
 
     def weights(self):
-        """The weights now, as numpy arrays in signature order."""
-        return [w.numpy() for w in self.state.w]
+        """The weights and states now, as numpy arrays by their signature names."""
+        return {**{name: w.numpy() for name, w in zip(self.names, self.state.w)},
+                **{name: s.numpy() for name, s in self.state.states.items()}}
 
     def updates(self):
         return int(self.state.updates.numpy())
@@ -168,7 +184,12 @@ def _step_function(state, names, gradients, mode, hyper):
             # An identity on the worker: without it the placer puts the gradients'
             # call beside its inputs, on the servers, and the steps run one by one.
             read.append(tf.identity(value))
-        out = gradients(x=x, y=y, **dict(zip(names, read)))
+        states = {}
+        for name, variable in state.states.items():
+            with tf.device(variable.device):
+                value = variable.read_value()
+            states[name] = tf.identity(value)
+        out = gradients(x=x, y=y, **dict(zip(names, read)), **states)
         grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
         with tf.control_dependencies(grads):
             with tf.device(state.updates.device):
@@ -192,6 +213,9 @@ def _step_function(state, names, gradients, mode, hyper):
             if mode == "ddc-asgd":
                 with tf.device(state.updates.device):
                     state.mean_delay.assign(new.mean_delay)
+            for name, variable in state.states.items():
+                with tf.device(variable.device):
+                    variable.assign(out[name])
         return out["loss"], worker, delay
 
     return step

@@ -35,6 +35,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 import shutil
 import statistics
 import time
@@ -51,6 +52,7 @@ from tfpart.errors import ModelError, OutputError, TfpartError
 
 MODES = ("sync", *ASYNC_MODES)
 SIGNATURES = ("gradients", "predict", "weights")
+WEIGHT_OR_STATE = re.compile(r"^[ws]\d{3}/")  # checkpoint keys of w000…, s000…
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,10 @@ def load_data(path, signature, fraction, seed):
     return (x[held:], y[held:]), (x[:held], y[:held])
 
 
-def evaluate(model, weights, held):
-    """Loss and accuracy (class labels or one-hot) of ``weights`` on ``held``."""
+def evaluate(model, named, held):
+    """Loss and accuracy (class labels or one-hot) on ``held`` of the weights and
+    states ``named`` (by their signature names)."""
     x, y = held
-    named = {f"w{i:03d}": w for i, w in enumerate(weights)}
     loss = float(model.signatures["gradients"](x=x, y=y, **named)["loss"])
     output = model.signatures["predict"](x=x, **named)["output"].numpy()
     labels = y if y.ndim == 1 else y.argmax(-1) if y.shape[-1] > 1 else None
@@ -128,7 +130,8 @@ def evaluate(model, weights, held):
 
 
 def trained_weights(out):
-    """The weights in ``out``'s latest checkpoint, by name (``w000``, …)."""
+    """The weights in ``out``'s latest checkpoint, by name (``w000``, …), and the
+    non-trainable states (``s000``, …) of a model that has them."""
     tf = tensorflow()
     prefix = tf.train.latest_checkpoint(str(Path(out) / "checkpoint"))
     if prefix is None:
@@ -136,7 +139,7 @@ def trained_weights(out):
     reader = tf.train.load_checkpoint(prefix)
     return {key.split("/")[0]: reader.get_tensor(key)
             for key in reader.get_variable_to_shape_map()
-            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and key.startswith("w")}
+            if key.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and WEIGHT_OR_STATE.match(key)}
 
 
 def _load_model(model_dir, mode):
@@ -177,8 +180,11 @@ class _SyncRun:
         compiled = load(directory)
         self.model = tensorflow().saved_model.load(str(model_dir))  # after connecting
         self.step = compiled.signatures["train_step"]
-        self.variables = [compiled.variables_by_op[name]
-                          for name in weight_variable_ops(model_dir)]
+        self.variables = {
+            f"{prefix}{i:03d}": compiled.variables_by_op[name]
+            for prefix, signature in (("w", "weights"), ("s", "states"))
+            if signature in self.model.signatures
+            for i, name in enumerate(weight_variable_ops(model_dir, signature))}
         self.data, self.options = train_data, options
 
     def results(self):
@@ -192,14 +198,13 @@ class _SyncRun:
             yield float(self.step(x=x[take], y=y[take])["loss"]), -1, 0
 
     def weights(self):
-        return [v.numpy() for v in self.variables]
+        return {name: v.numpy() for name, v in self.variables.items()}
 
     def applied(self, done):
         return done
 
     def checkpoint(self):
-        return tensorflow().train.Checkpoint(
-            **{f"w{i:03d}": v for i, v in enumerate(self.variables)})
+        return tensorflow().train.Checkpoint(**self.variables)
 
 
 class _AsyncRun:
@@ -207,7 +212,7 @@ class _AsyncRun:
         from tfpart.async_training import AsyncTrainer
         from tfpart.plan import Plan
 
-        self.trainer = AsyncTrainer(cluster, model_dir, initial, train_data, options.mode,
+        self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
                                     options.hyper(), options.batch_size, options.seed)
         self.model = self.trainer.model
         self.steps = options.steps
@@ -273,7 +278,8 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
         from tfpart.async_training import ps_devices
 
         ps_devices(cluster)
-        initial = {k: v.numpy() for k, v in sorted(model.signatures["weights"]().items())}
+        initial = [{k: v.numpy() for k, v in sorted(model.signatures[name]().items())}
+                   if name in model.signatures else {} for name in ("weights", "states")]
     out = Path(out)
     if out.exists():
         if not force:
@@ -290,10 +296,10 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
         start = time.perf_counter()
 
         def evaluation(done):
-            applied, weights = run.applied(done), run.weights()
+            applied, named = run.applied(done), run.weights()
             if result.evaluations and result.evaluations[-1]["update"] == applied:
                 return  # the servers ran ahead of the results fetched: already evaluated
-            loss, accuracy = evaluate(run.model, weights, held)
+            loss, accuracy = evaluate(run.model, named, held)
             result.evaluations.append({"update": applied,
                                        "wall_s": time.perf_counter() - start,
                                        "loss": loss, "accuracy": accuracy})

@@ -44,6 +44,13 @@ from rewriters.tf_import import tensorflow
 def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=None):
     """Save ``model``'s training step (and inference and weights signatures) at ``path``.
 
+    Besides ``train_step``, ``serving_default`` and ``weights``, two stateless
+    signatures serve ``tfpart train``'s asynchronous modes: ``gradients(x, y, w…, s…)``
+    (the loss, the gradient ``g…`` of every weight, and the model's non-trainable
+    state ``s…``, batch normalisation's moving statistics, as the step leaves it) and
+    ``predict(x, w…, s…)``; a model with such state also gets a ``states`` signature
+    (its values now).
+
     Parameters
     ----------
     model : keras.Model
@@ -111,36 +118,40 @@ def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=N
 
     w_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"w{i:03d}")
                for i, v in enumerate(variables)]
-    frozen = [v.numpy() for v in model.non_trainable_variables]
+    states = model.non_trainable_variables
+    s_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"s{i:03d}")
+               for i, v in enumerate(states)]
+    count = len(w_specs)
 
-    def frozen_constants():
-        # made inside each function: a tensor made outside would be a capture
-        return [tf.constant(a) for a in frozen]
-
-    @tf.function(input_signature=[x_spec, y_spec, *w_specs])
-    def gradients(x, y, *w):
+    @tf.function(input_signature=[x_spec, y_spec, *w_specs, *s_specs])
+    def gradients(x, y, *ws):
+        w, s = list(ws[:count]), list(ws[count:])
         with tf.GradientTape() as tape:
             tape.watch(w)
-            output, _ = model.stateless_call(list(w), frozen_constants(), x, training=True)
+            output, new_states = model.stateless_call(w, s, x, training=True)
             value = tf.reduce_mean(loss_fn(y, output))
         return {"loss": value, **{f"g{i:03d}": g for i, g in
-                                  enumerate(tape.gradient(value, list(w)))}}
+                                  enumerate(tape.gradient(value, w))},
+                **{f"s{i:03d}": tf.identity(n) for i, n in enumerate(new_states)}}
 
-    @tf.function(input_signature=[x_spec, *w_specs])
-    def predict(x, *w):
-        return {"output": model.stateless_call(list(w), frozen_constants(), x,
+    @tf.function(input_signature=[x_spec, *w_specs, *s_specs])
+    def predict(x, *ws):
+        return {"output": model.stateless_call(list(ws[:count]), list(ws[count:]), x,
                                                training=False)[0]}
 
-    tf.saved_model.save(module, str(path), signatures={
-        "train_step": train_step, "serving_default": serve, "weights": weights,
-        "gradients": gradients, "predict": predict})
+    signatures = {"train_step": train_step, "serving_default": serve, "weights": weights,
+                  "gradients": gradients, "predict": predict}
+    if states:
+        signatures["states"] = tf.function(input_signature=[])(
+            lambda: {f"s{i:03d}": tf.identity(v) for i, v in enumerate(states)})
+    tf.saved_model.save(module, str(path), signatures=signatures)
     return Path(path)
 
 
-def weight_variable_ops(model_dir):
-    """The variable op of each output of ``model_dir``'s ``weights`` signature, in the
-    order of its keys: a pipelined compile keeps only its compiled signature, and its
-    variables by op name (``variables_by_op``).
+def weight_variable_ops(model_dir, signature="weights"):
+    """The variable op of each output of ``model_dir``'s ``weights`` signature (or
+    ``states``), in the order of its keys: a pipelined compile keeps only its compiled
+    signature, and its variables by op name (``variables_by_op``).
 
     Examples
     --------
@@ -155,9 +166,9 @@ def weight_variable_ops(model_dir):
     from rewriters.savedmodel_io import read_saved_model
 
     proto = read_saved_model(model_dir)
-    flat = flatten_signature(proto, model_dir, None, "weights")
+    flat = flatten_signature(proto, model_dir, None, signature)
     nodes = {node.name: node for node in flat.graph_def.node}
-    outputs = proto.meta_graphs[0].signature_def["weights"].outputs
+    outputs = proto.meta_graphs[0].signature_def[signature].outputs
     found = []
     for key in sorted(outputs):
         node = nodes[flat.outputs[int(outputs[key].name.rsplit(":", 1)[1])].split(":")[0]]

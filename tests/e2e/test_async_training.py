@@ -48,14 +48,17 @@ def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
     (x, y), _ = load_data(data, model.signatures["gradients"], 0.2, seed)
     order = np.tile(sample_orders(len(x), 1, seed)[0], 2)
     weights = {k: v.numpy() for k, v in model.signatures["weights"]().items()}
+    states = {k: v.numpy() for k, v in model.signatures["states"]().items()} \
+        if "states" in model.signatures else {}
     velocity = {k: np.zeros_like(v) for k, v in weights.items()}
     for step in range(steps):
         take = order[step * batch:(step + 1) * batch]
-        grads = model.signatures["gradients"](x=x[take], y=y[take], **weights)
+        grads = model.signatures["gradients"](x=x[take], y=y[take], **weights, **states)
         for k in weights:
             velocity[k] = momentum * velocity[k] + grads[f"g{k[1:]}"].numpy()
             weights[k] = weights[k] - learning_rate * velocity[k]
-    return weights
+        states = {k: grads[k].numpy() for k in states}  # the step's moving statistics
+    return {**weights, **states}
 
 
 @pytest.mark.slow
@@ -91,6 +94,34 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
                 "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
             summary = json.loads((out / "train.json").read_text())
             assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_batch_norm_statistics_train_on_the_servers(tmp_path):
+    """A classifier with batch normalisation: with one worker and lambda0 = 0, DC-ASGD
+    gives plain SGD's weights and the moving statistics its steps leave (kept on the
+    parameter servers, written back by every step), and they moved from the export's."""
+    from tfpart.trainer import trained_weights
+
+    model = export_classifier_step(tmp_path / "model", features=16, classes=4, hidden=32,
+                                   batch_norm=True)
+    data = blobs(tmp_path / "blobs.npz")
+    expected = sgd_by_hand(model, data, 12, 8, 0.1, 0.5, seed=3)
+    assert sum(name.startswith("s") for name in expected) == 2  # the moving mean, variance
+    with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
+        out = tmp_path / "run"
+        run = tfpart_train(model, workers.path, data, out, "--mode", "dc-asgd", "--steps",
+                           12, "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5,
+                           "--lambda0", 0, "--seed", 3, "--eval-every", 6)
+        assert run.returncode == 0, run.stderr[-2000:]
+    got = trained_weights(out)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    import tensorflow as tf
+    exported = tf.saved_model.load(str(model)).signatures["states"]()
+    assert all(not np.allclose(got[name], value.numpy()) for name, value in exported.items())
 
 
 def wait_for_evaluations(out, count, process, timeout=120):
