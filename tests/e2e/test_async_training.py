@@ -61,6 +61,22 @@ def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
     return {**weights, **states}
 
 
+def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps):
+    """``tfpart train`` with one worker, lambda0 = 0 and ``sgd_by_hand``'s settings
+    ends with the ``expected`` weights (and states)."""
+    from tfpart.trainer import trained_weights
+
+    run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps", steps,
+                       "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5, "--lambda0", 0,
+                       "--seed", 3, "--eval-every", steps // 2)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = trained_weights(out)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    return got
+
+
 @pytest.mark.slow
 @pytest.mark.any_onednn
 def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
@@ -68,21 +84,13 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     weights of plain SGD with momentum after 20 updates. Two parameter servers share the
     variables by size, as plan.json records."""
     from tfpart.plan import Plan
-    from tfpart.trainer import trained_weights
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
     with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
         for mode in ("async", "dc-asgd", "ddc-asgd"):
             out = tmp_path / mode
-            run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps",
-                               20, "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5,
-                               "--lambda0", 0, "--seed", 3, "--eval-every", 10)
-            assert run.returncode == 0, run.stderr[-2000:]
-            got = trained_weights(out)
-            assert sorted(got) == sorted(expected)
-            for name in expected:
-                np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+            assert_trains_like_sgd(model, data, workers, out, mode, expected, 20)
             updates = rows(out / "updates.csv")
             assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
             evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
@@ -102,23 +110,14 @@ def test_batch_norm_statistics_train_on_the_servers(tmp_path):
     """A classifier with batch normalisation: with one worker and lambda0 = 0, DC-ASGD
     gives plain SGD's weights and the moving statistics its steps leave (kept on the
     parameter servers, written back by every step), and they moved from the export's."""
-    from tfpart.trainer import trained_weights
-
     model = export_classifier_step(tmp_path / "model", features=16, classes=4, hidden=32,
                                    batch_norm=True)
     data = blobs(tmp_path / "blobs.npz")
     expected = sgd_by_hand(model, data, 12, 8, 0.1, 0.5, seed=3)
     assert sum(name.startswith("s") for name in expected) == 2  # the moving mean, variance
     with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
-        out = tmp_path / "run"
-        run = tfpart_train(model, workers.path, data, out, "--mode", "dc-asgd", "--steps",
-                           12, "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5,
-                           "--lambda0", 0, "--seed", 3, "--eval-every", 6)
-        assert run.returncode == 0, run.stderr[-2000:]
-    got = trained_weights(out)
-    assert sorted(got) == sorted(expected)
-    for name in expected:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+        got = assert_trains_like_sgd(model, data, workers, tmp_path / "run", "dc-asgd",
+                                     expected, 12)
     import tensorflow as tf
     exported = tf.saved_model.load(str(model)).signatures["states"]()
     assert all(not np.allclose(got[name], value.numpy()) for name, value in exported.items())
