@@ -94,15 +94,13 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
         for reduce in reductions), PlacementError("", "no reduction was asked for"))
 
 
-def _device_maps(graph, groups, position, pinned):
-    """Per replica, each op's device index: the variables, the update and the
-    ``pinned`` ops (their reads) on the first replica's devices, unless ``pinned`` is
-    None (every replica has its own), the others on the replica's own device at the
-    op's ``position`` in its group."""
-    shared = shared_ops(graph)
-    own = pinned is None
-    return [{op: group[position[op]] if own or op not in shared and op not in pinned
-             else groups[0][position[op]] for op in graph.ops} for group in groups]
+def _device_maps(graph, groups, position, on_first):
+    """Per replica, each op's device index: the replica's own device at the op's
+    ``position`` in its group, but for the ops ``on_first`` (one copy of the
+    variables: they, their reads and the update), which stay on the first
+    replica's."""
+    return [{op: (groups[0] if op in on_first else group)[position[op]] for op in graph.ops}
+            for group in groups]
 
 
 def _shares(cost, groups, staged, batch_size):
@@ -111,7 +109,8 @@ def _shares(cost, groups, staged, batch_size):
     count = len(groups)
     fractions = [1.0 / count] * count
     per_replica = min(staged["microbatches"], batch_size // count)
-    maps = _device_maps(cost.graph, groups, staged["position"], pinned_ops(cost.graph))
+    maps = _device_maps(cost.graph, groups, staged["position"],
+                        shared_ops(cost.graph) | pinned_ops(cost.graph))
     finishes = replica_finishes(*_replicated(cost, fractions, maps, staged, per_replica),
                                 count, shared_ops(cost.graph), PIPELINE_COPY)
     shares = proportional_shares(batch_size, [f / t for f, t in zip(fractions, finishes)])
@@ -125,7 +124,8 @@ def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
     graph = cost.graph
     all_reduce = reduce == "all_reduce"
     shared, pinned = shared_ops(graph), set() if all_reduce else pinned_ops(graph)
-    maps = _device_maps(graph, groups, staged["position"], None if all_reduce else pinned)
+    maps = _device_maps(graph, groups, staged["position"], set() if all_reduce
+                        else shared | pinned)
     figures = make_plan(*_replicated(cost, fractions, maps, staged, per_replica, all_reduce),
                         "hybrid", options or PipelineOptions())
     names = cost.cluster.device_names
@@ -152,8 +152,8 @@ def _first_group_pipeline(cost, group, count, batch_size, microbatches, schedule
     small = CostModel(scaled_graph(cost.graph, 1.0 / count), sub_cluster(cost.cluster, group),
                       measured=cost.measured, tf32=cost.tf32)
     plan = pipeline_plan(small, PipelineOptions(batch_size=batch_size // count,
-                                                     microbatches=microbatches,
-                                                     schedule=schedule))
+                                                microbatches=microbatches,
+                                                schedule=schedule))
     index = {name: group[d] for d, name in enumerate(small.cluster.device_names)}
     return {"device_of": {op: index[device] for op, device in plan.assignment.items()},
             "stages": plan.stages, "microbatches": plan.microbatches,
