@@ -119,6 +119,7 @@ def export_train_step(model, optimizer, loss, path, *, batch_size=None, y_spec=N
     w_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"w{i:03d}")
                for i, v in enumerate(variables)]
     states = model.non_trainable_variables
+    module.states = list(states)  # some (a seed generator's) are tracked by no layer
     s_specs = [tf.TensorSpec(v.shape, v.dtype, name=f"s{i:03d}")
                for i, v in enumerate(states)]
     count = len(w_specs)
