@@ -2,8 +2,10 @@
 
 The client is a ``tf.distribute.experimental.ParameterServerStrategy`` coordinator
 (``ClusterCoordinator``) of a cluster's ``worker`` and ``ps`` tasks, each a
-``tfpart worker`` process. Everything a mode keeps lives on the parameter servers,
-beside the variable it belongs to (:func:`partitioner.ps_shards.shard_by_size`):
+``tfpart worker`` process. A large weight is cut along its first axis into pieces on
+several servers, a small one stays whole on one
+(:func:`partitioner.ps_shards.shard_variables`). Everything a mode keeps lives on the
+parameter servers, beside the weight or piece it belongs to:
 
 - the weights ``w``, their velocity and (DC-ASGD, DDC-ASGD) the mean square of their
   gradients;
@@ -18,7 +20,8 @@ beside the variable it belongs to (:func:`partitioner.ps_shards.shard_by_size`):
 
 One scheduled step, run by whichever worker is free: read the weights (and keep them
 as ``w_bak``) on the servers, compute the gradients on the worker with the model's
-stateless ``gradients`` signature, then apply
+stateless ``gradients`` signature (a weight's pieces joined there, its gradient cut
+there), then apply
 :func:`tfpart.delay_compensation.update` on each server for its variables (the ops are
 placed there, so only the gradients travel). The step returns its loss, the worker's
 index and the update's delay; the coordinator reschedules a step whose worker was lost
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from partitioner.ps_shards import shard_by_size
+from partitioner.ps_shards import MIN_SHARD_BYTES, shard_variables
 from rewriters.tf_import import tensorflow
 from tfpart.delay_compensation import update
 from tfpart import servers
@@ -61,6 +64,20 @@ def coordinator_of(cluster):
     return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
+class Piece:
+    """One server's piece of a weight (its first-axis rows, or all of it) and the
+    state a mode keeps beside it: velocity, mean square, the workers' copies."""
+
+    def __init__(self, value, name, workers, mode):
+        tf = tensorflow()
+        self.w = tf.Variable(value, name=name)
+        self.velocity = tf.Variable(np.zeros_like(value), name=f"{name}_v")
+        self.ms = tf.Variable(np.zeros_like(value), name=f"{name}_ms") \
+            if mode != "async" else None
+        self.bak = tf.Variable(np.repeat(value[None], workers, axis=0), name=f"{name}_bak") \
+            if mode != "async" else None
+
+
 class ServerState:
     """The variables of one asynchronous run, created on the parameter servers."""
 
@@ -74,31 +91,45 @@ class ServerState:
                         tf.DeviceSpec.from_string(server).task:
                     raise TfpartError("", f"variable meant for {server} landed on "
                                       f"{anchor.device}")
-            self.w, self.velocity, self.ms, self.bak = [], [], [], []
-            for (name, value) in initial.items():
-                with strategy.extended.colocate_vars_with(anchors[servers.index(
-                        placement[name])]):
-                    self.w.append(tf.Variable(value, name=name))
-                    self.velocity.append(tf.Variable(np.zeros_like(value), name=f"{name}_v"))
-                    self.ms.append(tf.Variable(np.zeros_like(value), name=f"{name}_ms")
-                                   if mode != "async" else None)
-                    self.bak.append(tf.Variable(np.repeat(value[None], workers, axis=0),
-                                                name=f"{name}_bak")
-                                    if mode != "async" else None)
+
+            def on(server):
+                return strategy.extended.colocate_vars_with(anchors[servers.index(server)])
+
+            self.pieces = []  # per weight, its pieces in the order of their rows
+            for name, value in initial.items():
+                shards = placement[name]
+                cuts = np.cumsum([shard.rows or 0 for shard in shards])[:-1]
+                parts = np.split(value, cuts) if len(shards) > 1 else [value]
+                pieces = []
+                for k, (shard, part) in enumerate(zip(shards, parts)):
+                    with on(shard.server):
+                        pieces.append(Piece(part, name if len(shards) == 1
+                                            else f"{name}/part_{k}", workers, mode))
+                self.pieces.append(pieces)
             self.states = {}
             for name, value in (states or {}).items():
-                with strategy.extended.colocate_vars_with(anchors[servers.index(
-                        placement[name])]):
+                with on(placement[name][0].server):
                     self.states[name] = tf.Variable(value, name=name)
-            with strategy.extended.colocate_vars_with(anchors[0]):
+            with on(servers[0]):
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
                 self.mean_delay = tf.Variable(0.0, name="mean_delay")
 
+    def weights(self):
+        """Each weight's value now (its pieces joined), a numpy array."""
+        return [np.concatenate([piece.w.numpy() for piece in pieces])
+                for pieces in self.pieces]
+
     def checkpoint(self, names):
         """A ``tf.train.Checkpoint`` of the weights and states, by their signature
-        names."""
-        return tensorflow().train.Checkpoint(**dict(zip(names, self.w)), **self.states)
+        names; a weight cut into pieces is saved whole, as TensorFlow saves a
+        ``ShardedVariable``."""
+        from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+        whole = {name: pieces[0].w if len(pieces) == 1
+                 else ShardedVariable([piece.w for piece in pieces], name=name)
+                 for name, pieces in zip(names, self.pieces)}
+        return tensorflow().train.Checkpoint(**whole, **self.states)
 
 
 class AsyncTrainer:
@@ -123,18 +154,24 @@ class AsyncTrainer:
     hyper : tfpart.delay_compensation.Hyper
     batch_size : int
     seed : int
+    min_shard_bytes : int
+        Weights of at least twice this many bytes are cut along their first axis over
+        the servers (:func:`partitioner.ps_shards.shard_variables`); ``self.placement``
+        says which server holds each piece.
     """
 
     def __init__(self, cluster, model_dir, initial, states, data, mode, hyper, batch_size,
-                 seed=0):
+                 seed=0, min_shard_bytes=MIN_SHARD_BYTES):
         tf = tensorflow()
         self.strategy, self.coordinator = coordinator_of(cluster)
         self.model = tf.saved_model.load(str(model_dir))
         self.workers = len(cluster.tf_cluster["worker"])
         self.names = list(initial)
         servers = ps_devices(cluster)
-        self.placement = shard_by_size({k: v.nbytes for k, v in {**initial, **states}.items()},
-                                       servers)
+        self.placement = shard_variables(
+            {k: v.nbytes for k, v in {**initial, **states}.items()}, servers,
+            rows={k: v.shape[0] for k, v in initial.items() if v.ndim},
+            min_shard_bytes=min_shard_bytes)
         self.state = ServerState(self.strategy, initial, self.placement, servers,
                                  self.workers, mode, states)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
@@ -148,7 +185,7 @@ class AsyncTrainer:
 
     def weights(self):
         """The weights and states now, as numpy arrays by their signature names."""
-        return {**{name: w.numpy() for name, w in zip(self.names, self.state.w)},
+        return {**dict(zip(self.names, self.state.weights())),
                 **{name: s.numpy() for name, s in self.state.states.items()}}
 
     def updates(self):
@@ -175,15 +212,18 @@ def _step_function(state, names, gradients, mode, hyper):
             state.read_at.scatter_update(tf.IndexedSlices(
                 tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
         read = []
-        for w, bak in zip(state.w, state.bak):
-            with tf.device(w.device):
-                value = w.read_value()
-                if bak is not None:
-                    bak.scatter_update(tf.IndexedSlices(value[None],
-                                                        tf.reshape(worker, [1])))
-            # An identity on the worker: without it the placer puts the gradients'
-            # call beside its inputs, on the servers, and the steps run one by one.
-            read.append(tf.identity(value))
+        for pieces in state.pieces:
+            values = []
+            for piece in pieces:
+                with tf.device(piece.w.device):
+                    value = piece.w.read_value()
+                    if piece.bak is not None:
+                        piece.bak.scatter_update(tf.IndexedSlices(value[None],
+                                                                  tf.reshape(worker, [1])))
+                # An identity on the worker: without it the placer puts the gradients'
+                # call beside its inputs, on the servers, and the steps run one by one.
+                values.append(tf.identity(value))
+            read.append(values[0] if len(values) == 1 else tf.concat(values, 0))
         states = {}
         for name, variable in state.states.items():
             with tf.device(variable.device):
@@ -197,19 +237,22 @@ def _step_function(state, names, gradients, mode, hyper):
                 delay = number - 1 - tf.gather(state.read_at, worker)
                 tau = tf.cast(delay, tf.float32)
                 mean_delay = state.mean_delay.read_value()
-            for k, g in enumerate(grads):
-                with tf.device(state.w[k].device):
-                    current = state.w[k].read_value()
-                    new = update(mode, current, g,
-                                 current if state.bak[k] is None
-                                 else tf.gather(state.bak[k], worker),
-                                 0.0 if state.ms[k] is None else state.ms[k].read_value(),
-                                 state.velocity[k].read_value(), tau, mean_delay,
-                                 hyper, tf.sqrt, tf.cast(number, tf.float32))
-                    state.w[k].assign(new.w)
-                    state.velocity[k].assign(new.velocity)
-                    if state.ms[k] is not None:
-                        state.ms[k].assign(new.ms)
+            for pieces, g in zip(state.pieces, grads):
+                parts = [g] if len(pieces) == 1 else tf.split(
+                    g, [piece.w.shape[0] for piece in pieces])
+                for piece, part in zip(pieces, parts):
+                    with tf.device(piece.w.device):
+                        current = piece.w.read_value()
+                        new = update(mode, current, part,
+                                     current if piece.bak is None
+                                     else tf.gather(piece.bak, worker),
+                                     0.0 if piece.ms is None else piece.ms.read_value(),
+                                     piece.velocity.read_value(), tau, mean_delay,
+                                     hyper, tf.sqrt, tf.cast(number, tf.float32))
+                        piece.w.assign(new.w)
+                        piece.velocity.assign(new.velocity)
+                        if piece.ms is not None:
+                            piece.ms.assign(new.ms)
             if mode == "ddc-asgd":
                 with tf.device(state.updates.device):
                     state.mean_delay.assign(new.mean_delay)

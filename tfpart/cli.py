@@ -433,7 +433,9 @@ def cmd_train(args):
     options = TrainOptions(mode=args.mode, steps=args.steps, batch_size=args.batch_size,
                            learning_rate=args.lr, momentum=args.momentum,
                            lambda0=args.lambda0, eval_every=args.eval_every,
-                           eval_fraction=args.eval_fraction, seed=args.seed)
+                           eval_fraction=args.eval_fraction, seed=args.seed,
+                           **({} if args.min_shard_bytes is None
+                              else {"min_shard_bytes": args.min_shard_bytes}))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[text]}"))
     with Progress(*columns, console=console, transient=False) as bar:
@@ -576,6 +578,11 @@ def build_parser():
     train_.add_argument("--eval-fraction", type=float, default=0.2,
                         help="share of the data held out")
     train_.add_argument("--seed", type=int, default=0)
+    train_.add_argument("--min-shard-bytes", type=int,
+                        help="async modes: a weight of at least twice this many bytes "
+                        "(default 256 KiB, as TensorFlow's MinSizePartitioner) is "
+                        "cut along its first axis over the ps tasks (0: every weight over "
+                        "every ps task)")
     train_.add_argument("--force", action="store_true", help="replace the output")
     train_.set_defaults(run=cmd_train)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")

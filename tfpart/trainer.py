@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from partitioner.ps_shards import MIN_SHARD_BYTES
 from rewriters.tf_import import tensorflow
 from tfpart.cluster import load_cluster
 from tfpart.delay_compensation import ASYNC_MODES, Hyper
@@ -68,6 +69,7 @@ class TrainOptions:
     eval_every: int = 25
     eval_fraction: float = 0.2
     seed: int = 0
+    min_shard_bytes: int = MIN_SHARD_BYTES
 
     def hyper(self):
         return Hyper(self.learning_rate, self.momentum, self.lambda0, self.ms_decay,
@@ -213,12 +215,17 @@ class _AsyncRun:
         from tfpart.plan import Plan
 
         self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
-                                    options.hyper(), options.batch_size, options.seed)
+                                    options.hyper(), options.batch_size, options.seed,
+                                    options.min_shard_bytes)
         self.model = self.trainer.model
         self.steps = options.steps
-        self.plan = Plan(assignment=dict(self.trainer.placement), algorithm="ps_shards",
+        placement = self.trainer.placement
+        self.plan = Plan(assignment=piece_devices(placement), algorithm="ps_shards",
                          options=dataclasses.asdict(options),
-                         context={"mode": options.mode, "workers": self.trainer.workers})
+                         context={"mode": options.mode, "workers": self.trainer.workers,
+                                  "pieces": {name: [shard.rows for shard in shards]
+                                             for name, shards in placement.items()
+                                             if len(shards) > 1}})
         self.plan.save(out / "plan.json")
 
     def results(self):
@@ -320,6 +327,18 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
     result.summary = _summary(result, run.plan)
     (out / "train.json").write_text(json.dumps(result.summary, indent=1))
     return result
+
+
+def piece_devices(placement):
+    """plan.json's assignment for the servers' variables: a whole weight by its name, a
+    piece of one as TensorFlow names a ``ShardedVariable``'s (``w001/part_0``).
+
+    >>> from partitioner.ps_shards import Shard
+    >>> piece_devices({"w000": [Shard("ps0", 3), Shard("ps1", 2)], "w001": [Shard("ps1", None)]})
+    {'w000/part_0': 'ps0', 'w000/part_1': 'ps1', 'w001': 'ps1'}
+    """
+    return {name if len(shards) == 1 else f"{name}/part_{k}": shard.server
+            for name, shards in placement.items() for k, shard in enumerate(shards)}
 
 
 def delays_by_worker(updates):

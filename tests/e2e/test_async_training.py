@@ -61,14 +61,14 @@ def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
     return {**weights, **states}
 
 
-def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps):
+def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps, *extra):
     """``tfpart train`` with one worker, lambda0 = 0 and ``sgd_by_hand``'s settings
     ends with the ``expected`` weights (and states)."""
     from tfpart.trainer import trained_weights
 
     run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps", steps,
                        "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5, "--lambda0", 0,
-                       "--seed", 3, "--eval-every", steps // 2)
+                       "--seed", 3, "--eval-every", steps // 2, *extra)
     assert run.returncode == 0, run.stderr[-2000:]
     got = trained_weights(out)
     assert sorted(got) == sorted(expected)
@@ -82,7 +82,9 @@ def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps):
 def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     """One worker, so every delay is zero; lambda0 = 0: the asynchronous modes give the
     weights of plain SGD with momentum after 20 updates. Two parameter servers share the
-    variables by size, as plan.json records."""
+    variables by size, as plan.json records; with ``--min-shard-bytes 0`` (DDC-ASGD
+    here) every weight of two rows or more is cut into a piece on each server, and the
+    checkpoint still holds it whole."""
     from tfpart.plan import Plan
 
     model, data = model_and_data
@@ -90,7 +92,9 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
         for mode in ("async", "dc-asgd", "ddc-asgd"):
             out = tmp_path / mode
-            assert_trains_like_sgd(model, data, workers, out, mode, expected, 20)
+            cut = mode == "ddc-asgd"
+            assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
+                                   *(["--min-shard-bytes", 0] if cut else []))
             updates = rows(out / "updates.csv")
             assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
             evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
@@ -100,6 +104,16 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
             assert plan.algorithm == "ps_shards"
             assert set(plan.assignment.values()) == {
                 "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+            pieces = plan.context["pieces"]
+            if cut:  # every weight, its rows halved over the two servers
+                assert sorted(pieces) == sorted(expected) and all(
+                    rows_ == [-(-len(expected[name]) // 2), len(expected[name]) // 2]
+                    for name, rows_ in pieces.items())
+                assert len(plan.assignment) == 2 * len(expected)
+                assert all(plan.assignment[f"{name}/part_0"] !=
+                           plan.assignment[f"{name}/part_1"] for name in expected)
+            else:  # weights of a few KB: whole
+                assert pieces == {} and sorted(plan.assignment) == sorted(expected)
             summary = json.loads((out / "train.json").read_text())
             assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
 
