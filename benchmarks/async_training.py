@@ -2,7 +2,7 @@
 data-parallel compile), ASGD, DC-ASGD and DDC-ASGD, several seeds each.
 
     python -m benchmarks.async_training [--seeds 5] [--steps 600] [--markdown]
-                                        [--plot async_training.png]
+                                        [--updates-per-call 4] [--plot async_training.png]
 
 Data: scikit-learn's handwritten digits (1,797 8×8 images, 10 classes; shipped inside
 the package, no download; ``pip install -e '.[bench]'``), a fifth held out. Model: a
@@ -102,7 +102,8 @@ def one_run(work, model, data, mode, seed, args):
                  str(cluster), "--data", str(data), "-o", str(out), "--mode", mode,
                  "--steps", str(steps), "--batch-size", str(args.batch_size), "--lr",
                  str(args.lr), "--momentum", str(args.momentum), "--eval-every",
-                 str(max(1, steps // 30)), "--seed", str(seed)],
+                 str(max(1, steps // 30)), "--seed", str(seed), "--updates-per-call",
+                 str(args.updates_per_call)],
                 cwd=ROOT, capture_output=True, text=True, timeout=1800)
         finally:
             throttle.stop()
@@ -206,6 +207,8 @@ def main(argv=None):
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--slow-share", type=float, default=1 / 3,
                         help="share of the time the slowed worker runs")
+    parser.add_argument("--updates-per-call", type=int, default=4,
+                        help="asynchronous updates a worker makes per scheduled call")
     parser.add_argument("--plot", default="async_training.png")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
@@ -226,7 +229,7 @@ def main(argv=None):
     plot(runs, args.plot)
     title = (f"Digits on 3 workers + 1 ps, worker {SLOW} runs {args.slow_share:.2f} of the "
              f"time; {args.seeds} seeds, batch {args.batch_size}, lr {args.lr}, momentum "
-             f"{args.momentum}")
+             f"{args.momentum}, {args.updates_per_call} updates per call")
     for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays)):
         table = Table(title=caption)
         for column in table_rows[0]:

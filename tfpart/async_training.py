@@ -30,10 +30,12 @@ on the workers still up.
 Example (not run here: it needs running ``ps`` and ``worker`` tasks)::
 
     trainer = AsyncTrainer(cluster, "model/", initial, {}, data, "dc-asgd", Hyper(0.05), 32)
-    pending = [trainer.schedule() for _ in range(100)]
-    loss, worker, delay = pending[0].fetch()
+    pending = [trainer.schedule(updates=4) for _ in range(25)]
+    losses, worker, delays = pending[0].fetch()
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -176,12 +178,16 @@ class AsyncTrainer:
                                  self.workers, mode, states)
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
             _batches_fn(data, batch_size, self.workers, seed)))
-        self._step = _step_function(self.state, self.names,
-                                    self.model.signatures["gradients"], mode, hyper)
+        self._steps = {}  # updates per call -> its function
+        self._step_of = functools.partial(_step_function, self.state, self.names,
+                                          self.model.signatures["gradients"], mode, hyper)
 
-    def schedule(self):
-        """Queue one update; a ``RemoteValue`` of (loss, worker index, delay)."""
-        return self.coordinator.schedule(self._step, args=(self.iterator,))
+    def schedule(self, updates=1):
+        """Queue a call of ``updates`` updates, one after the other on one worker; a
+        ``RemoteValue`` of (their losses, the worker's index, their delays)."""
+        if updates not in self._steps:
+            self._steps[updates] = self._step_of(updates)
+        return self.coordinator.schedule(self._steps[updates], args=(self.iterator,))
 
     def weights(self):
         """The weights and states now, as numpy arrays by their signature names."""
@@ -198,16 +204,16 @@ class AsyncTrainer:
         self.coordinator.join()
 
 
-def _step_function(state, names, gradients, mode, hyper):
-    """The scheduled step: read the weights (kept as the worker's ``w_bak``) on the
-    servers, compute the gradients on the worker, apply ``mode``'s update on the
-    servers; returns (loss, worker index, delay)."""
+def _step_function(state, names, gradients, mode, hyper, updates):
+    """The scheduled function: ``updates`` times, one after the other, read the weights
+    (kept as the worker's ``w_bak``) on the servers, compute the gradients on the
+    worker, apply ``mode``'s update on the servers; returns the updates' losses, the
+    worker's index and the updates' delays. Each update reads the weights afresh, so
+    its delay counts the other workers' updates since as for a call of one update;
+    only the client's cost of a call is shared."""
     tf = tensorflow()
 
-    @tf.function
-    def step(iterator):
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        x, y = next(iterator)
+    def one_update(worker, x, y):
         with tf.device(state.updates.device):
             state.read_at.scatter_update(tf.IndexedSlices(
                 tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
@@ -259,7 +265,13 @@ def _step_function(state, names, gradients, mode, hyper):
             for name, variable in state.states.items():
                 with tf.device(variable.device):
                     variable.assign(out[name])
-        return out["loss"], worker, delay
+        return out["loss"], delay
+
+    @tf.function
+    def step(iterator):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        losses, delays = zip(*(one_update(worker, *next(iterator)) for _ in range(updates)))
+        return tf.stack(losses), worker, tf.stack(delays)
 
     return step
 

@@ -434,6 +434,7 @@ def cmd_train(args):
                            learning_rate=args.lr, momentum=args.momentum,
                            lambda0=args.lambda0, eval_every=args.eval_every,
                            eval_fraction=args.eval_fraction, seed=args.seed,
+                           updates_per_call=args.updates_per_call,
                            **({} if args.min_shard_bytes is None
                               else {"min_shard_bytes": args.min_shard_bytes}))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -578,6 +579,10 @@ def build_parser():
     train_.add_argument("--eval-fraction", type=float, default=0.2,
                         help="share of the data held out")
     train_.add_argument("--seed", type=int, default=0)
+    train_.add_argument("--updates-per-call", type=int, default=4,
+                        help="async modes: updates a worker makes per function the client "
+                        "schedules, one after the other, each on freshly read weights (a "
+                        "call costs the client a few ms)")
     train_.add_argument("--min-shard-bytes", type=int,
                         help="async modes: a weight of at least twice this many bytes "
                         "(default 256 KiB, as TensorFlow's MinSizePartitioner) is "

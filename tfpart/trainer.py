@@ -7,7 +7,10 @@ Modes:
   as one synchronous update of the global batch (``batch_size`` per worker);
 - ``async``, ``dc-asgd``, ``ddc-asgd``: asynchronous updates on TensorFlow's
   parameter-server runtime (:mod:`tfpart.async_training`,
-  :mod:`tfpart.delay_compensation`), ``batch_size`` per update.
+  :mod:`tfpart.delay_compensation`), ``batch_size`` per update. The client schedules
+  ``updates_per_call`` updates per function call (each on freshly read weights), since
+  a call costs the client and the servers a few milliseconds; the results of one call
+  arrive together, so their rows share a wall time.
 
 The data file is an ``.npz`` holding the training step's inputs by name (``x`` and
 ``y``); a seeded fraction is held out for evaluation. Every ``eval_every`` updates the
@@ -19,8 +22,8 @@ gets:
 - ``evaluations.csv``: one row per evaluation (update, wall seconds, loss, accuracy);
 - ``train.json``: options, final figures, and the delays per worker;
 - ``plan.json``: where the variables live (the compiled plan for ``sync``, whose
-  compiled model is ``compiled/``; the parameter servers' shards for the asynchronous
-  modes);
+  compiled model is ``compiled/``; for the asynchronous modes, the parameter server
+  of each weight or piece of one, and ``context.pieces`` the pieces' rows);
 - ``checkpoint/``: the weights, by the ``weights`` signature's names
   (:func:`trained_weights`).
 
@@ -70,6 +73,7 @@ class TrainOptions:
     eval_fraction: float = 0.2
     seed: int = 0
     min_shard_bytes: int = MIN_SHARD_BYTES
+    updates_per_call: int = 4  # async modes: updates one scheduled function makes
 
     def hyper(self):
         return Hyper(self.learning_rate, self.momentum, self.lambda0, self.ms_decay,
@@ -218,7 +222,7 @@ class _AsyncRun:
                                     options.hyper(), options.batch_size, options.seed,
                                     options.min_shard_bytes)
         self.model = self.trainer.model
-        self.steps = options.steps
+        self.steps, self.updates_per_call = options.steps, options.updates_per_call
         placement = self.trainer.placement
         self.plan = Plan(assignment=piece_devices(placement), algorithm="ps_shards",
                          options=dataclasses.asdict(options),
@@ -229,26 +233,29 @@ class _AsyncRun:
         self.plan.save(out / "plan.json")
 
     def results(self):
-        """Results in the order scheduled, keeping steps queued (so a long run neither
-        waits to queue every step first nor holds every result). The queue is long
+        """Results in the order scheduled, keeping calls queued (so a long run neither
+        waits to queue every call first nor holds every result). The queue is long
         enough that while the oldest result waits on a slow worker, the others do not
-        run out of steps."""
+        run out of calls."""
         tf = tensorflow()
-        queued = min(self.steps, 32 * self.trainer.workers)
-        pending = deque(self.trainer.schedule() for _ in range(queued))
+        calls = [self.updates_per_call] * (self.steps // self.updates_per_call) + (
+            [self.steps % self.updates_per_call] if self.steps % self.updates_per_call else [])
+        queued = min(len(calls), -(-32 // self.updates_per_call) * self.trainer.workers)
+        pending = deque((count, self.trainer.schedule(count)) for count in calls[:queued])
         while pending:
-            value = pending.popleft()
-            if queued < self.steps:
-                pending.append(self.trainer.schedule())
+            count, value = pending.popleft()
+            if queued < len(calls):
+                pending.append((calls[queued], self.trainer.schedule(calls[queued])))
                 queued += 1
             try:
-                loss, worker, delay = value.fetch()
+                losses, worker, delays = value.fetch()
             except tf.errors.UnavailableError:
-                # The update was applied, but its results stayed on a worker lost since
-                # (the coordinator reruns a step that had not finished elsewhere).
-                yield float("nan"), None, None
+                # The updates were applied, but their results stayed on a worker lost
+                # since (the coordinator reruns a call that had not finished elsewhere).
+                yield from [(float("nan"), None, None)] * count
                 continue
-            yield float(loss), int(worker), int(delay)
+            for loss, delay in zip(losses, delays):
+                yield float(loss), int(worker), int(delay)
         self.trainer.join()
 
     def weights(self):
@@ -275,8 +282,10 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
     tf = tensorflow()
     if options.mode not in MODES:
         raise TfpartError("", f"unknown mode {options.mode!r}; one of {', '.join(MODES)}")
-    if options.steps < 1 or options.batch_size < 1 or options.eval_every < 1:
-        raise TfpartError("", "steps, batch size and eval interval must be at least 1")
+    if min(options.steps, options.batch_size, options.eval_every,
+           options.updates_per_call) < 1:
+        raise TfpartError("", "steps, batch size, eval interval and updates per call must "
+                          "be at least 1")
     cluster = load_cluster(cluster_file)
     model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
     train_data, held = load_data(data_file, model.signatures["gradients"],

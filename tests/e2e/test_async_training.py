@@ -84,7 +84,8 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     weights of plain SGD with momentum after 20 updates. Two parameter servers share the
     variables by size, as plan.json records; with ``--min-shard-bytes 0`` (DDC-ASGD
     here) every weight of two rows or more is cut into a piece on each server, and the
-    checkpoint still holds it whole."""
+    checkpoint still holds it whole. A scheduled call makes 1, 3 (the last call 2) or 4
+    updates."""
     from tfpart.plan import Plan
 
     model, data = model_and_data
@@ -93,7 +94,9 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
         for mode in ("async", "dc-asgd", "ddc-asgd"):
             out = tmp_path / mode
             cut = mode == "ddc-asgd"
+            calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
             assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
+                                   "--updates-per-call", calls,
                                    *(["--min-shard-bytes", 0] if cut else []))
             updates = rows(out / "updates.csv")
             assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
