@@ -18,14 +18,14 @@ parameter servers, beside the weight or piece it belongs to:
   back the state its ``gradients`` call left, last writer wins, as a model's own
   training step updates it (uncompensated: it is not a gradient).
 
-One scheduled step, run by whichever worker is free: read the weights (and keep them
-as ``w_bak``) on the servers, compute the gradients on the worker with the model's
-stateless ``gradients`` signature (a weight's pieces joined there, its gradient cut
-there), then apply
+One update, run by whichever worker is free (a scheduled call makes several, one after
+the other, on that worker): read the weights (and keep them as ``w_bak``) on the
+servers, compute the gradients on the worker with the model's stateless ``gradients``
+signature (a weight's pieces joined there, its gradient cut there), then apply
 :func:`tfpart.delay_compensation.update` on each server for its variables (the ops are
-placed there, so only the gradients travel). The step returns its loss, the worker's
-index and the update's delay; the coordinator reschedules a step whose worker was lost
-on the workers still up.
+placed there, so only the gradients travel). A call returns its updates' losses and
+delays and the worker's index; the coordinator reschedules a call whose worker was
+lost on the workers still up.
 
 Example (not run here: it needs running ``ps`` and ``worker`` tasks)::
 
@@ -101,9 +101,8 @@ class ServerState:
             for name, value in initial.items():
                 shards = placement[name]
                 cuts = np.cumsum([shard.rows or 0 for shard in shards])[:-1]
-                parts = np.split(value, cuts) if len(shards) > 1 else [value]
                 pieces = []
-                for k, (shard, part) in enumerate(zip(shards, parts)):
+                for k, (shard, part) in enumerate(zip(shards, np.split(value, cuts))):
                     with on(shard.server):
                         pieces.append(Piece(part, name if len(shards) == 1
                                             else f"{name}/part_{k}", workers, mode))

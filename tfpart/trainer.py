@@ -41,8 +41,10 @@ import json
 import re
 import shutil
 import statistics
+import threading
 import time
 from collections import deque
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,9 +208,6 @@ class _SyncRun:
     def weights(self):
         return {name: v.numpy() for name, v in self.variables.items()}
 
-    def applied(self, done):
-        return done
-
     def checkpoint(self):
         return tensorflow().train.Checkpoint(**self.variables)
 
@@ -238,8 +237,8 @@ class _AsyncRun:
         enough that while the oldest result waits on a slow worker, the others do not
         run out of calls."""
         tf = tensorflow()
-        calls = [self.updates_per_call] * (self.steps // self.updates_per_call) + (
-            [self.steps % self.updates_per_call] if self.steps % self.updates_per_call else [])
+        whole, rest = divmod(self.steps, self.updates_per_call)
+        calls = [self.updates_per_call] * whole + [rest] * (rest > 0)
         queued = min(len(calls), -(-32 // self.updates_per_call) * self.trainer.workers)
         pending = deque((count, self.trainer.schedule(count)) for count in calls[:queued])
         while pending:
@@ -261,8 +260,8 @@ class _AsyncRun:
     def weights(self):
         return self.trainer.weights()
 
-    def applied(self, done):
-        """Updates the servers have applied (some beyond the ``done`` fetched)."""
+    def applied(self):
+        """Updates the servers have applied (some beyond the results fetched)."""
         return self.trainer.updates()
 
     def checkpoint(self):
@@ -275,7 +274,6 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
 
     ``progress(done, total, text)`` is called after every update, when given.
     """
-    from contextlib import ExitStack
 
     from tfpart.servers import cluster_errors
 
@@ -311,10 +309,10 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
                                              max_to_keep=1)
         start = time.perf_counter()
 
-        def evaluation(done):
-            applied, named = run.applied(done), run.weights()
+        def evaluation(applied):
+            named = run.weights()
             if result.evaluations and result.evaluations[-1]["update"] == applied:
-                return  # the servers ran ahead of the results fetched: already evaluated
+                return  # already evaluated at this count
             loss, accuracy = evaluate(run.model, named, held)
             result.evaluations.append({"update": applied,
                                        "wall_s": time.perf_counter() - start,
@@ -323,19 +321,66 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
             _write_csv(out / "evaluations.csv", result.evaluations)
 
         evaluation(0)
-        for done, (loss, worker, delay) in enumerate(run.results(), 1):
-            result.updates.append({"update": done, "worker": worker, "loss": loss,
-                                   "delay": delay, "wall_s": time.perf_counter() - start})
-            if done % options.eval_every == 0 or done == options.steps:
-                evaluation(done)
-            if progress:
-                accuracy = result.evaluations[-1]["accuracy"]
-                progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy " + (
-                    "-" if accuracy is None else f"{accuracy:.3f}"))
+        synchronous = options.mode == "sync"
+        with nullcontext() if synchronous else evaluated_alongside(
+                run.applied, evaluation, options.eval_every):
+            for done, (loss, worker, delay) in enumerate(run.results(), 1):
+                result.updates.append({"update": done, "worker": worker, "loss": loss,
+                                       "delay": delay, "wall_s": time.perf_counter() - start})
+                if synchronous and (done % options.eval_every == 0 or done == options.steps):
+                    evaluation(done)
+                if progress:
+                    accuracy = result.evaluations[-1]["accuracy"]
+                    progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy " + (
+                        "-" if accuracy is None else f"{accuracy:.3f}"))
+        if not synchronous:
+            evaluation(run.applied())
     _write_csv(out / "updates.csv", result.updates)
     result.summary = _summary(result, run.plan)
     (out / "train.json").write_text(json.dumps(result.summary, indent=1))
     return result
+
+
+@contextmanager
+def evaluated_alongside(applied, evaluation, every, poll_s=0.02):
+    """While the block runs, call ``evaluation(count)`` from a thread each time
+    ``applied()`` (the servers' update count) reaches the next multiple of ``every``.
+
+    Asynchronous results come back in the order their calls were scheduled, so a slow
+    worker's call holds back the results behind it while the servers go on updating:
+    evaluating as results arrive would skip whole stretches of updates. An error in
+    the thread is raised when the block ends.
+
+    >>> import itertools
+    >>> counter, seen = itertools.count(0, 7), []
+    >>> with evaluated_alongside(lambda: next(counter), seen.append, 10, poll_s=0.001):
+    ...     while len(seen) < 3:
+    ...         time.sleep(0.01)
+    >>> [count >= bound and count - bound < 7 for count, bound in zip(seen, (10, 20, 30))]
+    [True, True, True]
+    """
+    stop, failures = threading.Event(), []
+
+    def watch():
+        due = every
+        try:
+            while not stop.wait(poll_s):
+                count = applied()
+                if count >= due:
+                    evaluation(count)
+                    due = (count // every + 1) * every
+        except Exception as error:  # raised again in the caller's thread
+            failures.append(error)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def piece_devices(placement):
