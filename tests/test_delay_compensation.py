@@ -39,16 +39,21 @@ def by_hand(mode, tau, mean_delay, step):
 
 @pytest.mark.parametrize("mode", ASYNC_MODES)
 def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
+    """In numpy, in TensorFlow, and compiled by XLA as the parameter servers run it."""
     import tensorflow as tf
+
+    from tfpart.async_training import fused_update
 
     expected = by_hand(mode, 3, 1.0, step=4)
     got = update(mode, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt, 4)
-    tensors = update(mode, *(tf.constant(a) for a in (W, G, W_BAK, MS, V)),
-                     tf.constant(3.0, tf.float64), tf.constant(1.0, tf.float64), HYPER,
-                     tf.sqrt, tf.constant(4.0, tf.float64))
-    for value, tensor, want in zip(got, tensors, expected):
+    arguments = [*(tf.constant(a) for a in (W, G, W_BAK, MS, V)),
+                 *(tf.constant(x, tf.float64) for x in (3.0, 1.0, 4.0))]
+    tensors = update(mode, *arguments[:7], HYPER, tf.sqrt, arguments[7])
+    fused = fused_update(mode, HYPER)(*arguments)
+    for value, tensor, compiled, want in zip(got, tensors, fused, expected):
         np.testing.assert_allclose(value, want, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(tensor), want, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(compiled), want, rtol=1e-12)
 
 
 def test_the_modes_differ_where_the_weights_moved():
