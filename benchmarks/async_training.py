@@ -17,7 +17,10 @@ update takes that batch on each of the three workers, so sync makes a third as m
 updates over the same number of samples. The sync compile is told worker 2's speed
 (a CPU kind ``1 / share`` times slower), so its batch shares follow speed; the
 asynchronous modes need no such hint. Wall time counts from the first update (not the
-start of the processes); evaluations on the held-out fifth run in the client.
+start of the processes, sync's compile or the tracing of the asynchronous modes'
+function); evaluations on the held-out fifth run in the client (for the asynchronous
+modes in a thread of their own, whenever the servers' count passes a multiple of the
+evaluation interval).
 """
 from __future__ import annotations
 

@@ -221,7 +221,11 @@ class _AsyncRun:
                                     options.hyper(), options.batch_size, options.seed,
                                     options.min_shard_bytes)
         self.model = self.trainer.model
-        self.steps, self.updates_per_call = options.steps, options.updates_per_call
+        self.per_call = options.updates_per_call
+        whole, rest = divmod(options.steps, self.per_call)
+        self.calls = [self.per_call] * whole + [rest] * (rest > 0)
+        for count in set(self.calls):  # traced before the clock starts, as sync's compile
+            self.trainer.trace(count)
         placement = self.trainer.placement
         self.plan = Plan(assignment=piece_devices(placement), algorithm="ps_shards",
                          options=dataclasses.asdict(options),
@@ -237,9 +241,8 @@ class _AsyncRun:
         enough that while the oldest result waits on a slow worker, the others do not
         run out of calls."""
         tf = tensorflow()
-        whole, rest = divmod(self.steps, self.updates_per_call)
-        calls = [self.updates_per_call] * whole + [rest] * (rest > 0)
-        queued = min(len(calls), -(-32 // self.updates_per_call) * self.trainer.workers)
+        calls = self.calls
+        queued = min(len(calls), -(-32 // self.per_call) * self.trainer.workers)
         pending = deque((count, self.trainer.schedule(count)) for count in calls[:queued])
         while pending:
             count, value = pending.popleft()
