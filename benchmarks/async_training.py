@@ -2,7 +2,8 @@
 data-parallel compile), ASGD, DC-ASGD and DDC-ASGD, several seeds each.
 
     python -m benchmarks.async_training [--seeds 5] [--steps 600] [--markdown]
-                                        [--updates-per-call 4] [--plot async_training.png]
+                                        [--updates-per-call 4] [--ps 1]
+                                        [--plot async_training.png]
 
 Data: scikit-learn's handwritten digits (1,797 8×8 images, 10 classes; shipped inside
 the package, no download; ``pip install -e '.[bench]'``), a fifth held out. Model: a
@@ -90,7 +91,7 @@ class Throttle:
 def one_run(work, model, data, mode, seed, args):
     """Train once on fresh workers; the run's evaluations, updates and summary."""
     out = work / f"{mode}-{seed}"
-    with LocalWorkers(WORKERS, work, ps=1, pin=False) as workers:
+    with LocalWorkers(WORKERS, work, ps=args.ps, pin=False) as workers:
         cluster = workers.path
         if mode == "sync":  # tell the compile worker 2's speed
             slowed = with_slower_cpu(json.loads(cluster.read_text()), SLOW,
@@ -210,6 +211,8 @@ def main(argv=None):
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--slow-share", type=float, default=1 / 3,
                         help="share of the time the slowed worker runs")
+    parser.add_argument("--ps", type=int, default=1, help="parameter-server tasks (with "
+                        "two or more, the 1 MB hidden weight is cut into a piece on each)")
     parser.add_argument("--updates-per-call", type=int, default=4,
                         help="asynchronous updates a worker makes per scheduled call")
     parser.add_argument("--plot", default="async_training.png")
@@ -230,7 +233,7 @@ def main(argv=None):
                               f"{last['summary']['wall_s']:.1f} s")
     rows, delays = tables(runs, args)
     plot(runs, args.plot)
-    title = (f"Digits on 3 workers + 1 ps, worker {SLOW} runs {args.slow_share:.2f} of the "
+    title = (f"Digits on 3 workers + {args.ps} ps, worker {SLOW} runs {args.slow_share:.2f} of the "
              f"time; {args.seeds} seeds, batch {args.batch_size}, lr {args.lr}, momentum "
              f"{args.momentum}, {args.updates_per_call} updates per call")
     for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays)):
