@@ -66,6 +66,7 @@ from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
 from tfpart.plan import REDUCTIONS, Plan
 
+
 @dataclass(frozen=True)
 class DataParallelOptions:
     """``batch_size``: the compile batch the shares are planned for; ``replicas``:

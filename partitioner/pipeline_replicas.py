@@ -106,13 +106,13 @@ def _device_maps(graph, groups, position, on_first):
 def _shares(cost, groups, staged, batch_size):
     """Each replica's fraction of the batch, by its simulated speed (shares start
     equal), and the micro-batches per replica (no more than the smallest share)."""
-    count = len(groups)
+    count, shared = len(groups), shared_ops(cost.graph)
     fractions = [1.0 / count] * count
     per_replica = min(staged["microbatches"], batch_size // count)
     maps = _device_maps(cost.graph, groups, staged["position"],
-                        shared_ops(cost.graph) | pinned_ops(cost.graph))
+                        shared | pinned_ops(cost.graph))
     finishes = replica_finishes(*_replicated(cost, fractions, maps, staged, per_replica),
-                                count, shared_ops(cost.graph), PIPELINE_COPY)
+                                count, shared, PIPELINE_COPY)
     shares = proportional_shares(batch_size, [f / t for f, t in zip(fractions, finishes)])
     if min(shares) == 0:
         return fractions, per_replica

@@ -313,10 +313,9 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
         start = time.perf_counter()
 
         def evaluation(applied):
-            named = run.weights()
             if result.evaluations and result.evaluations[-1]["update"] == applied:
                 return  # already evaluated at this count
-            loss, accuracy = evaluate(run.model, named, held)
+            loss, accuracy = evaluate(run.model, run.weights(), held)
             result.evaluations.append({"update": applied,
                                        "wall_s": time.perf_counter() - start,
                                        "loss": loss, "accuracy": accuracy})
