@@ -287,6 +287,12 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
            options.updates_per_call) < 1:
         raise TfpartError("", "steps, batch size, eval interval and updates per call must "
                           "be at least 1")
+    if options.min_shard_bytes < 0:
+        raise TfpartError("", f"--min-shard-bytes must be at least 0, not "
+                          f"{options.min_shard_bytes}")
+    if not 0 < options.eval_fraction < 1:
+        raise TfpartError("", f"--eval-fraction must be between 0 and 1, not "
+                          f"{options.eval_fraction}")
     cluster = load_cluster(cluster_file)
     model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
     train_data, held = load_data(data_file, model.signatures["gradients"],

@@ -232,7 +232,8 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-@pytest.mark.parametrize("problem", ["no data", "no labels", "no ps", "bad mode"])
+@pytest.mark.parametrize("problem", ["no data", "no labels", "no ps", "bad mode",
+                                     "negative shard size", "nothing held out"])
 def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
     model, data = model_and_data
     cluster = tmp_path / "cluster.json"
@@ -247,13 +248,17 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
         data = tmp_path / "x_only.npz"
     elif problem == "bad mode":
         mode = "hogwild"
+    extra = {"negative shard size": ["--min-shard-bytes", -1],
+             "nothing held out": ["--eval-fraction", 0]}.get(problem, [])
     out = tmp_path / "out"
-    run = tfpart_train(model, cluster, data, out, "--mode", mode)
+    run = tfpart_train(model, cluster, data, out, "--mode", mode, *extra)
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tfpart: error:"), run.stderr
     expected = {"no data": "missing.npz: no such file", "no labels": "has no array 'y'",
-                "no ps": "needs a 'ps' job", "bad mode": "invalid choice"}[problem]
+                "no ps": "needs a 'ps' job", "bad mode": "invalid choice",
+                "negative shard size": "--min-shard-bytes must be at least 0, not -1",
+                "nothing held out": "--eval-fraction must be between 0 and 1"}[problem]
     assert expected in lines[0]
     assert not out.exists()
 
