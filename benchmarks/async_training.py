@@ -19,9 +19,11 @@ updates over the same number of samples. The sync compile is told worker 2's spe
 (a CPU kind ``1 / share`` times slower), so its batch shares follow speed; the
 asynchronous modes need no such hint. Wall time counts from the first update (not the
 start of the processes, sync's compile or the tracing of the asynchronous modes'
-function); evaluations on the held-out fifth run in the client (for the asynchronous
-modes in a thread of their own, whenever the servers' count passes a multiple of the
-evaluation interval).
+function) and counts training only. Evaluations on the held-out fifth run in the
+client: sync's between its steps, with its clock stopped (they took about a fifth of
+its wall time before that); the asynchronous modes' in a thread of their own, whenever
+the servers' count passes a multiple of the evaluation interval, while the workers go
+on (they cost those runs no measurable time).
 """
 from __future__ import annotations
 

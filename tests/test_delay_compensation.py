@@ -39,7 +39,8 @@ def by_hand(mode, tau, mean_delay, step):
 
 @pytest.mark.parametrize("mode", ASYNC_MODES)
 def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
-    """In numpy, in TensorFlow, and compiled by XLA as the parameter servers run it."""
+    """In numpy, in TensorFlow, and compiled by XLA as the parameter servers run it;
+    compiled, an update beyond the run's total changes nothing."""
     import tensorflow as tf
 
     from tfpart.async_training import fused_update
@@ -49,11 +50,14 @@ def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
     arguments = [*(tf.constant(a) for a in (W, G, W_BAK, MS, V)),
                  *(tf.constant(x, tf.float64) for x in (3.0, 1.0, 4.0))]
     tensors = update(mode, *arguments[:7], HYPER, tf.sqrt, arguments[7])
-    fused = fused_update(mode, HYPER)(*arguments)
-    for value, tensor, compiled, want in zip(got, tensors, fused, expected):
+    fused = fused_update(mode, HYPER)(*arguments, True)
+    skipped = fused_update(mode, HYPER)(*arguments, False)  # an update beyond the total
+    for value, tensor, compiled, unchanged, before, want in zip(
+            got, tensors, fused, skipped, (W, MS, V, 1.0), expected):
         np.testing.assert_allclose(value, want, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(tensor), want, rtol=1e-12)
         np.testing.assert_allclose(np.asarray(compiled), want, rtol=1e-12)
+        np.testing.assert_array_equal(np.asarray(unchanged), before)
 
 
 def test_the_modes_differ_where_the_weights_moved():

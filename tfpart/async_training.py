@@ -25,7 +25,8 @@ signature (a weight's pieces joined there, its gradient cut there), then apply
 :func:`tfpart.delay_compensation.update` on each server for its variables (the ops are
 placed there, so only the gradients travel). A call returns its updates' losses and
 delays and the worker's index; the coordinator reschedules a call whose worker was
-lost on the workers still up.
+lost on the workers still up (updates beyond the run's total, from a call rerun after
+some of its updates were applied, change nothing).
 
 Example (not run here: it needs running ``ps`` and ``worker`` tasks)::
 
@@ -41,7 +42,7 @@ import numpy as np
 
 from partitioner.ps_shards import MIN_SHARD_BYTES, shard_variables
 from rewriters.tf_import import tensorflow
-from tfpart.delay_compensation import update
+from tfpart.delay_compensation import Updated, update
 from tfpart import servers
 from tfpart.errors import TfpartError
 
@@ -159,10 +160,14 @@ class AsyncTrainer:
         Weights of at least twice this many bytes are cut along their first axis over
         the servers (:func:`partitioner.ps_shards.shard_variables`); ``self.placement``
         says which server holds each piece.
+    max_updates : int, optional
+        The servers apply no more updates than this. The coordinator reruns a lost
+        worker's call whole, though some of its updates may already have been applied;
+        the updates beyond the total are then counted but change nothing.
     """
 
     def __init__(self, cluster, model_dir, initial, states, data, mode, hyper, batch_size,
-                 seed=0, min_shard_bytes=MIN_SHARD_BYTES):
+                 seed=0, min_shard_bytes=MIN_SHARD_BYTES, max_updates=None):
         tf = tensorflow()
         self.strategy, self.coordinator = coordinator_of(cluster)
         self.model = tf.saved_model.load(str(model_dir))
@@ -178,8 +183,10 @@ class AsyncTrainer:
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
             _batches_fn(data, batch_size, self.workers, seed)))
         self._steps = {}  # updates per call -> its function
+        self.max_updates = max_updates or np.iinfo(np.int64).max
         self._step_of = functools.partial(_step_function, self.state, self.names,
-                                          self.model.signatures["gradients"], mode, hyper)
+                                          self.model.signatures["gradients"], mode, hyper,
+                                          self.max_updates)
 
     def trace(self, updates=1):
         """Trace the function of a call of ``updates`` updates now (about a second for
@@ -202,7 +209,8 @@ class AsyncTrainer:
                 **{name: s.numpy() for name, s in self.state.states.items()}}
 
     def updates(self):
-        return int(self.state.updates.numpy())
+        """Updates the servers have applied."""
+        return min(int(self.state.updates.numpy()), self.max_updates)
 
     def checkpoint(self):
         return self.state.checkpoint(self.names)
@@ -216,31 +224,34 @@ def fused_update(mode, hyper):
     shape instead of a dozen element-wise ops, each a pass over the whole piece, on a
     server that applies every worker's updates (about 10–15% off a DC-ASGD run of the
     digits benchmark). Arguments as ``update``'s, without ``mode``, ``hyper`` and
-    ``sqrt``.
+    ``sqrt``, and ``applies``: when false, the state comes back unchanged.
 
     >>> import numpy as np
     >>> from tfpart.delay_compensation import Hyper
     >>> fused = fused_update("async", Hyper(learning_rate=0.5))
     >>> float(fused(np.ones(1, np.float32), np.ones(1, np.float32), np.ones(1, np.float32),
-    ...             0.0, np.zeros(1, np.float32), 0.0, 0.0, 1.0).w[0])
+    ...             0.0, np.zeros(1, np.float32), 0.0, 0.0, 1.0, True).w[0])
     0.5
     """
     tf = tensorflow()
 
     @tf.function(jit_compile=True)
-    def fused(w, g, w_bak, ms, velocity, tau, mean_delay, step):
-        return update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, tf.sqrt, step)
+    def fused(w, g, w_bak, ms, velocity, tau, mean_delay, step, applies):
+        new = update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, tf.sqrt, step)
+        return Updated(*(tf.where(applies, changed, kept) for changed, kept
+                         in zip(new, (w, ms, velocity, mean_delay))))
 
     return fused
 
 
-def _step_function(state, names, gradients, mode, hyper, updates):
+def _step_function(state, names, gradients, mode, hyper, max_updates, updates):
     """The scheduled function: ``updates`` times, one after the other, read the weights
     (kept as the worker's ``w_bak``) on the servers, compute the gradients on the
     worker, apply ``mode``'s update on the servers; returns the updates' losses, the
     worker's index and the updates' delays. Each update reads the weights afresh, so
     its delay counts the other workers' updates since as for a call of one update;
-    only the client's cost of a call is shared."""
+    only the client's cost of a call is shared. Updates numbered beyond
+    ``max_updates`` change nothing."""
     tf = tensorflow()
 
     fused = fused_update(mode, hyper)
@@ -269,34 +280,37 @@ def _step_function(state, names, gradients, mode, hyper, updates):
             states[name] = tf.identity(value)
         out = gradients(x=x, y=y, **dict(zip(names, read)), **states)
         grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
-        with tf.control_dependencies(grads):
-            with tf.device(state.updates.device):
+        # One control edge into the servers: the update is counted once its gradient
+        # is ready, so that its delay counts the updates applied while it was computed.
+        with tf.device(state.updates.device):
+            with tf.control_dependencies([tf.group(*grads)]):
                 number = state.updates.assign_add(1)  # this update's, from 1
-                delay = number - 1 - tf.gather(state.read_at, worker)
-                tau = tf.cast(delay, tf.float32)
-                mean_delay = state.mean_delay.read_value()
-            for pieces, g in zip(state.pieces, grads):
-                parts = [g] if len(pieces) == 1 else tf.split(
-                    g, [piece.w.shape[0] for piece in pieces])
-                for piece, part in zip(pieces, parts):
-                    with tf.device(piece.w.device):
-                        current = piece.w.read_value()
-                        new = fused(current, part,
-                                    current if piece.bak is None
-                                    else tf.gather(piece.bak, worker),
-                                    0.0 if piece.ms is None else piece.ms.read_value(),
-                                    piece.velocity.read_value(), tau, mean_delay,
-                                    tf.cast(number, tf.float32))
-                        piece.w.assign(new.w)
-                        piece.velocity.assign(new.velocity)
-                        if piece.ms is not None:
-                            piece.ms.assign(new.ms)
-            if mode == "ddc-asgd":
-                with tf.device(state.updates.device):
-                    state.mean_delay.assign(new.mean_delay)
-            for name, variable in state.states.items():
-                with tf.device(variable.device):
-                    variable.assign(out[name])
+            delay = number - 1 - tf.gather(state.read_at, worker)
+            tau = tf.cast(delay, tf.float32)
+            mean_delay = state.mean_delay.read_value()
+            applies = number <= max_updates
+        for pieces, g in zip(state.pieces, grads):
+            parts = [g] if len(pieces) == 1 else tf.split(
+                g, [piece.w.shape[0] for piece in pieces])
+            for piece, part in zip(pieces, parts):
+                with tf.device(piece.w.device):
+                    current = piece.w.read_value()
+                    new = fused(current, part,
+                                current if piece.bak is None
+                                else tf.gather(piece.bak, worker),
+                                0.0 if piece.ms is None else piece.ms.read_value(),
+                                piece.velocity.read_value(), tau, mean_delay,
+                                tf.cast(number, tf.float32), applies)
+                    piece.w.assign(new.w)
+                    piece.velocity.assign(new.velocity)
+                    if piece.ms is not None:
+                        piece.ms.assign(new.ms)
+        if mode == "ddc-asgd":
+            with tf.device(state.updates.device):
+                state.mean_delay.assign(new.mean_delay)
+        for name, variable in state.states.items():
+            with tf.device(variable.device):
+                variable.assign(out[name])
         return out["loss"], delay
 
     @tf.function

@@ -15,7 +15,9 @@ Modes:
 The data file is an ``.npz`` holding the training step's inputs by name (``x`` and
 ``y``); a seeded fraction is held out for evaluation. Every ``eval_every`` updates the
 weights are evaluated on it (loss, and accuracy when the labels are classes) and saved
-as a checkpoint, so a run that ends early leaves one that loads. The output folder
+as a checkpoint, so a run that ends early leaves one that loads. Wall seconds count
+training only: ``sync`` evaluates between its steps with its clock stopped; the
+asynchronous modes evaluate from a thread while the workers go on. The output folder
 gets:
 
 - ``updates.csv``: one row per update (update, worker, loss, delay, wall seconds);
@@ -219,7 +221,7 @@ class _AsyncRun:
 
         self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
                                     options.hyper(), options.batch_size, options.seed,
-                                    options.min_shard_bytes)
+                                    options.min_shard_bytes, options.steps)
         self.model = self.trainer.model
         self.per_call = options.updates_per_call
         whole, rest = divmod(options.steps, self.per_call)
@@ -316,27 +318,29 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
             _AsyncRun(model_dir, initial, cluster, out, train_data, options)
         manager = tf.train.CheckpointManager(run.checkpoint(), str(out / "checkpoint"),
                                              max_to_keep=1)
-        start = time.perf_counter()
+        clock = Stopwatch()
 
         def evaluation(applied):
             if result.evaluations and result.evaluations[-1]["update"] == applied:
                 return  # already evaluated at this count
+            wall_s = clock()
             loss, accuracy = evaluate(run.model, run.weights(), held)
-            result.evaluations.append({"update": applied,
-                                       "wall_s": time.perf_counter() - start,
+            result.evaluations.append({"update": applied, "wall_s": wall_s,
                                        "loss": loss, "accuracy": accuracy})
             manager.save(checkpoint_number=applied)
             _write_csv(out / "evaluations.csv", result.evaluations)
 
-        evaluation(0)
+        with clock.paused():
+            evaluation(0)
         synchronous = options.mode == "sync"
         with nullcontext() if synchronous else evaluated_alongside(
                 run.applied, evaluation, options.eval_every):
             for done, (loss, worker, delay) in enumerate(run.results(), 1):
                 result.updates.append({"update": done, "worker": worker, "loss": loss,
-                                       "delay": delay, "wall_s": time.perf_counter() - start})
+                                       "delay": delay, "wall_s": clock()})
                 if synchronous and (done % options.eval_every == 0 or done == options.steps):
-                    evaluation(done)
+                    with clock.paused():  # sync's evaluations hold up its training
+                        evaluation(done)
                 if progress:
                     accuracy = result.evaluations[-1]["accuracy"]
                     progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy " + (
@@ -347,6 +351,31 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
     result.summary = _summary(result, run.plan)
     (out / "train.json").write_text(json.dumps(result.summary, indent=1))
     return result
+
+
+class Stopwatch:
+    """Seconds since it was made, less the time spent in its :meth:`paused` blocks.
+
+    >>> clock = Stopwatch()
+    >>> with clock.paused():
+    ...     time.sleep(0.05)
+    >>> clock() < 0.05
+    True
+    """
+
+    def __init__(self):
+        self.start, self.excluded = time.perf_counter(), 0.0
+
+    def __call__(self):
+        return time.perf_counter() - self.start - self.excluded
+
+    @contextmanager
+    def paused(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - began
 
 
 @contextmanager

@@ -185,6 +185,7 @@ def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
     assert "2" not in {u["worker"] for u in updates[-100:]}
     evaluations = rows(out / "evaluations.csv")
     assert len(evaluations) > killed_at
+    assert int(evaluations[-1]["update"]) == 600  # none lost with the worker, none extra
     assert float(evaluations[-1]["accuracy"]) > float(evaluations[0]["accuracy"]) + 0.3
     assert len(trained_weights(out)) == 4
 
