@@ -17,9 +17,11 @@ Each asynchronous run makes ``--steps`` updates of ``--batch-size`` samples; a s
 update takes that batch on each of the three workers, so sync makes a third as many
 updates over the same number of samples. The sync compile is told worker 2's speed
 (a CPU kind ``1 / share`` times slower), so its batch shares follow speed; the
-asynchronous modes need no such hint. Wall time counts from the first update (not the
-start of the processes, sync's compile or the tracing of the asynchronous modes'
-function) and counts training only. Evaluations on the held-out fifth run in the
+asynchronous modes need no such hint. Wall time counts from the first update and
+counts training only: not the start of the processes, sync's compile, the tracing of
+the asynchronous modes' function, nor each mode's warm-up (a first step or call on
+every worker that changes nothing: it builds the function's parts on the workers and
+servers, about 0.4 s for sync and 2 s for the asynchronous modes). Evaluations on the held-out fifth run in the
 client: sync's between its steps, with its clock stopped (they took about a fifth of
 its wall time before that); the asynchronous modes' in a thread of their own, whenever
 the servers' count passes a multiple of the evaluation interval, while the workers go

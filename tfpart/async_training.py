@@ -116,6 +116,9 @@ class ServerState:
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
                 self.mean_delay = tf.Variable(0.0, name="mean_delay")
+                # updates numbered beyond it change nothing (a warm-up's, a rerun's)
+                self.limit = tf.Variable(np.iinfo(np.int64).max, dtype=tf.int64,
+                                         name="limit")
 
     def weights(self):
         """Each weight's value now (its pieces joined), a numpy array."""
@@ -180,13 +183,13 @@ class AsyncTrainer:
             min_shard_bytes=min_shard_bytes)
         self.state = ServerState(self.strategy, initial, self.placement, servers,
                                  self.workers, mode, states)
-        self.iterator = iter(self.coordinator.create_per_worker_dataset(
-            _batches_fn(data, batch_size, self.workers, seed)))
+        self._batches = _batches_fn(data, batch_size, self.workers, seed)
+        self.iterator = self._new_iterator()
+        if max_updates:
+            self.state.limit.assign(max_updates)
         self._steps = {}  # updates per call -> its function
-        self.max_updates = max_updates or np.iinfo(np.int64).max
         self._step_of = functools.partial(_step_function, self.state, self.names,
-                                          self.model.signatures["gradients"], mode, hyper,
-                                          self.max_updates)
+                                          self.model.signatures["gradients"], mode, hyper)
 
     def trace(self, updates=1):
         """Trace the function of a call of ``updates`` updates now (about a second for
@@ -197,6 +200,26 @@ class AsyncTrainer:
             step.get_concrete_function(self.iterator._type_spec)
             self._steps[updates] = step
         return self._steps[updates]
+
+    def warm_up(self, updates=1):
+        """Run a call of ``updates`` updates on each worker that changes nothing, then
+        start the counts and the workers' batches afresh: the first call of a function
+        on a worker builds its parts there and on the servers (about two seconds for
+        the digits benchmark's, XLA's compile of the update included), a cost paid once,
+        like sync's compile."""
+        tf = tensorflow()
+        limit = self.state.limit.numpy()
+        self.state.limit.assign(0)
+        for _ in range(self.workers):  # one each: every worker is idle at the start
+            self.schedule(updates)
+        self.coordinator.join()
+        self.state.updates.assign(0)
+        self.state.read_at.assign(tf.zeros_like(self.state.read_at))
+        self.state.limit.assign(limit)
+        self.iterator = self._new_iterator()
+
+    def _new_iterator(self):
+        return iter(self.coordinator.create_per_worker_dataset(self._batches))
 
     def schedule(self, updates=1):
         """Queue a call of ``updates`` updates, one after the other on one worker; a
@@ -210,7 +233,7 @@ class AsyncTrainer:
 
     def updates(self):
         """Updates the servers have applied."""
-        return min(int(self.state.updates.numpy()), self.max_updates)
+        return int(min(self.state.updates.numpy(), self.state.limit.numpy()))
 
     def checkpoint(self):
         return self.state.checkpoint(self.names)
@@ -244,14 +267,14 @@ def fused_update(mode, hyper):
     return fused
 
 
-def _step_function(state, names, gradients, mode, hyper, max_updates, updates):
+def _step_function(state, names, gradients, mode, hyper, updates):
     """The scheduled function: ``updates`` times, one after the other, read the weights
     (kept as the worker's ``w_bak``) on the servers, compute the gradients on the
     worker, apply ``mode``'s update on the servers; returns the updates' losses, the
     worker's index and the updates' delays. Each update reads the weights afresh, so
     its delay counts the other workers' updates since as for a call of one update;
     only the client's cost of a call is shared. Updates numbered beyond
-    ``max_updates`` change nothing."""
+    ``state.limit`` change nothing."""
     tf = tensorflow()
 
     fused = fused_update(mode, hyper)
@@ -288,7 +311,7 @@ def _step_function(state, names, gradients, mode, hyper, max_updates, updates):
             delay = number - 1 - tf.gather(state.read_at, worker)
             tau = tf.cast(delay, tf.float32)
             mean_delay = state.mean_delay.read_value()
-            applies = number <= max_updates
+            applies = number <= state.limit.read_value()
         for pieces, g in zip(state.pieces, grads):
             parts = [g] if len(pieces) == 1 else tf.split(
                 g, [piece.w.shape[0] for piece in pieces])
@@ -310,7 +333,7 @@ def _step_function(state, names, gradients, mode, hyper, max_updates, updates):
                 state.mean_delay.assign(new.mean_delay)
         for name, variable in state.states.items():
             with tf.device(variable.device):
-                variable.assign(out[name])
+                variable.assign(tf.where(applies, out[name], variable.read_value()))
         return out["loss"], delay
 
     @tf.function

@@ -125,6 +125,27 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path):
+    """Sync on one worker runs the compiled ``train_step`` (the export's SGD, learning
+    rate 0.05, no momentum) on the batches plain SGD draws: the weights equal it after
+    20 steps, so the warm-up step before the clock left no trace."""
+    from tfpart.trainer import trained_weights
+
+    model, data = model_and_data
+    expected = sgd_by_hand(model, data, 20, 8, 0.05, 0.0, seed=3)
+    out = tmp_path / "sync"
+    with LocalWorkers(1, tmp_path, pin=False) as workers:
+        run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 20,
+                           "--batch-size", 8, "--seed", 3, "--eval-every", 10)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = trained_weights(out)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
 def test_batch_norm_statistics_train_on_the_servers(tmp_path):
     """A classifier with batch normalisation: with one worker and lambda0 = 0, DC-ASGD
     gives plain SGD's weights and the moving statistics its steps leave (kept on the
