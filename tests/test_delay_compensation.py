@@ -16,12 +16,12 @@ V = np.array([0.1, 0.0, -0.2])
 HYPER = Hyper(learning_rate=0.1, momentum=0.5, lambda0=2.0, ms_decay=0.75, epsilon=0.0)
 
 
-def by_hand(mode, tau, mean_delay, step):
+def by_hand(mode, tau, mean_freshness, step):
     """The rules written out element by element, as the module doc states them."""
     out_w, out_ms, out_v = [], [], []
     unbias = 1 - 0.75 ** step
-    mean = 0.75 * mean_delay + 0.25 * tau
-    r = (1 + mean / unbias) / (1 + tau) if mode == "ddc-asgd" else 1.0
+    mean = 0.75 * mean_freshness + 0.25 / (1 + tau)
+    r = (1 / (1 + tau)) / (mean / unbias) if mode == "ddc-asgd" else 1.0
     for w, w_bak, g, ms, v in zip(W, W_BAK, G, MS, V):
         if mode == "async":
             corrected, ms_new = g, ms
@@ -34,7 +34,7 @@ def by_hand(mode, tau, mean_delay, step):
         out_ms.append(ms_new)
         out_v.append(v_new)
     return np.array(out_w), np.array(out_ms), np.array(out_v), \
-        (mean if mode == "ddc-asgd" else mean_delay)
+        (mean if mode == "ddc-asgd" else mean_freshness)
 
 
 @pytest.mark.parametrize("mode", ASYNC_MODES)
@@ -83,10 +83,40 @@ def test_a_fresh_update_is_sgd_with_momentum(w, g, v, mode, lr, mu, lambda0):
     np.testing.assert_allclose(new.w, w - lr * (mu * v + g), rtol=1e-12, atol=1e-12)
 
 
-@given(tau=st.integers(0, 100), mean=st.floats(0, 100))
+@given(tau=st.integers(0, 100), mean=st.floats(0.01, 1))
 def test_freshness_falls_with_delay_and_is_one_at_the_mean(tau, mean):
     assert freshness(tau + 1, mean) < freshness(tau, mean)
-    assert freshness(mean, mean) == pytest.approx(1.0)
+    assert freshness(1 / mean - 1, mean) == pytest.approx(1.0)
+
+
+def ddc_weights(delays, ms_decay):
+    """The weight ``r`` DDC-ASGD gives each of a run's updates (the velocity it adds
+    for a gradient of 1 with no compensation)."""
+    hyper, mean, weights = Hyper(ms_decay=ms_decay), 0.0, []
+    for step, tau in enumerate(delays, 1):
+        new = update("ddc-asgd", np.ones(1), np.ones(1), np.ones(1), np.ones(1),
+                     np.zeros(1), tau, mean, hyper, np.sqrt, step)
+        mean = new.mean_freshness
+        weights.append(float(new.velocity[0]))
+    return np.array(weights)
+
+
+@settings(max_examples=60, deadline=None)
+@given(delays=st.lists(st.integers(0, 30), min_size=1, max_size=300))
+def test_ddc_weight_is_freshness_over_its_running_mean(delays):
+    """With a decay near 1 the running mean is the plain mean so far."""
+    fresh = 1 / (1 + np.array(delays))
+    expected = fresh / (np.cumsum(fresh) / np.arange(1, len(fresh) + 1))
+    np.testing.assert_allclose(ddc_weights(delays, 1 - 1e-9), expected, rtol=1e-5)
+
+
+def test_ddc_weights_average_one_when_delays_vary():
+    """Delays like the digits benchmark's (fast workers 0–2, a slow one 3–6): the
+    weights average 1 (the mean step stays DC-ASGD's), where ``(1 + mean delay) /
+    (1 + tau)`` averages about 1.5 (1.3 on a measured run's delays)."""
+    delays = np.random.default_rng(0).choice([0, 1, 1, 2, 0, 1, 3, 6], size=4000)
+    assert ddc_weights(delays, 0.95)[100:].mean() == pytest.approx(1.0, abs=0.03)
+    assert ((1 + delays.mean()) / (1 + delays)).mean() > 1.25
 
 
 def test_unknown_mode_is_refused():

@@ -12,7 +12,7 @@ parameter servers, beside the weight or piece it belongs to:
 - ``w_bak`` (DC-ASGD, DDC-ASGD): one copy of the weights per worker, written when the
   worker reads them (a variable with a leading worker axis);
 - on the first server: the update counter, the counter's value at each worker's last
-  read (so an update's delay is counted there), and DDC-ASGD's running mean delay;
+  read (so an update's delay is counted there), and DDC-ASGD's running mean freshness;
 - the model's non-trainable state (batch normalisation's moving statistics), spread
   over the servers like the weights: each step reads it with the weights and writes
   back the state its ``gradients`` call left, last writer wins, as a model's own
@@ -115,7 +115,7 @@ class ServerState:
             with on(servers[0]):
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
-                self.mean_delay = tf.Variable(0.0, name="mean_delay")
+                self.mean_freshness = tf.Variable(0.0, name="mean_freshness")
                 # updates numbered beyond it change nothing (a warm-up's, a rerun's)
                 self.limit = tf.Variable(np.iinfo(np.int64).max, dtype=tf.int64,
                                          name="limit")
@@ -259,10 +259,11 @@ def fused_update(mode, hyper):
     tf = tensorflow()
 
     @tf.function(jit_compile=True)
-    def fused(w, g, w_bak, ms, velocity, tau, mean_delay, step, applies):
-        new = update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, tf.sqrt, step)
+    def fused(w, g, w_bak, ms, velocity, tau, mean_freshness, step, applies):
+        new = update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, tf.sqrt,
+                     step)
         return Updated(*(tf.where(applies, changed, kept) for changed, kept
-                         in zip(new, (w, ms, velocity, mean_delay))))
+                         in zip(new, (w, ms, velocity, mean_freshness))))
 
     return fused
 
@@ -310,7 +311,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                 number = state.updates.assign_add(1)  # this update's, from 1
             delay = number - 1 - tf.gather(state.read_at, worker)
             tau = tf.cast(delay, tf.float32)
-            mean_delay = state.mean_delay.read_value()
+            mean_freshness = state.mean_freshness.read_value()
             applies = number <= state.limit.read_value()
         for pieces, g in zip(state.pieces, grads):
             parts = [g] if len(pieces) == 1 else tf.split(
@@ -322,7 +323,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                                 current if piece.bak is None
                                 else tf.gather(piece.bak, worker),
                                 0.0 if piece.ms is None else piece.ms.read_value(),
-                                piece.velocity.read_value(), tau, mean_delay,
+                                piece.velocity.read_value(), tau, mean_freshness,
                                 tf.cast(number, tf.float32), applies)
                     piece.w.assign(new.w)
                     piece.velocity.assign(new.velocity)
@@ -330,7 +331,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                         piece.ms.assign(new.ms)
         if mode == "ddc-asgd":
             with tf.device(state.updates.device):
-                state.mean_delay.assign(new.mean_delay)
+                state.mean_freshness.assign(new.mean_freshness)
         for name, variable in state.states.items():
             with tf.device(variable.device):
                 variable.assign(tf.where(applies, out[name], variable.read_value()))

@@ -22,8 +22,9 @@ the velocity (momentum ``mu``), ``eta`` the learning rate.
 ``ddc-asgd`` (delay-adaptive; Qu, 2021, describes it as scaling the compensation and
 the momentum term by each update's measured delay; the exact rule implemented here)::
 
-    tau_mean <- m * tau_mean + (1 - m) * tau       running mean delay (on the servers)
-    r = (1 + tau_mean / (1 - m^t)) / (1 + tau)     the update's freshness
+    f = 1 / (1 + tau)                              the update's freshness
+    F <- m * F + (1 - m) * f                       running mean freshness (on the servers)
+    r = f / (F / (1 - m^t))                        freshness relative to the mean
     g_hat = g + lam * r * g * g * (w - w_bak)      lam, MS as in DC-ASGD
     v <- mu * v + r * g_hat
     w <- w - eta * v
@@ -33,9 +34,11 @@ Why: a gradient ``tau`` updates old is an estimate for weights that have since m
 distance, and momentum then repeats the corrected gradient for about ``1/(1 - mu)``
 updates. DDC-ASGD trusts both the correction and the gradient's entry into the momentum
 in proportion to ``r``: an update staler than usual (a slow worker's) counts less, a
-fresher one more, and a typical one (``tau`` = ``tau_mean``) exactly as in DC-ASGD, so
-the mean step size stays DC-ASGD's. With one worker every delay is zero, ``w_bak = w``
-and ``r = 1``: all three modes are plain SGD with momentum.
+fresher one more. ``r`` averages 1 over the updates, so the mean step size stays
+DC-ASGD's (a weight such as ``(1 + mean tau) / (1 + tau)`` is 1 at the mean delay but
+averages more than 1 when delays vary, a larger step rather than a reweighting). With
+one worker every delay is zero, ``w_bak = w`` and ``r = 1``: all three modes are plain
+SGD with momentum.
 
 Both running means start at zero, so, as Adam does, they are divided by ``1 - m^t``
 (``t`` counts the servers' updates, this one included): without it ``MS`` is 20 times
@@ -57,7 +60,7 @@ Examples
 >>> import numpy as np
 >>> w, w_bak, g = np.array([1.0]), np.array([0.5]), np.array([2.0])
 >>> hyper = Hyper(learning_rate=0.1, lambda0=1.0, ms_decay=0.0, epsilon=0.0)
->>> new = update("dc-asgd", w, g, w_bak, np.zeros(1), np.zeros(1), 3, 3.0, hyper, np.sqrt,
+>>> new = update("dc-asgd", w, g, w_bak, np.zeros(1), np.zeros(1), 3, 0.25, hyper, np.sqrt,
 ...              step=1)
 >>> float(new.w[0])  # g_hat = 2 + (1 / 2) * 4 * 0.5 = 3
 0.7
@@ -85,19 +88,20 @@ class Updated(NamedTuple):
     w: object
     ms: object  # mean square of the gradients (unchanged by ``async``)
     velocity: object
-    mean_delay: object  # running mean delay (changed by ``ddc-asgd`` only)
+    mean_freshness: object  # running mean of 1 / (1 + tau) (changed by ``ddc-asgd`` only)
 
 
-def freshness(tau, mean_delay):
-    """DDC-ASGD's weight of an update ``tau`` updates old: ``(1 + mean) / (1 + tau)``.
+def freshness(tau, mean_freshness):
+    """DDC-ASGD's weight of an update ``tau`` updates old: ``1 / (1 + tau)`` relative
+    to the (unbiased) running mean of that.
 
-    >>> freshness(0, 2.0), freshness(2, 2.0), freshness(5, 2.0)
-    (3.0, 1.0, 0.5)
+    >>> freshness(0, 0.5), freshness(1, 0.5), freshness(3, 0.5)
+    (2.0, 1.0, 0.5)
     """
-    return (1.0 + mean_delay) / (1.0 + tau)
+    return 1.0 / (1.0 + tau) / mean_freshness
 
 
-def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt, step):
+def update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, sqrt, step):
     """The parameter server's new state after one gradient (rules in the module doc).
 
     Parameters
@@ -106,8 +110,9 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt, step):
     w, g, w_bak, ms, velocity : arrays or tensors of one shape
     tau : number or scalar tensor
         The update's delay.
-    mean_delay : number or scalar tensor
-        Running mean delay before this update (``ddc-asgd`` only).
+    mean_freshness : number or scalar tensor
+        Running mean of ``1 / (1 + tau)`` before this update, not yet unbiased
+        (``ddc-asgd`` only).
     hyper : Hyper
     sqrt : callable
         ``numpy.sqrt`` or ``tf.sqrt``.
@@ -127,8 +132,9 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_delay, hyper, sqrt, step):
         ms = hyper.ms_decay * ms + (1.0 - hyper.ms_decay) * g * g
         lam = hyper.lambda0 / sqrt(ms / unbias + hyper.epsilon)
         if mode == "ddc-asgd":
-            mean_delay = hyper.ms_decay * mean_delay + (1.0 - hyper.ms_decay) * tau
-            weight = freshness(tau, mean_delay / unbias)
+            mean_freshness = (hyper.ms_decay * mean_freshness
+                              + (1.0 - hyper.ms_decay) / (1.0 + tau))
+            weight = freshness(tau, mean_freshness / unbias)
         corrected = g + lam * weight * g * g * (w - w_bak)
     velocity = hyper.momentum * velocity + weight * corrected
-    return Updated(w - hyper.learning_rate * velocity, ms, velocity, mean_delay)
+    return Updated(w - hyper.learning_rate * velocity, ms, velocity, mean_freshness)
