@@ -305,13 +305,15 @@ def _step_function(state, names, gradients, mode, hyper, updates):
         out = gradients(x=x, y=y, **dict(zip(names, read)), **states)
         grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
         # One control edge into the servers: the update is counted once its gradient
-        # is ready, so that its delay counts the updates applied while it was computed.
+        # is ready, so that its delay counts the updates applied while it was computed,
+        # and the running mean is read then (reads of other variables are unordered).
         with tf.device(state.updates.device):
             with tf.control_dependencies([tf.group(*grads)]):
                 number = state.updates.assign_add(1)  # this update's, from 1
+            with tf.control_dependencies([number]):
+                mean_freshness = state.mean_freshness.read_value()
             delay = number - 1 - tf.gather(state.read_at, worker)
             tau = tf.cast(delay, tf.float32)
-            mean_freshness = state.mean_freshness.read_value()
             applies = number <= state.limit.read_value()
         for pieces, g in zip(state.pieces, grads):
             parts = [g] if len(pieces) == 1 else tf.split(
