@@ -21,8 +21,8 @@ asynchronous modes need no such hint. Wall time counts from the first update and
 counts training only: not the start of the processes, sync's compile, the tracing of
 the asynchronous modes' function, nor each mode's warm-up (a first step or call on
 every worker that changes nothing: it builds the function's parts on the workers and
-servers, about 0.4 s for sync and 2 s for the asynchronous modes). Evaluations on the held-out fifth run in the
-client: sync's between its steps, with its clock stopped (they took about a fifth of
+servers, about 0.4 s for sync and 2 s for the asynchronous modes). Evaluations on the
+held-out fifth run in the client: sync's between its steps, with its clock stopped (they took about a fifth of
 its wall time before that); the asynchronous modes' in a thread of their own, whenever
 the servers' count passes a multiple of the evaluation interval, while the workers go
 on (they cost those runs no measurable time).
@@ -141,10 +141,19 @@ def spread(values):
     return f"{mean:.3f} ± {statistics.pstdev(values):.3f}" if len(values) > 1 else f"{mean:.3f}"
 
 
+def sync_target(runs):
+    """The sync runs' mean final accuracy, which the other modes are timed to reach."""
+    return statistics.fmean(r["evaluations"][-1]["accuracy"] for r in runs["sync"])
+
+
+def checkpoints(args):
+    """The update counts at which the modes' accuracies are compared."""
+    return [args.steps // 6, args.steps // 2, args.steps]
+
+
 def tables(runs, args):
     """Rows of the accuracy/time table and of the delay table."""
-    target = statistics.fmean(r["evaluations"][-1]["accuracy"] for r in runs["sync"])
-    checkpoints = [args.steps // 6, args.steps // 2, args.steps]
+    target = sync_target(runs)
     rows = []
     for mode in MODES:
         results = runs[mode]
@@ -159,7 +168,7 @@ def tables(runs, args):
                 if any(t is None for t in reach) else ""),
             **{f"accuracy at {n} updates": "-" if mode == "sync" else spread(
                 [accuracy_at(r["evaluations"], "update", n) for r in results])
-               for n in checkpoints}})
+               for n in checkpoints(args)}})
     delays = []
     for mode in MODES[1:]:
         for worker in map(str, range(WORKERS)):
@@ -180,11 +189,11 @@ def paired(runs, args):
     varies more between seeds than the modes do): DC-ASGD's and DDC-ASGD's accuracy
     minus ASGD's at equal updates, and in how many seeds DDC-ASGD reaches sync's final
     accuracy before sync does (a run that never reaches it comes last)."""
-    target = statistics.fmean(r["evaluations"][-1]["accuracy"] for r in runs["sync"])
+    target = sync_target(runs)
     rows = []
     for mode in ("dc-asgd", "ddc-asgd"):
         row = {"difference": f"{mode} − async"}
-        for n in (args.steps // 6, args.steps // 2, args.steps):
+        for n in checkpoints(args):
             gaps = [accuracy_at(r["evaluations"], "update", n) -
                     accuracy_at(a["evaluations"], "update", n)
                     for r, a in zip(runs[mode], runs["async"])]
@@ -192,8 +201,8 @@ def paired(runs, args):
                                       f"{statistics.pstdev(gaps):.4f} "
                                       f"({sum(g >= 0 for g in gaps)} of {len(gaps)} ≥ 0)")
         rows.append(row)
-    never = float("inf")
-    times = [[time_to_reach(r["evaluations"], target) or never for r in runs[mode]]
+    times = [[float("inf") if t is None else t
+              for t in (time_to_reach(r["evaluations"], target) for r in runs[mode])]
              for mode in ("ddc-asgd", "sync")]
     first = sum(d < s for d, s in zip(*times))
     ties = sum(d == s for d, s in zip(*times))

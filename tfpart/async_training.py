@@ -185,8 +185,8 @@ class AsyncTrainer:
                                  self.workers, mode, states)
         self._batches = _batches_fn(data, batch_size, self.workers, seed)
         self.iterator = self._new_iterator()
-        if max_updates:
-            self.state.limit.assign(max_updates)
+        self.max_updates = max_updates or np.iinfo(np.int64).max  # the servers' limit
+        self.state.limit.assign(self.max_updates)
         self._steps = {}  # updates per call -> its function
         self._step_of = functools.partial(_step_function, self.state, self.names,
                                           self.model.signatures["gradients"], mode, hyper)
@@ -208,14 +208,13 @@ class AsyncTrainer:
         the digits benchmark's, XLA's compile of the update included), a cost paid once,
         like sync's compile."""
         tf = tensorflow()
-        limit = self.state.limit.numpy()
         self.state.limit.assign(0)
         for _ in range(self.workers):  # one each: every worker is idle at the start
             self.schedule(updates)
         self.coordinator.join()
         self.state.updates.assign(0)
         self.state.read_at.assign(tf.zeros_like(self.state.read_at))
-        self.state.limit.assign(limit)
+        self.state.limit.assign(self.max_updates)
         self.iterator = self._new_iterator()
 
     def _new_iterator(self):
@@ -233,7 +232,7 @@ class AsyncTrainer:
 
     def updates(self):
         """Updates the servers have applied."""
-        return int(min(self.state.updates.numpy(), self.state.limit.numpy()))
+        return int(min(self.state.updates.numpy(), self.max_updates))
 
     def checkpoint(self):
         return self.state.checkpoint(self.names)
