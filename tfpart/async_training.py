@@ -116,6 +116,7 @@ class ServerState:
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
                 self.mean_freshness = tf.Variable(0.0, name="mean_freshness")
+                self.lock = tf.CriticalSection(name="updates_lock")
                 # updates numbered beyond it change nothing (a warm-up's, a rerun's)
                 self.limit = tf.Variable(np.iinfo(np.int64).max, dtype=tf.int64,
                                          name="limit")
@@ -274,46 +275,40 @@ def _step_function(state, names, gradients, mode, hyper, updates):
     worker's index and the updates' delays. Each update reads the weights afresh, so
     its delay counts the other workers' updates since as for a call of one update;
     only the client's cost of a call is shared. Updates numbered beyond
-    ``state.limit`` change nothing."""
+    ``state.limit`` change nothing. A read and an update each hold the servers' lock
+    (a ``tf.CriticalSection`` on server 0), so updates apply one at a time and every
+    one counts: without it, overlapping updates dropped more than half of a test's
+    (``test_no_update_is_lost_when_workers_update_at_once``)."""
     tf = tensorflow()
 
     fused = fused_update(mode, hyper)
 
-    def one_update(worker, x, y):
+    def read(worker, values):
+        """Read the weights and the count (kept as the worker's ``w_bak`` and
+        ``read_at``), one value per piece into ``values``; a token once done."""
         with tf.device(state.updates.device):
-            state.read_at.scatter_update(tf.IndexedSlices(
-                tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))
-        read = []
+            done = [state.read_at.scatter_update(tf.IndexedSlices(
+                tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))]
         for pieces in state.pieces:
-            values = []
             for piece in pieces:
                 with tf.device(piece.w.device):
                     value = piece.w.read_value()
                     if piece.bak is not None:
-                        piece.bak.scatter_update(tf.IndexedSlices(value[None],
-                                                                  tf.reshape(worker, [1])))
-                # An identity on the worker: without it the placer puts the gradients'
-                # call beside its inputs, on the servers, and the steps run one by one.
-                values.append(tf.identity(value))
-            read.append(values[0] if len(values) == 1 else tf.concat(values, 0))
-        states = {}
-        for name, variable in state.states.items():
-            with tf.device(variable.device):
-                value = variable.read_value()
-            states[name] = tf.identity(value)
-        out = gradients(x=x, y=y, **dict(zip(names, read)), **states)
-        grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
-        # One control edge into the servers: the update is counted once its gradient
-        # is ready, so that its delay counts the updates applied while it was computed,
-        # and the running mean is read then (reads of other variables are unordered).
+                        done.append(piece.bak.scatter_update(
+                            tf.IndexedSlices(value[None], tf.reshape(worker, [1]))))
+                values.append(value)
+        return token(done + values)
+
+    def apply(worker, grads, out, delay):
+        """Count the update (its delay into ``delay``) and apply it; a token once done."""
         with tf.device(state.updates.device):
-            with tf.control_dependencies([tf.group(*grads)]):
-                number = state.updates.assign_add(1)  # this update's, from 1
+            number = state.updates.assign_add(1)  # this update's, from 1
             with tf.control_dependencies([number]):
                 mean_freshness = state.mean_freshness.read_value()
-            delay = number - 1 - tf.gather(state.read_at, worker)
-            tau = tf.cast(delay, tf.float32)
+            delay.append(number - 1 - tf.gather(state.read_at, worker))
+            tau = tf.cast(delay[0], tf.float32)
             applies = number <= state.limit.read_value()
+        done = []
         for pieces, g in zip(state.pieces, grads):
             parts = [g] if len(pieces) == 1 else tf.split(
                 g, [piece.w.shape[0] for piece in pieces])
@@ -326,17 +321,52 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                                 0.0 if piece.ms is None else piece.ms.read_value(),
                                 piece.velocity.read_value(), tau, mean_freshness,
                                 tf.cast(number, tf.float32), applies)
-                    piece.w.assign(new.w)
-                    piece.velocity.assign(new.velocity)
+                    done += [piece.w.assign(new.w), piece.velocity.assign(new.velocity)]
                     if piece.ms is not None:
-                        piece.ms.assign(new.ms)
+                        done.append(piece.ms.assign(new.ms))
         if mode == "ddc-asgd":
             with tf.device(state.updates.device):
-                state.mean_freshness.assign(new.mean_freshness)
+                done.append(state.mean_freshness.assign(new.mean_freshness))
         for name, variable in state.states.items():
             with tf.device(variable.device):
-                variable.assign(tf.where(applies, out[name], variable.read_value()))
-        return out["loss"], delay
+                done.append(variable.assign(
+                    tf.where(applies, out[name], variable.read_value())))
+        return token(done)
+
+    def token(done):
+        """A scalar on server 0 once ``done`` has run: what the lock waits for before it
+        is released there (a tensor the lock returned to the worker would hold it for a
+        round trip)."""
+        with tf.device(state.updates.device), tf.control_dependencies(done):
+            return tf.constant(0)
+
+    def one_update(worker, x, y):
+        # Reads and updates hold the servers' lock: without it, two workers' updates
+        # could each read the same weights and velocity and the later assignment would
+        # drop the earlier one, and a read could see an update half applied.
+        values, delay = [], []
+        with tf.device(state.updates.device):
+            read_done = state.lock.execute(lambda: read(worker, values))
+        values = iter(values)
+        read_weights = []
+        for pieces in state.pieces:
+            # An identity on the worker: without it the placer puts the gradients'
+            # call beside its inputs, on the servers, and the steps run one by one.
+            parts = [tf.identity(next(values)) for _ in pieces]
+            read_weights.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
+        states = {}
+        for name, variable in state.states.items():
+            with tf.device(variable.device), tf.control_dependencies([read_done]):
+                value = variable.read_value()
+            states[name] = tf.identity(value)
+        out = gradients(x=x, y=y, **dict(zip(names, read_weights)), **states)
+        grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
+        # The lock is taken once the gradients are ready, so an update's delay counts
+        # the updates applied while its gradient was computed.
+        with tf.device(state.updates.device):
+            applied = state.lock.execute(lambda: apply(worker, grads, out, delay))
+        with tf.control_dependencies([applied]):
+            return tf.identity(out["loss"]), tf.identity(delay[0])
 
     @tf.function
     def step(iterator):
