@@ -284,8 +284,9 @@ def _step_function(state, names, gradients, mode, hyper, updates):
     fused = fused_update(mode, hyper)
 
     def read(worker, values):
-        """Read the weights and the count (kept as the worker's ``w_bak`` and
-        ``read_at``), one value per piece into ``values``; a token once done."""
+        """Read the count, the weights and the states (the count and weights kept as the
+        worker's ``read_at`` and ``w_bak``): one value per piece, then per state, into
+        ``values``; a token once done."""
         with tf.device(state.updates.device):
             done = [state.read_at.scatter_update(tf.IndexedSlices(
                 tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))]
@@ -297,6 +298,9 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                         done.append(piece.bak.scatter_update(
                             tf.IndexedSlices(value[None], tf.reshape(worker, [1]))))
                 values.append(value)
+        for variable in state.states.values():
+            with tf.device(variable.device):
+                values.append(variable.read_value())
         return token(done + values)
 
     def apply(worker, grads, out, delay):
@@ -341,24 +345,17 @@ def _step_function(state, names, gradients, mode, hyper, updates):
             return tf.constant(0)
 
     def one_update(worker, x, y):
-        # Reads and updates hold the servers' lock: without it, two workers' updates
-        # could each read the same weights and velocity and the later assignment would
-        # drop the earlier one, and a read could see an update half applied.
         values, delay = [], []
-        with tf.device(state.updates.device):
-            read_done = state.lock.execute(lambda: read(worker, values))
-        values = iter(values)
+        with tf.device(state.updates.device):  # where the lock is released
+            state.lock.execute(lambda: read(worker, values))
+        # Identities on the worker: without them the placer puts the gradients' call
+        # beside its inputs, on the servers, and the steps run one by one.
+        values = iter([tf.identity(value) for value in values])
         read_weights = []
         for pieces in state.pieces:
-            # An identity on the worker: without it the placer puts the gradients'
-            # call beside its inputs, on the servers, and the steps run one by one.
-            parts = [tf.identity(next(values)) for _ in pieces]
+            parts = [next(values) for _ in pieces]
             read_weights.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
-        states = {}
-        for name, variable in state.states.items():
-            with tf.device(variable.device), tf.control_dependencies([read_done]):
-                value = variable.read_value()
-            states[name] = tf.identity(value)
+        states = dict(zip(state.states, values))
         out = gradients(x=x, y=y, **dict(zip(names, read_weights)), **states)
         grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
         # The lock is taken once the gradients are ready, so an update's delay counts
