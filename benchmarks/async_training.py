@@ -11,10 +11,11 @@ shipped inside the package, no download; ``pip install -e '.[bench]'``), or a ge
 problem (scikit-learn's ``make_classification``: 24,000 samples of 64 features, 10
 classes of two clusters each), harder, so that accuracy still rises after 600 updates
 instead of levelling off near 0.97 after 300, and with a held-out fifth of 4,800
-samples instead of 360, whose accuracy is less noisy; a fifth held out either way. Model: a
-64-512-512-10 perceptron (:func:`examples.models.export_classifier_step`), SGD with
-momentum; wide enough that computing a gradient takes longer than the parameter
-servers' read and update, as in real training, so updates overlap and have delays. Cluster: three ``tfpart worker`` tasks and one ``ps`` task on loopback, fresh
+samples instead of 360, whose accuracy is less noisy; a fifth held out either way.
+Model: a 64-512-512-10 perceptron (:func:`examples.models.export_classifier_step`),
+SGD with momentum; wide enough that computing a gradient takes longer than the
+parameter servers' read and update, as in real training, so updates overlap and have
+delays. Cluster: three ``tfpart worker`` tasks and one ``ps`` task on loopback, fresh
 for every run; worker 2 is slowed by stopping and continuing its process (it runs
 ``--slow-share`` of every 30 ms), so it computes about ``1 / share`` times slower.
 
@@ -27,8 +28,8 @@ counts training only: not the start of the processes, sync's compile, the tracin
 the asynchronous modes' function, nor each mode's warm-up (a first step or call on
 every worker that changes nothing: it builds the function's parts on the workers and
 servers, about 0.4 s for sync and 2 s for the asynchronous modes). Evaluations on the
-held-out fifth run in the client: sync's between its steps, with its clock stopped (they took about a fifth of
-its wall time before that); the asynchronous modes' in a thread of their own, whenever
+held-out fifth run in the client: sync's between its steps, with its clock stopped
+(they took about a fifth of its wall time before that); the asynchronous modes' in a thread of their own, whenever
 the servers' count passes a multiple of the evaluation interval, while the workers go
 on (they cost those runs no measurable time).
 """
@@ -186,15 +187,21 @@ def tables(runs, args):
     delays = []
     for mode in MODES[1:]:
         for worker in map(str, range(WORKERS)):
-            figures = [r["summary"]["delays"].get(worker) for r in runs[mode]]
-            figures = [f for f in figures if f]
+            # a worker that made no update in a run (a short one) is missing from it
+            made = [r["summary"]["delays"].get(worker) for r in runs[mode]]
+            figures = [f for f in made if f]
+
+            def mean(key, digits):
+                return f"{statistics.fmean(f[key] for f in figures):.{digits}f}" \
+                    if figures else "-"
+
             delays.append({"mode": mode, "worker": worker + (" (slowed)" if worker == str(SLOW)
                                                                else ""),
-                           "updates": f"{statistics.fmean(f['updates'] for f in figures):.0f}",
-                           "mean delay": f"{statistics.fmean(f['mean'] for f in figures):.2f}",
-                           "median": f"{statistics.fmean(f['median'] for f in figures):.1f}",
-                           "p95": f"{statistics.fmean(f['p95'] for f in figures):.1f}",
-                           "max": str(max(f["max"] for f in figures))})
+                           "updates": "{:.0f}".format(statistics.fmean(
+                               f["updates"] if f else 0 for f in made)),
+                           "mean delay": mean("mean", 2), "median": mean("median", 1),
+                           "p95": mean("p95", 1),
+                           "max": str(max(f["max"] for f in figures)) if figures else "-"})
     return rows, delays
 
 
@@ -293,9 +300,10 @@ def main(argv=None):
     rows, delays = tables(runs, args)
     differences, first = paired(runs, args)
     plot(runs, args.plot, args.data)
-    title = (f"{args.data.capitalize()} data on 3 workers + {args.ps} ps, worker {SLOW} runs {args.slow_share:.2f} of the "
-             f"time; {args.seeds} seeds, batch {args.batch_size}, lr {args.lr}, momentum "
-             f"{args.momentum}, {args.updates_per_call} updates per call")
+    title = (f"{args.data.capitalize()} data on 3 workers + {args.ps} ps, worker {SLOW} "
+             f"runs {args.slow_share:.2f} of the time; {args.seeds} seeds, batch "
+             f"{args.batch_size}, lr {args.lr}, momentum {args.momentum}, "
+             f"{args.updates_per_call} updates per call")
     for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays),
                                 ("Paired over seeds: accuracy difference, mean ± "
                                  "standard deviation", differences)):

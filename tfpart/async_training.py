@@ -303,14 +303,14 @@ def _step_function(state, names, gradients, mode, hyper, updates):
                 values.append(variable.read_value())
         return token(done + values)
 
-    def apply(worker, grads, out, delay):
-        """Count the update (its delay into ``delay``) and apply it; a token once done."""
+    def apply(worker, grads, out):
+        """Count the update and apply it; a token once done, and the update's delay."""
         with tf.device(state.updates.device):
             number = state.updates.assign_add(1)  # this update's, from 1
             with tf.control_dependencies([number]):
                 mean_freshness = state.mean_freshness.read_value()
-            delay.append(number - 1 - tf.gather(state.read_at, worker))
-            tau = tf.cast(delay[0], tf.float32)
+            delay = number - 1 - tf.gather(state.read_at, worker)
+            tau = tf.cast(delay, tf.float32)
             applies = number <= state.limit.read_value()
         done = []
         for pieces, g in zip(state.pieces, grads):
@@ -335,7 +335,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
             with tf.device(variable.device):
                 done.append(variable.assign(
                     tf.where(applies, out[name], variable.read_value())))
-        return token(done)
+        return token(done), delay
 
     def token(done):
         """A scalar on server 0 once ``done`` has run: what the lock waits for before it
@@ -345,7 +345,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
             return tf.constant(0)
 
     def one_update(worker, x, y):
-        values, delay = [], []
+        values = []  # read's values: through the lock, each would pass server 0
         with tf.device(state.updates.device):  # where the lock is released
             state.lock.execute(lambda: read(worker, values))
         # Identities on the worker: without them the placer puts the gradients' call
@@ -361,9 +361,9 @@ def _step_function(state, names, gradients, mode, hyper, updates):
         # The lock is taken once the gradients are ready, so an update's delay counts
         # the updates applied while its gradient was computed.
         with tf.device(state.updates.device):
-            applied = state.lock.execute(lambda: apply(worker, grads, out, delay))
+            applied, delay = state.lock.execute(lambda: apply(worker, grads, out))
         with tf.control_dependencies([applied]):
-            return tf.identity(out["loss"]), tf.identity(delay[0])
+            return tf.identity(out["loss"]), delay
 
     @tf.function
     def step(iterator):

@@ -200,8 +200,9 @@ def export_constant_gradient_step(path, width):
 
     model = keras.Sequential([keras.Input((width,)),
                               keras.layers.Dense(width, kernel_initializer="zeros")])
-    return export_train_step(model, keras.optimizers.SGD(0.01), lambda y, p: tf.reduce_mean(p + 0.0 * p * p),
-                             path, y_spec=tf.TensorSpec([None], tf.int32, name="y"))
+    return export_train_step(model, keras.optimizers.SGD(0.01),
+                             lambda y, p: tf.reduce_mean(p + 0.0 * p * p), path,
+                             y_spec=tf.TensorSpec([None], tf.int32, name="y"))
 
 
 @pytest.mark.slow
@@ -209,11 +210,11 @@ def export_constant_gradient_step(path, width):
 @pytest.mark.parametrize("mode", ["async", "dc-asgd"])
 def test_no_update_is_lost_when_workers_update_at_once(mode, tmp_path):
     """Three workers update a 1 MB weight whose gradient is the same at every step, so
-    after N updates of plain SGD it is exactly ``-N * lr / width`` (with DC-ASGD too: a
-    constant gradient is compensated by ``lambda0 = 0``). Without the servers' lock two
-    updates that overlap read the same weight and the later assignment drops the
-    earlier one: before the lock, the bias ended at 0.43 of its value here (138 of the 240
-    updates dropped)."""
+    after N updates of plain SGD it is exactly ``-N * lr / width`` (DC-ASGD too, with
+    ``lambda0 = 0``: else it would compensate the stale copies of that gradient).
+    Without the servers' lock two updates that overlap read the same weight and the
+    later assignment drops the earlier one: before the lock, the bias ended at 0.43 of
+    its value here (138 of the 240 updates dropped)."""
     from tfpart.trainer import trained_weights
 
     width, steps, lr = 512, 240, 0.01
@@ -222,8 +223,9 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, tmp_path):
              y=np.zeros(1024, np.int32))
     with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
         run = tfpart_train(model, workers.path, tmp_path / "ones.npz", tmp_path / "out",
-                           "--mode", mode, "--steps", steps, "--batch-size", 256, "--lr", lr,
-                           "--momentum", 0, "--lambda0", 0, "--eval-every", steps)
+                           "--mode", mode, "--steps", steps, "--batch-size", 256,
+                           "--lr", lr, "--momentum", 0, "--lambda0", 0,
+                           "--eval-every", steps)
     assert run.returncode == 0, run.stderr[-2000:]
     delays = [int(u["delay"]) for u in rows(tmp_path / "out" / "updates.csv")]
     assert len(delays) == steps and max(delays) > 0  # the workers did overlap
