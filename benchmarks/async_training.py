@@ -1,9 +1,10 @@
-"""Synchronous against asynchronous training on three uneven workers: sync (the
+"""Synchronous against asynchronous training on uneven workers: sync (the
 data-parallel compile), ASGD, DC-ASGD and DDC-ASGD, several seeds each.
 
     python -m benchmarks.async_training [--seeds 5] [--steps 600] [--markdown]
                                         [--data digits|generated]
                                         [--updates-per-call 4] [--ps 1]
+                                        [--workers 3] [--momentum 0.9] [--lambda0 2]
                                         [--plot async_training.png] [--save runs.json]
 
 Data (``--data``): scikit-learn's handwritten digits (1,797 8×8 images, 10 classes;
@@ -15,15 +16,16 @@ samples instead of 360, whose accuracy is less noisy; a fifth held out either wa
 Model: a 64-512-512-10 perceptron (:func:`examples.models.export_classifier_step`),
 SGD with momentum; wide enough that computing a gradient takes longer than the
 parameter servers' read and update, as in real training, so updates overlap and have
-delays. Cluster: three ``tfpart worker`` tasks and one ``ps`` task on loopback, fresh
-for every run; worker 2 is slowed by stopping and continuing its process (it runs
-``--slow-share`` of every 30 ms), so it computes about ``1 / share`` times slower.
+delays. Cluster: ``--workers`` (three) ``tfpart worker`` tasks and one ``ps`` task on
+loopback, fresh for every run; the last worker is slowed by stopping and continuing
+its process (it runs ``--slow-share`` of every 30 ms), so it computes about
+``1 / share`` times slower. More workers on the same two cores make longer delays.
 
 Each asynchronous run makes ``--steps`` updates of ``--batch-size`` samples; a sync
-update takes that batch on each of the three workers, so sync makes a third as many
-updates over the same number of samples. The sync compile is told worker 2's speed
-(a CPU kind ``1 / share`` times slower), so its batch shares follow speed; the
-asynchronous modes need no such hint. Wall time counts from the first update and
+update takes that batch on each worker, so sync makes a third as many updates (with
+three workers) over the same number of samples. The sync compile is told the slowed
+worker's speed (a CPU kind ``1 / share`` times slower), so its batch shares follow
+speed; the asynchronous modes need no such hint. Wall time counts from the first update and
 counts training only: not the start of the processes, sync's compile, the tracing of
 the asynchronous modes' function, nor each mode's warm-up (a first step or call on
 every worker that changes nothing: it builds the function's parts on the workers and
@@ -59,7 +61,6 @@ from tfpart.local_workers import LocalWorkers
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("sync", "async", "dc-asgd", "ddc-asgd")
-WORKERS, SLOW = 3, 2
 PERIOD = 0.03
 console = Console(highlight=False)
 
@@ -110,21 +111,22 @@ class Throttle:
 def one_run(work, model, data, mode, seed, args):
     """Train once on fresh workers; the run's evaluations, updates and summary."""
     out = work / f"{mode}-{seed}"
-    with LocalWorkers(WORKERS, work, ps=args.ps, pin=False) as workers:
+    slow = args.workers - 1
+    with LocalWorkers(args.workers, work, ps=args.ps, pin=False) as workers:
         cluster = workers.path
         if mode == "sync":  # tell the compile worker 2's speed
-            slowed = with_slower_cpu(json.loads(cluster.read_text()), SLOW,
+            slowed = with_slower_cpu(json.loads(cluster.read_text()), slow,
                                      1 / args.slow_share, "cpu_slowed")
             cluster = work / "sync_cluster.json"
             cluster.write_text(json.dumps(slowed))
-        steps = args.steps // WORKERS if mode == "sync" else args.steps
-        throttle = Throttle(workers.processes[SLOW].pid, args.slow_share)
+        steps = args.steps // args.workers if mode == "sync" else args.steps
+        throttle = Throttle(workers.processes[slow].pid, args.slow_share)
         try:
             run = subprocess.run(
                 [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
                  str(cluster), "--data", str(data), "-o", str(out), "--mode", mode,
                  "--steps", str(steps), "--batch-size", str(args.batch_size), "--lr",
-                 str(args.lr), "--momentum", str(args.momentum), "--eval-every",
+                 str(args.lr), "--momentum", str(args.momentum), "--lambda0", str(args.lambda0), "--eval-every",
                  str(max(1, steps // 30)), "--seed", str(seed), "--updates-per-call",
                  str(args.updates_per_call)],
                 cwd=ROOT, capture_output=True, text=True, timeout=1800)
@@ -186,7 +188,7 @@ def tables(runs, args):
                for n in checkpoints(args)}})
     delays = []
     for mode in MODES[1:]:
-        for worker in map(str, range(WORKERS)):
+        for worker in map(str, range(args.workers)):
             # a worker that made no update in a run (a short one) is missing from it
             made = [r["summary"]["delays"].get(worker) for r in runs[mode]]
             figures = [f for f in made if f]
@@ -195,7 +197,7 @@ def tables(runs, args):
                 return f"{statistics.fmean(f[key] for f in figures):.{digits}f}" \
                     if figures else "-"
 
-            delays.append({"mode": mode, "worker": worker + (" (slowed)" if worker == str(SLOW)
+            delays.append({"mode": mode, "worker": worker + (" (slowed)" if worker == str(args.workers - 1)
                                                                else ""),
                            "updates": "{:.0f}".format(statistics.fmean(
                                f["updates"] if f else 0 for f in made)),
@@ -231,7 +233,7 @@ def paired(runs, args):
                   f"{len(times[0])} seeds" + (f" ({ties} ties)" if ties else ""))
 
 
-def plot(runs, path, data):
+def plot(runs, path, data, workers):
     """Held-out accuracy against wall time and against updates, mean over seeds with
     the range of the seeds shaded."""
     import matplotlib
@@ -249,13 +251,13 @@ def plot(runs, path, data):
             axis.plot(grid, curves.mean(0), label=mode)
             axis.fill_between(grid, curves.min(0), curves.max(0), alpha=0.2)
     axes[0].set_xlabel("wall time (s)")
-    axes[1].set_xlabel("updates (sync: one per three worker batches)")
+    axes[1].set_xlabel(f"updates (sync: one per {workers} worker batches)")
     for axis in axes:
         axis.set_ylabel("held-out accuracy")
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
         axis.legend(loc="lower right")
-    figure.suptitle(f"{data.capitalize()} data, 3 workers (one slowed), mean over seeds, "
+    figure.suptitle(f"{data.capitalize()} data, {workers} workers (one slowed), mean over seeds, "
                     "range shaded")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -271,6 +273,10 @@ def main(argv=None):
                         "two hidden layers (a step must compute long enough to overlap)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--lambda0", type=float, default=2.0,
+                        help="DC-ASGD's and DDC-ASGD's compensation strength")
+    parser.add_argument("--workers", type=int, default=3,
+                        help="worker tasks; the last is slowed (more workers, longer delays)")
     parser.add_argument("--slow-share", type=float, default=1 / 3,
                         help="share of the time the slowed worker runs")
     parser.add_argument("--ps", type=int, default=1, help="parameter-server tasks (with "
@@ -299,10 +305,11 @@ def main(argv=None):
         Path(args.save).write_text(json.dumps(runs))
     rows, delays = tables(runs, args)
     differences, first = paired(runs, args)
-    plot(runs, args.plot, args.data)
-    title = (f"{args.data.capitalize()} data on 3 workers + {args.ps} ps, worker {SLOW} "
-             f"runs {args.slow_share:.2f} of the time; {args.seeds} seeds, batch "
-             f"{args.batch_size}, lr {args.lr}, momentum {args.momentum}, "
+    plot(runs, args.plot, args.data, args.workers)
+    title = (f"{args.data.capitalize()} data on {args.workers} workers + {args.ps} ps, "
+             f"worker {args.workers - 1} runs {args.slow_share:.2f} of the time; "
+             f"{args.seeds} seeds, batch {args.batch_size}, lr {args.lr}, momentum "
+             f"{args.momentum}, λ0 {args.lambda0}, "
              f"{args.updates_per_call} updates per call")
     for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays),
                                 ("Paired over seeds: accuracy difference, mean ± "

@@ -47,7 +47,8 @@ class LocalWorkers:
     ----------
     count : int
     directory : path
-        Where the cluster file (``workers.json``) is written.
+        Where the cluster file (``workers.json``) is written, and each task's log
+        (``worker-0.log``, ``ps-0.log``: TensorFlow's own messages, for when a run fails).
     links : dict, optional
         The cluster file's ``links`` block (the cost model's view of loopback).
     pin : bool
@@ -93,7 +94,9 @@ class LocalWorkers:
                                  threads=None if self.ps else 1)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
-        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.path.parent / f"{job}-{task}.log", "ab") as log:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "TFPART_TF_LOG": log.name})
 
     def kill(self, task, job="worker"):
         """Kill one task abruptly (as a crashed host would go)."""

@@ -36,6 +36,14 @@ def user_stderr():
     return _user_stderr or sys.stderr
 
 
+def to_library_log(text):
+    """Write ``text`` to the library log when output is captured (the full TensorFlow
+    error behind a one-line message, say); do nothing otherwise, since an API caller
+    gets the exception itself."""
+    if _user_stderr is not None:
+        print(text, file=sys.stderr, flush=True)
+
+
 @contextmanager
 def library_output_captured(log_path=None):
     """Send file descriptors 1 and 2 to a log while the block runs; see the module

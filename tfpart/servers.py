@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 from rewriters.tf_import import tensorflow
 from tfpart.errors import TfpartError, first_line
+from tfpart.quiet import to_library_log
 
 connected = False  # set once this process is a client of a cluster (see connect)
 
@@ -112,6 +113,7 @@ def cluster_errors(cluster):
     except tf.errors.OpError as exc:
         if cluster is None:
             raise
+        to_library_log(f"tfpart: the run across the cluster failed:\n{exc}")
         _name_a_lost_task(cluster)
         raise TfpartError(cluster.source, "the run across the cluster failed: "
                           f"{first_line(exc)}") from None

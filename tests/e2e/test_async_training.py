@@ -2,6 +2,7 @@
 modes against plain SGD, a worker lost mid-run, and bad input."""
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,12 +25,24 @@ def model_and_data(tmp_path_factory):
 
 
 def tfpart_train(model, cluster, data, out, *extra, wait=True):
+    """Run ``tfpart train``; TensorFlow's log (with the full error behind a one-line
+    message) goes to ``train.log`` beside ``out``, for :func:`failure`."""
     command = [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
                str(cluster), "--data", str(data), "-o", str(out), *map(str, extra)]
+    env = {**os.environ, "TFPART_TF_LOG": str(Path(out).parent / "train.log")}
     if not wait:
         return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                                stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def failure(stderr, directory):
+    """What to show when a run failed: its stderr, then the end of each log in
+    ``directory`` (the client's ``train.log``, each task's log)."""
+    logs = [f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}"
+            for log in sorted(Path(directory).glob("*.log"))]
+    return "\n".join([stderr[-2000:], *logs])
 
 
 def rows(path):
@@ -69,7 +82,7 @@ def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps, *ex
     run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps", steps,
                        "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5, "--lambda0", 0,
                        "--seed", 3, "--eval-every", steps // 2, *extra)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, failure(run.stderr, out.parent)
     got = trained_weights(out)
     assert sorted(got) == sorted(expected)
     for name in expected:
@@ -137,7 +150,7 @@ def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path
     with LocalWorkers(1, tmp_path, pin=False) as workers:
         run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 20,
                            "--batch-size", 8, "--seed", 3, "--eval-every", 10)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, failure(run.stderr, out.parent)
     got = trained_weights(out)
     assert sorted(got) == sorted(expected)
     for name in expected:
@@ -169,7 +182,7 @@ def wait_for_evaluations(out, count, process, timeout=120):
         path = out / "evaluations.csv"
         if path.exists() and len(rows(path)) >= count:
             return
-        assert process.poll() is None, process.communicate()[1][-2000:]
+        assert process.poll() is None, failure(process.communicate()[1], out.parent)
         time.sleep(0.1)
     raise AssertionError(f"no {count} evaluations within {timeout} s")
 
@@ -226,7 +239,7 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, tmp_path):
                            "--mode", mode, "--steps", steps, "--batch-size", 256,
                            "--lr", lr, "--momentum", 0, "--lambda0", 0,
                            "--eval-every", steps)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, failure(run.stderr, tmp_path)
     delays = [int(u["delay"]) for u in rows(tmp_path / "out" / "updates.csv")]
     assert len(delays) == steps and max(delays) > 0  # the workers did overlap
     for name, value in trained_weights(tmp_path / "out").items():
@@ -244,7 +257,7 @@ def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
     code, stderr, out, killed_at = killed_mid_run(
         model, data, tmp_path, 3, lambda tasks: tasks.kill(2), "--mode", "ddc-asgd",
         "--steps", 600, "--batch-size", 16, "--lr", 0.05, "--eval-every", 20)
-    assert code == 0, stderr[-2000:]
+    assert code == 0, failure(stderr, out.parent)
     updates = rows(out / "updates.csv")
     assert len(updates) == 600
     assert "2" in {u["worker"] for u in updates}
@@ -288,7 +301,7 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
     with LocalWorkers(2, tmp_path, ps=1, pin=False) as workers:
         run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 60,
                            "--batch-size", 16, "--eval-every", 30)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, failure(run.stderr, out.parent)
     plan = Plan.load(out / "plan.json")
     assert plan.algorithm == "data_parallel" and len(plan.replicas["devices"]) == 2
     evaluations = rows(out / "evaluations.csv")
