@@ -16,7 +16,9 @@ parameter servers, beside the weight or piece it belongs to:
 - the model's non-trainable state (batch normalisation's moving statistics), spread
   over the servers like the weights: each step reads it with the weights and writes
   back the state its ``gradients`` call left, last writer wins, as a model's own
-  training step updates it (uncompensated: it is not a gradient).
+  training step updates it (uncompensated: it is not a gradient);
+- on each server, a lock (``tf.CriticalSection``) that each read and each update of
+  its variables holds, so that updates there apply one at a time.
 
 One update, run by whichever worker is free (a scheduled call makes several, one after
 the other, on that worker): read the weights (and keep them as ``w_bak``) on the
@@ -42,7 +44,7 @@ import numpy as np
 
 from partitioner.ps_shards import MIN_SHARD_BYTES, shard_variables
 from rewriters.tf_import import tensorflow
-from tfpart.delay_compensation import Updated, update
+from tfpart.delay_compensation import Updated, running_freshness, update
 from tfpart import servers
 from tfpart.errors import TfpartError
 
@@ -69,10 +71,12 @@ def coordinator_of(cluster):
 
 class Piece:
     """One server's piece of a weight (its first-axis rows, or all of it) and the
-    state a mode keeps beside it: velocity, mean square, the workers' copies."""
+    state a mode keeps beside it: velocity, mean square, the workers' copies; ``server``
+    is the index of the server that holds them."""
 
-    def __init__(self, value, name, workers, mode):
+    def __init__(self, value, name, workers, mode, server):
         tf = tensorflow()
+        self.server = server
         self.w = tf.Variable(value, name=name)
         self.velocity = tf.Variable(np.zeros_like(value), name=f"{name}_v")
         self.ms = tf.Variable(np.zeros_like(value), name=f"{name}_ms") \
@@ -106,17 +110,25 @@ class ServerState:
                 for k, (shard, part) in enumerate(zip(shards, np.split(value, cuts))):
                     with on(shard.server):
                         pieces.append(Piece(part, name if len(shards) == 1
-                                            else f"{name}/part_{k}", workers, mode))
+                                            else f"{name}/part_{k}", workers, mode,
+                                            servers.index(shard.server)))
                 self.pieces.append(pieces)
-            self.states = {}
+            self.states, self.state_server = {}, {}
             for name, value in (states or {}).items():
+                self.state_server[name] = servers.index(placement[name][0].server)
                 with on(placement[name][0].server):
                     self.states[name] = tf.Variable(value, name=name)
+            # one lock per server, for the variables it holds; server 0's also for the
+            # counts, which an update takes first
+            self.devices = servers
+            self.locks = []
+            for k, server in enumerate(servers):
+                with tf.device(server):
+                    self.locks.append(tf.CriticalSection(name=f"updates_lock_{k}"))
             with on(servers[0]):
                 self.updates = tf.Variable(0, dtype=tf.int64, name="updates")
                 self.read_at = tf.Variable(np.zeros(workers, np.int64), name="read_at")
                 self.mean_freshness = tf.Variable(0.0, name="mean_freshness")
-                self.lock = tf.CriticalSection(name="updates_lock")
                 # updates numbered beyond it change nothing (a warm-up's, a rerun's)
                 self.limit = tf.Variable(np.iinfo(np.int64).max, dtype=tf.int64,
                                          name="limit")
@@ -275,100 +287,135 @@ def _step_function(state, names, gradients, mode, hyper, updates):
     worker's index and the updates' delays. Each update reads the weights afresh, so
     its delay counts the other workers' updates since as for a call of one update;
     only the client's cost of a call is shared. Updates numbered beyond
-    ``state.limit`` change nothing. A read and an update each hold the servers' lock
-    (a ``tf.CriticalSection`` on server 0), so updates apply one at a time and every
-    one counts: without it, overlapping updates dropped more than half of a test's
-    (``test_no_update_is_lost_when_workers_update_at_once``)."""
+    ``state.limit`` change nothing.
+
+    Each server's part of a read or an update holds that server's lock (a
+    ``tf.CriticalSection`` there), so every update counts: without the locks,
+    overlapping updates dropped more than half of a test's
+    (``test_no_update_is_lost_when_workers_update_at_once``). Server 0 counts an update
+    first; the other servers' parts wait for its number and delay, not for each other.
+    """
     tf = tensorflow()
 
     fused = fused_update(mode, hyper)
+    pieces_on = {server: [(index, piece) for index, pieces in enumerate(state.pieces)
+                          for piece in pieces if piece.server == server]
+                 for server in range(len(state.devices))}
+    states_on = {server: [name for name, on in state.state_server.items() if on == server]
+                 for server in range(len(state.devices))}
 
-    def read(worker, values):
-        """Read the count, the weights and the states (the count and weights kept as the
-        worker's ``read_at`` and ``w_bak``): one value per piece, then per state, into
-        ``values``; a token once done."""
-        with tf.device(state.updates.device):
-            done = [state.read_at.scatter_update(tf.IndexedSlices(
-                tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1])))]
-        for pieces in state.pieces:
-            for piece in pieces:
-                with tf.device(piece.w.device):
-                    value = piece.w.read_value()
-                    if piece.bak is not None:
-                        done.append(piece.bak.scatter_update(
-                            tf.IndexedSlices(value[None], tf.reshape(worker, [1]))))
-                values.append(value)
-        for variable in state.states.values():
-            with tf.device(variable.device):
-                values.append(variable.read_value())
-        return token(done + values)
-
-    def apply(worker, grads, out):
-        """Count the update and apply it; a token once done, and the update's delay."""
-        with tf.device(state.updates.device):
-            number = state.updates.assign_add(1)  # this update's, from 1
-            with tf.control_dependencies([number]):
-                mean_freshness = state.mean_freshness.read_value()
-            delay = number - 1 - tf.gather(state.read_at, worker)
-            tau = tf.cast(delay, tf.float32)
-            applies = number <= state.limit.read_value()
+    def read(server, worker, values):
+        """On ``server``: read its pieces and states into ``values`` (by piece and by
+        name) and keep the pieces as the worker's ``w_bak``; server 0 first keeps the
+        count as the worker's ``read_at``. A token once done."""
         done = []
-        for pieces, g in zip(state.pieces, grads):
-            parts = [g] if len(pieces) == 1 else tf.split(
-                g, [piece.w.shape[0] for piece in pieces])
-            for piece, part in zip(pieces, parts):
-                with tf.device(piece.w.device):
-                    current = piece.w.read_value()
-                    new = fused(current, part,
-                                current if piece.bak is None
-                                else tf.gather(piece.bak, worker),
-                                0.0 if piece.ms is None else piece.ms.read_value(),
-                                piece.velocity.read_value(), tau, mean_freshness,
-                                tf.cast(number, tf.float32), applies)
-                    done += [piece.w.assign(new.w), piece.velocity.assign(new.velocity)]
-                    if piece.ms is not None:
-                        done.append(piece.ms.assign(new.ms))
+        if server == 0:
+            done.append(state.read_at.scatter_update(tf.IndexedSlices(
+                tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1]))))
+        for _, piece in pieces_on[server]:
+            values[piece] = piece.w.read_value()
+            if piece.bak is not None:
+                done.append(piece.bak.scatter_update(
+                    tf.IndexedSlices(values[piece][None], tf.reshape(worker, [1]))))
+            done.append(values[piece])
+        for name in states_on[server]:
+            values[name] = state.states[name].read_value()
+            done.append(values[name])
+        return token(done)
+
+    def count(worker):
+        """On server 0: this update's number, delay, whether it applies, and DDC-ASGD's
+        running mean freshness before it (the mean after it is kept)."""
+        number = state.updates.assign_add(1)  # this update's, from 1
+        with tf.control_dependencies([number]):
+            mean_freshness = state.mean_freshness.read_value()
+        delay = number - 1 - tf.gather(state.read_at, worker)
+        applies = number <= state.limit.read_value()
+        done = []
         if mode == "ddc-asgd":
-            with tf.device(state.updates.device):
-                done.append(state.mean_freshness.assign(new.mean_freshness))
-        for name, variable in state.states.items():
-            with tf.device(variable.device):
-                done.append(variable.assign(
-                    tf.where(applies, out[name], variable.read_value())))
-        return token(done), delay
+            done.append(state.mean_freshness.assign(tf.where(
+                applies, running_freshness(tf.cast(delay, tf.float32), mean_freshness, hyper),
+                mean_freshness)))
+        return (number, delay, applies, mean_freshness), done
+
+    def apply(server, worker, grads, out, counted=None):
+        """On ``server``: apply the update to its pieces and states, counting it first
+        on server 0 (``counted`` then None). A token once done; server 0 also returns
+        the count."""
+        done = []
+        if counted is None:
+            counted, done = count(worker)
+        number, delay, applies, mean_freshness = counted
+        for _, piece in pieces_on[server]:
+            current = piece.w.read_value()
+            new = fused(current, grads[piece],
+                        current if piece.bak is None else tf.gather(piece.bak, worker),
+                        0.0 if piece.ms is None else piece.ms.read_value(),
+                        piece.velocity.read_value(), tf.cast(delay, tf.float32),
+                        mean_freshness, tf.cast(number, tf.float32), applies)
+            done += [piece.w.assign(new.w), piece.velocity.assign(new.velocity)]
+            if piece.ms is not None:
+                done.append(piece.ms.assign(new.ms))
+        for name in states_on[server]:
+            variable = state.states[name]
+            done.append(variable.assign(tf.where(applies, out[name], variable.read_value())))
+        return (token(done), *counted) if server == 0 else token(done)
 
     def token(done):
-        """A scalar on server 0 once ``done`` has run: what the lock waits for before it
-        is released there (a tensor the lock returned to the worker would hold it for a
-        round trip)."""
-        with tf.device(state.updates.device), tf.control_dependencies(done):
+        """A scalar on this server once ``done`` has run: what its lock waits for before
+        it is released there (a tensor the lock returned to the worker would hold it for
+        a round trip)."""
+        with tf.control_dependencies(done):
             return tf.constant(0)
 
-    def one_update(worker, x, y):
-        values = []  # read's values: through the lock, each would pass server 0
-        with tf.device(state.updates.device):  # where the lock is released
-            state.lock.execute(lambda: read(worker, values))
+    def locked(last, server, function, *args):
+        """``function(server, *args)`` on ``server`` under its lock, taken once the
+        section before it in the call has released its own (``last``: its token, or
+        None), so a call never holds one server's lock while waiting for another's.
+        Without that, two workers' calls of several updates deadlocked on two servers:
+        TensorFlow runs a function's lock releases in program order, so a release waited
+        on the lock of an earlier section, which the other call held."""
+        def section():
+            with tf.control_dependencies([] if last is None else [last]):
+                return function(server, *args)
+
+        with tf.device(state.devices[server]):
+            return state.locks[server].execute(section)
+
+    def one_update(worker, x, y, last):
+        """One update; its loss, delay and the token of its last section."""
+        values = {}  # read's values: through the locks, each would pass its server twice
+        for server in pieces_on:
+            last = locked(last, server, read, worker, values)
         # Identities on the worker: without them the placer puts the gradients' call
         # beside its inputs, on the servers, and the steps run one by one.
-        values = iter([tf.identity(value) for value in values])
-        read_weights = []
-        for pieces in state.pieces:
-            parts = [next(values) for _ in pieces]
-            read_weights.append(parts[0] if len(parts) == 1 else tf.concat(parts, 0))
-        states = dict(zip(state.states, values))
-        out = gradients(x=x, y=y, **dict(zip(names, read_weights)), **states)
-        grads = [tf.identity(out[f"g{name[1:]}"]) for name in names]
-        # The lock is taken once the gradients are ready, so an update's delay counts
-        # the updates applied while its gradient was computed.
-        with tf.device(state.updates.device):
-            applied, delay = state.lock.execute(lambda: apply(worker, grads, out))
-        with tf.control_dependencies([applied]):
-            return tf.identity(out["loss"]), delay
+        values = {key: tf.identity(value) for key, value in values.items()}
+        read_weights = [values[pieces[0]] if len(pieces) == 1
+                        else tf.concat([values[piece] for piece in pieces], 0)
+                        for pieces in state.pieces]
+        out = gradients(x=x, y=y, **dict(zip(names, read_weights)),
+                        **{name: values[name] for name in state.states})
+        grads = {}  # by piece, cut on the worker
+        for name, pieces in zip(names, state.pieces):
+            g = tf.identity(out[f"g{name[1:]}"])
+            grads.update(zip(pieces, [g] if len(pieces) == 1 else
+                             tf.split(g, [piece.w.shape[0] for piece in pieces])))
+        # A lock is taken once its arguments are ready (the gradients among them), so
+        # an update's delay counts the updates applied while its gradient was computed.
+        last, *counted = locked(last, 0, apply, worker, grads, out)
+        for server in list(pieces_on)[1:]:
+            last = locked(last, server, apply, worker, grads, out, counted)
+        with tf.control_dependencies([last]):
+            return tf.identity(out["loss"]), counted[1], last
 
     @tf.function
     def step(iterator):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        losses, delays = zip(*(one_update(worker, *next(iterator)) for _ in range(updates)))
+        losses, delays, last = [], [], None
+        for _ in range(updates):
+            loss, delay, last = one_update(worker, *next(iterator), last)
+            losses.append(loss)
+            delays.append(delay)
         return tf.stack(losses), worker, tf.stack(delays)
 
     return step

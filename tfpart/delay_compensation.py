@@ -101,6 +101,16 @@ def freshness(tau, mean_freshness):
     return 1.0 / (1.0 + tau) / mean_freshness
 
 
+def running_freshness(tau, mean_freshness, hyper):
+    """DDC-ASGD's running mean of ``1 / (1 + tau)`` once an update ``tau`` updates old is
+    counted (not unbiased).
+
+    >>> running_freshness(1, 0.5, Hyper(ms_decay=0.5))
+    0.5
+    """
+    return hyper.ms_decay * mean_freshness + (1.0 - hyper.ms_decay) / (1.0 + tau)
+
+
 def update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, sqrt, step):
     """The parameter server's new state after one gradient (rules in the module doc).
 
@@ -132,8 +142,7 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, sqrt, st
         ms = hyper.ms_decay * ms + (1.0 - hyper.ms_decay) * g * g
         lam = hyper.lambda0 / sqrt(ms / unbias + hyper.epsilon)
         if mode == "ddc-asgd":
-            mean_freshness = (hyper.ms_decay * mean_freshness
-                              + (1.0 - hyper.ms_decay) / (1.0 + tau))
+            mean_freshness = running_freshness(tau, mean_freshness, hyper)
             weight = freshness(tau, mean_freshness / unbias)
         corrected = g + lam * weight * g * g * (w - w_bak)
     velocity = hyper.momentum * velocity + weight * corrected

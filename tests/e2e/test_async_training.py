@@ -220,21 +220,23 @@ def export_constant_gradient_step(path, width):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-@pytest.mark.parametrize("mode", ["async", "dc-asgd"])
-def test_no_update_is_lost_when_workers_update_at_once(mode, tmp_path):
+@pytest.mark.parametrize("mode, ps", [("async", 1), ("dc-asgd", 1), ("async", 2)])
+def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
     """Three workers update a 1 MB weight whose gradient is the same at every step, so
     after N updates of plain SGD it is exactly ``-N * lr / width`` (DC-ASGD too, with
     ``lambda0 = 0``: else it would compensate the stale copies of that gradient).
-    Without the servers' lock two updates that overlap read the same weight and the
-    later assignment drops the earlier one: before the lock, the bias ended at 0.43 of
-    its value here (138 of the 240 updates dropped)."""
+    Without the servers' locks two updates that overlap read the same weight and the
+    later assignment drops the earlier one: before the locks, the bias ended at 0.43 of
+    its value here (138 of the 240 updates dropped). With two servers the weight is cut
+    into a piece on each, each under its own server's lock."""
+    from tfpart.plan import Plan
     from tfpart.trainer import trained_weights
 
     width, steps, lr = 512, 240, 0.01
     model = export_constant_gradient_step(tmp_path / "model", width)
     np.savez(tmp_path / "ones.npz", x=np.ones((1024, width), np.float32),
              y=np.zeros(1024, np.int32))
-    with LocalWorkers(3, tmp_path, ps=1, pin=False) as workers:
+    with LocalWorkers(3, tmp_path, ps=ps, pin=False) as workers:
         run = tfpart_train(model, workers.path, tmp_path / "ones.npz", tmp_path / "out",
                            "--mode", mode, "--steps", steps, "--batch-size", 256,
                            "--lr", lr, "--momentum", 0, "--lambda0", 0,
@@ -242,6 +244,8 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, tmp_path):
     assert run.returncode == 0, failure(run.stderr, tmp_path)
     delays = [int(u["delay"]) for u in rows(tmp_path / "out" / "updates.csv")]
     assert len(delays) == steps and max(delays) > 0  # the workers did overlap
+    servers = set(Plan.load(tmp_path / "out" / "plan.json").assignment.values())
+    assert len(servers) == ps
     for name, value in trained_weights(tmp_path / "out").items():
         np.testing.assert_allclose(value, -steps * lr / width, rtol=1e-4, err_msg=name)
 
