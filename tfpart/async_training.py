@@ -118,8 +118,10 @@ class ServerState:
                 self.state_server[name] = servers.index(placement[name][0].server)
                 with on(placement[name][0].server):
                     self.states[name] = tf.Variable(value, name=name)
-            # one lock per server, for the variables it holds; server 0's also for the
-            # counts, which an update takes first
+            # One lock per server, for the variables it holds; server 0's also for the
+            # counts, which an update takes first. A lock is created on the current
+            # device (the strategy's scope places variables only): without tf.device
+            # it lived on the client, a round trip from the workers.
             self.devices = servers
             self.locks = []
             for k, server in enumerate(servers):
@@ -298,8 +300,8 @@ def _step_function(state, names, gradients, mode, hyper, updates):
     tf = tensorflow()
 
     fused = fused_update(mode, hyper)
-    pieces_on = {server: [(index, piece) for index, pieces in enumerate(state.pieces)
-                          for piece in pieces if piece.server == server]
+    pieces_on = {server: [piece for pieces in state.pieces for piece in pieces
+                          if piece.server == server]
                  for server in range(len(state.devices))}
     states_on = {server: [name for name, on in state.state_server.items() if on == server]
                  for server in range(len(state.devices))}
@@ -312,7 +314,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
         if server == 0:
             done.append(state.read_at.scatter_update(tf.IndexedSlices(
                 tf.reshape(state.updates.read_value(), [1]), tf.reshape(worker, [1]))))
-        for _, piece in pieces_on[server]:
+        for piece in pieces_on[server]:
             values[piece] = piece.w.read_value()
             if piece.bak is not None:
                 done.append(piece.bak.scatter_update(
@@ -346,7 +348,7 @@ def _step_function(state, names, gradients, mode, hyper, updates):
         if counted is None:
             counted, done = count(worker)
         number, delay, applies, mean_freshness = counted
-        for _, piece in pieces_on[server]:
+        for piece in pieces_on[server]:
             current = piece.w.read_value()
             new = fused(current, grads[piece],
                         current if piece.bak is None else tf.gather(piece.bak, worker),
