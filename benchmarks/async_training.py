@@ -25,15 +25,15 @@ Each asynchronous run makes ``--steps`` updates of ``--batch-size`` samples; a s
 update takes that batch on each worker, so sync makes a third as many updates (with
 three workers) over the same number of samples. The sync compile is told the slowed
 worker's speed (a CPU kind ``1 / share`` times slower), so its batch shares follow
-speed; the asynchronous modes need no such hint. Wall time counts from the first update and
-counts training only: not the start of the processes, sync's compile, the tracing of
+speed; the asynchronous modes need no such hint. Wall time counts from the first update
+and counts training only: not the start of the processes, sync's compile, the tracing of
 the asynchronous modes' function, nor each mode's warm-up (a first step or call on
 every worker that changes nothing: it builds the function's parts on the workers and
 servers, about 0.4 s for sync and 2 s for the asynchronous modes). Evaluations on the
 held-out fifth run in the client: sync's between its steps, with its clock stopped
-(they took about a fifth of its wall time before that); the asynchronous modes' in a thread of their own, whenever
-the servers' count passes a multiple of the evaluation interval, while the workers go
-on (they cost those runs no measurable time).
+(they took about a fifth of its wall time before that); the asynchronous modes' in a
+thread of their own, whenever the servers' count passes a multiple of the evaluation
+interval, while the workers go on (they cost those runs no measurable time).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def one_run(work, model, data, mode, seed, args):
     slow = args.workers - 1
     with LocalWorkers(args.workers, work, ps=args.ps, pin=False) as workers:
         cluster = workers.path
-        if mode == "sync":  # tell the compile worker 2's speed
+        if mode == "sync":  # tell the compile the slowed worker's speed
             slowed = with_slower_cpu(json.loads(cluster.read_text()), slow,
                                      1 / args.slow_share, "cpu_slowed")
             cluster = work / "sync_cluster.json"
@@ -126,9 +126,9 @@ def one_run(work, model, data, mode, seed, args):
                 [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
                  str(cluster), "--data", str(data), "-o", str(out), "--mode", mode,
                  "--steps", str(steps), "--batch-size", str(args.batch_size), "--lr",
-                 str(args.lr), "--momentum", str(args.momentum), "--lambda0", str(args.lambda0), "--eval-every",
-                 str(max(1, steps // 30)), "--seed", str(seed), "--updates-per-call",
-                 str(args.updates_per_call)],
+                 str(args.lr), "--momentum", str(args.momentum), "--lambda0",
+                 str(args.lambda0), "--eval-every", str(max(1, steps // 30)), "--seed",
+                 str(seed), "--updates-per-call", str(args.updates_per_call)],
                 cwd=ROOT, capture_output=True, text=True, timeout=1800)
         finally:
             throttle.stop()
@@ -197,8 +197,8 @@ def tables(runs, args):
                 return f"{statistics.fmean(f[key] for f in figures):.{digits}f}" \
                     if figures else "-"
 
-            delays.append({"mode": mode, "worker": worker + (" (slowed)" if worker == str(args.workers - 1)
-                                                               else ""),
+            slowed = " (slowed)" if worker == str(args.workers - 1) else ""
+            delays.append({"mode": mode, "worker": worker + slowed,
                            "updates": "{:.0f}".format(statistics.fmean(
                                f["updates"] if f else 0 for f in made)),
                            "mean delay": mean("mean", 2), "median": mean("median", 1),
@@ -257,8 +257,8 @@ def plot(runs, path, data, workers):
         axis.set_ylim(0, 1)
         axis.grid(alpha=0.3)
         axis.legend(loc="lower right")
-    figure.suptitle(f"{data.capitalize()} data, {workers} workers (one slowed), mean over seeds, "
-                    "range shaded")
+    figure.suptitle(f"{data.capitalize()} data, {workers} workers (one slowed), mean over "
+                    "seeds, range shaded")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 

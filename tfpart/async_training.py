@@ -386,7 +386,9 @@ def _step_function(state, names, gradients, mode, hyper, updates):
 
     def one_update(worker, x, y, last):
         """One update; its loss, delay and the token of its last section."""
-        values = {}  # read's values: through the locks, each would pass its server twice
+        # read's values come out beside the locks: returned through one, a value would
+        # reach the worker only once that lock is released
+        values = {}
         for server in pieces_on:
             last = locked(last, server, read, worker, values)
         # Identities on the worker: without them the placer puts the gradients' call
