@@ -200,13 +200,10 @@ def replay(mode, workers, seed, args, data, explain=False):
         stale = read_at[read]
         tau = position - read
         g, fisher = gradient(stale, x[batch], y[batch], fisher=explain)
-        if explain and tau:
-            now, _ = gradient(weights, x[batch], y[batch])
+        if explain:
+            now = gradient(weights, x[batch], y[batch])[0] if tau else g
             explained.add(*correction_terms(g, now, fisher, weights, stale, explained_ms,
                                             hyper, position + 1))
-        elif explain:
-            explained_ms = [hyper.ms_decay * m + (1 - hyper.ms_decay) * gi * gi
-                            for m, gi in zip(explained_ms, g)]
         new = [update(mode, w, gi, wb, m, v, tau, mean_freshness, hyper, np.sqrt,
                       step=position + 1)
                for w, gi, wb, m, v in zip(weights, g, stale, ms, velocity)]
