@@ -161,7 +161,8 @@ class Explained:
         """``terms``: each correction's ``c ⊙ (w − w_bak)`` at unit strength, and
         DC-ASGD's own at its adaptive λ."""
         self.change += float(change @ change)
-        for name, term in (("dc-asgd λ·g⊙g", terms["dc"]), ("Fisher diagonal", terms["Fisher"])):
+        for name, term in (("dc-asgd λ·g⊙g", terms["dc"]),
+                           ("Fisher diagonal", terms["Fisher"])):
             miss = change - term
             self.residual[name] += float(miss @ miss)
         for name in ("g⊙g", "Fisher"):
@@ -180,8 +181,8 @@ class Explained:
 
 
 def replay(mode, workers, seed, args, data, explain=False):
-    """One simulated asynchronous run; held-out accuracy at every ``args.every``
-    updates, its delays and, if ``explain``, the corrections' :meth:`Explained.ratios`."""
+    """One simulated asynchronous run: held-out accuracy every ``args.every`` updates,
+    the mean delay and, if ``explain``, the corrections' :meth:`Explained.ratios`."""
     (x, y), (held_x, held_y) = data
     rng = np.random.default_rng(seed)
     weights = glorot_weights(rng, [x.shape[1], args.hidden, args.hidden, int(y.max()) + 1])
@@ -196,7 +197,7 @@ def replay(mode, workers, seed, args, data, explain=False):
     last_read = {read: position for position, (_, read) in enumerate(schedule)}
     explained = Explained()
     curve = [(0, accuracy(weights, held_x, held_y))]
-    for position, ((worker, read), batch) in enumerate(zip(schedule, picks)):
+    for position, ((_, read), batch) in enumerate(zip(schedule, picks)):
         stale = read_at[read]
         tau = position - read
         g, fisher = gradient(stale, x[batch], y[batch], fisher=explain)
@@ -217,7 +218,7 @@ def replay(mode, workers, seed, args, data, explain=False):
             curve.append((position + 1, accuracy(weights, held_x, held_y)))
     delays = [position - read for position, (_, read) in enumerate(schedule)]
     return {"mode": mode, "workers": workers, "seed": seed, "curve": curve,
-            "mean delay": statistics.fmean(delays), "max delay": max(delays),
+            "mean delay": statistics.fmean(delays),
             "explained": explained.ratios() if explain else None}
 
 
@@ -246,6 +247,7 @@ def split(x, y, seed):
 
 
 def at(curve, update_count):
+    """Accuracy at ``update_count`` updates, interpolated along ``curve``."""
     return float(np.interp(update_count, *zip(*curve)))
 
 
@@ -258,6 +260,8 @@ def one_blas_thread():
 
 
 def run_all(args):
+    """Every mode for every number of workers and seed, ``args.jobs`` at a time; the
+    first three seeds' ASGD runs also measure the corrections."""
     with tempfile.TemporaryDirectory(prefix="tfpart-delayed-") as tmp:
         loaded = np.load(data_set("generated", Path(tmp) / "generated.npz"))
         x, y = loaded["x"], loaded["y"].astype(np.int64)
@@ -276,10 +280,13 @@ def run_all(args):
 
 
 def spread(values):
+    """``mean ± standard deviation``."""
     return f"{statistics.fmean(values):.3f} ± {statistics.pstdev(values):.3f}"
 
 
 def accuracy_rows(runs, args):
+    """Accuracy at equal updates per number of workers and mode, and the seed-by-seed
+    difference from ASGD (from sequential SGD for ASGD itself)."""
     checkpoints = [args.steps // 6, args.steps // 2, args.steps]
     by = {}
     for run in runs:
@@ -287,8 +294,9 @@ def accuracy_rows(runs, args):
     sequential = by.get((1, "async"))
     rows = []
     for (workers, mode), seeds in by.items():
+        delay = statistics.fmean(r["mean delay"] for r in seeds.values())
         row = {"workers": str(workers), "mode": "sequential SGD" if workers == 1 else mode,
-               "mean delay": f"{statistics.fmean(r['mean delay'] for r in seeds.values()):.2f}"}
+               "mean delay": f"{delay:.2f}"}
         for n in checkpoints:
             row[f"accuracy at {n}"] = spread([at(r["curve"], n) for r in seeds.values()])
         base = by[(workers, "async")] if mode != "async" else sequential
@@ -307,6 +315,7 @@ def accuracy_rows(runs, args):
 
 
 def explained_rows(runs):
+    """The corrections' :meth:`Explained.ratios`, mean over the runs that measured them."""
     rows = []
     for workers in sorted({r["workers"] for r in runs if r["explained"]}):
         ratios = [r["explained"] for r in runs if r["workers"] == workers and r["explained"]]
