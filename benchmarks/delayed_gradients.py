@@ -49,7 +49,8 @@ from rich.table import Table
 
 from benchmarks.async_training import data_set
 from benchmarks.markdown import print_table
-from tfpart.delay_compensation import ASYNC_MODES, Hyper, running_freshness, update
+from tfpart.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
+                                       running_freshness, update)
 
 console = Console(highlight=False)
 SLOWER = 3.0  # the last worker's gradient takes this many times longer
@@ -229,8 +230,7 @@ def correction_terms(g, now, fisher, weights, stale, ms, hyper, step):
     unbias = 1.0 - hyper.ms_decay ** step
     dc, square, fisher_term = [], [], []
     for index, (gi, fi, w, wb) in enumerate(zip(g, fisher, weights, stale)):
-        ms[index] = hyper.ms_decay * ms[index] + (1 - hyper.ms_decay) * gi * gi
-        lam = hyper.lambda0 / np.sqrt(ms[index] / unbias + hyper.epsilon)
+        ms[index], lam = compensation_strength(ms[index], gi, hyper, np.sqrt, unbias)
         moved = (w - wb).ravel()
         dc.append((lam * gi * gi).ravel() * moved)
         square.append((gi * gi).ravel() * moved)

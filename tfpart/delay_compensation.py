@@ -111,6 +111,19 @@ def running_freshness(tau, mean_freshness, hyper):
     return hyper.ms_decay * mean_freshness + (1.0 - hyper.ms_decay) / (1.0 + tau)
 
 
+def compensation_strength(ms, g, hyper, sqrt, unbias):
+    """DC-ASGD's running mean square once ``g`` is counted, and the element-wise
+    ``lam = lam0 / sqrt(MS / unbias + eps)`` from it (``unbias = 1 - m^t``).
+
+    >>> import math
+    >>> compensation_strength(0.0, 2.0, Hyper(lambda0=1.0, ms_decay=0.5, epsilon=0.0),
+    ...                       math.sqrt, unbias=0.5)
+    (2.0, 0.5)
+    """
+    ms = hyper.ms_decay * ms + (1.0 - hyper.ms_decay) * g * g
+    return ms, hyper.lambda0 / sqrt(ms / unbias + hyper.epsilon)
+
+
 def update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, sqrt, step):
     """The parameter server's new state after one gradient (rules in the module doc).
 
@@ -139,8 +152,7 @@ def update(mode, w, g, w_bak, ms, velocity, tau, mean_freshness, hyper, sqrt, st
     weight = 1.0
     if mode != "async":
         unbias = 1.0 - hyper.ms_decay ** step  # the running means start at zero
-        ms = hyper.ms_decay * ms + (1.0 - hyper.ms_decay) * g * g
-        lam = hyper.lambda0 / sqrt(ms / unbias + hyper.epsilon)
+        ms, lam = compensation_strength(ms, g, hyper, sqrt, unbias)
         if mode == "ddc-asgd":
             mean_freshness = running_freshness(tau, mean_freshness, hyper)
             weight = freshness(tau, mean_freshness / unbias)
