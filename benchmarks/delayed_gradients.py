@@ -51,6 +51,7 @@ from benchmarks.async_training import data_set
 from benchmarks.markdown import print_table
 from tfpart.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
                                        running_freshness, update)
+from tfpart.trainer import TrainOptions, held_out_split
 
 console = Console(highlight=False)
 SLOWER = 3.0  # the last worker's gradient takes this many times longer
@@ -239,13 +240,6 @@ def correction_terms(g, now, fisher, weights, stale, ms, hyper, step):
     return change, {"dc": flat(dc), "g⊙g": flat(square), "Fisher": flat(fisher_term)}
 
 
-def split(x, y, seed):
-    """A seeded fifth of ``(x, y)`` held out, as ``tfpart train`` does."""
-    order = np.random.default_rng(seed).permutation(len(x))
-    held = len(x) // 5
-    return (x[order[held:]], y[order[held:]]), (x[order[:held]], y[order[:held]])
-
-
 def at(curve, update_count):
     """Accuracy at ``update_count`` updates, interpolated along ``curve``."""
     return float(np.interp(update_count, *zip(*curve)))
@@ -268,7 +262,8 @@ def run_all(args):
     jobs = [(mode, workers, seed) for workers in args.workers for seed in range(args.seeds)
             for mode in (("async",) if workers == 1 else ASYNC_MODES)]
     with ProcessPoolExecutor(args.jobs, initializer=one_blas_thread) as pool:
-        futures = [pool.submit(replay, mode, workers, seed, args, split(x, y, seed),
+        futures = [pool.submit(replay, mode, workers, seed, args,
+                               held_out_split((x, y), TrainOptions.eval_fraction, seed),
                                explain=(mode == "async" and workers > 1 and seed < 3))
                    for mode, workers, seed in jobs]
         runs = []

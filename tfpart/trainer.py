@@ -120,12 +120,24 @@ def load_data(path, signature, fraction, seed):
         columns.append(value.astype(spec.dtype.as_numpy_dtype))
     if len(columns[0]) != len(columns[1]):
         raise TfpartError(path, f"x has {len(columns[0])} samples but y {len(columns[1])}")
+    training, held = held_out_split(columns, fraction, seed)
+    if not len(training[0]):
+        raise TfpartError(path, f"{len(columns[0])} samples leave none to train on")
+    return training, held
+
+
+def held_out_split(columns, fraction, seed):
+    """``(training, held out)``: each a tuple of ``columns`` (arrays of one length)
+    cut at the same samples, a seeded ``fraction`` of them (at least one) held out.
+
+    >>> training, held = held_out_split((np.arange(10), np.arange(10) * 2), 0.2, seed=0)
+    >>> [len(c) for c in training], [len(c) for c in held], bool((held[1] == 2 * held[0]).all())
+    ([8, 8], [2, 2], True)
+    """
     order = np.random.default_rng(seed).permutation(len(columns[0]))
     held = max(1, int(round(fraction * len(order))))
-    if held >= len(order):
-        raise TfpartError(path, f"{len(order)} samples leave none to train on")
-    x, y = (c[order] for c in columns)
-    return (x[held:], y[held:]), (x[:held], y[:held])
+    shuffled = [c[order] for c in columns]
+    return tuple(c[held:] for c in shuffled), tuple(c[:held] for c in shuffled)
 
 
 def evaluate(model, named, held):
