@@ -52,9 +52,8 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
-from benchmarks.markdown import print_table
+from benchmarks.markdown import show_rows
 from examples.clusters import with_slower_cpu
 from examples.models import export_classifier_step
 from tfpart.local_workers import LocalWorkers
@@ -314,14 +313,7 @@ def main(argv=None):
     for caption, table_rows in ((title, rows), ("Delays per worker (mean over seeds)", delays),
                                 ("Paired over seeds: accuracy difference, mean ± "
                                  "standard deviation", differences)):
-        table = Table(title=caption)
-        for column in table_rows[0]:
-            table.add_column(column)
-        for row in table_rows:
-            table.add_row(*map(str, row.values()))
-        console.print(table)
-        if args.markdown:
-            print_table(list(table_rows[0]), [list(map(str, r.values())) for r in table_rows])
+        show_rows(console, caption, table_rows, args.markdown)
     console.print(first)
     console.print(f"Plot: {args.plot}")
 

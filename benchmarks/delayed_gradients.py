@@ -45,10 +45,9 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
-from benchmarks.async_training import data_set
-from benchmarks.markdown import print_table
+from benchmarks.async_training import data_set, spread
+from benchmarks.markdown import show_rows
 from tfpart.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
                                        running_freshness, update)
 from tfpart.trainer import TrainOptions, held_out_split
@@ -73,13 +72,13 @@ def glorot_weights(rng, sizes):
     return weights
 
 
-def logits(weights, x):
-    """The perceptron's output: ReLU hidden layers, a linear last one."""
-    layers = list(zip(weights[::2], weights[1::2]))
-    for kernel, bias in layers[:-1]:
-        x = np.maximum(x @ kernel + bias, 0.0)
-    kernel, bias = layers[-1]
-    return x @ kernel + bias
+def forward(weights, x):
+    """The perceptron's layer inputs (``x`` and each ReLU hidden layer's output) and
+    its logits (the linear last layer's output)."""
+    inputs = [x]
+    for kernel, bias in zip(weights[:-2:2], weights[1:-2:2]):
+        inputs.append(np.maximum(inputs[-1] @ kernel + bias, 0.0))
+    return inputs, inputs[-1] @ weights[-2] + weights[-1]
 
 
 def gradient(weights, x, y, fisher=False):
@@ -93,28 +92,24 @@ def gradient(weights, x, y, fisher=False):
     >>> [a.shape for a in g] == [a.shape for a in f] == [w.shape for w in weights]
     True
     """
-    layers = list(zip(weights[::2], weights[1::2]))
-    inputs = [x]
-    for kernel, bias in layers[:-1]:
-        inputs.append(np.maximum(inputs[-1] @ kernel + bias, 0.0))
-    z = inputs[-1] @ layers[-1][0] + layers[-1][1]
+    inputs, z = forward(weights, x)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     p[np.arange(len(y)), y] -= 1.0
     delta = p  # each sample's gradient with respect to its logits
     grads, squares = [], []
-    for index in range(len(layers) - 1, -1, -1):
+    for index in range(len(inputs) - 1, -1, -1):
         a = inputs[index]
         grads[:0] = [a.T @ delta / len(y), delta.mean(0)]
         if fisher:
             squares[:0] = [(a * a).T @ (delta * delta) / len(y), (delta * delta).mean(0)]
         if index:
-            delta = (delta @ layers[index][0].T) * (a > 0)
+            delta = (delta @ weights[2 * index].T) * (a > 0)
     return grads, (squares if fisher else None)
 
 
 def accuracy(weights, x, y):
-    return float((logits(weights, x).argmax(1) == y).mean())
+    return float((forward(weights, x)[1].argmax(1) == y).mean())
 
 
 def delay_schedule(workers, updates, rng):
@@ -274,11 +269,6 @@ def run_all(args):
     return runs
 
 
-def spread(values):
-    """``mean ± standard deviation``."""
-    return f"{statistics.fmean(values):.3f} ± {statistics.pstdev(values):.3f}"
-
-
 def accuracy_rows(runs, args):
     """Accuracy at equal updates per number of workers and mode, and the seed-by-seed
     difference from ASGD (from sequential SGD for ASGD itself)."""
@@ -342,16 +332,8 @@ def main(argv=None):
                           ("Error of each correction of the stale gradients along ASGD "
                            "(relative to leaving them stale; below 1 helps)",
                            explained_rows(runs))):
-        if not rows:
-            continue
-        table = Table(title=caption)
-        for column in rows[0]:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*row.values())
-        console.print(table)
-        if args.markdown:
-            print_table(list(rows[0]), [list(r.values()) for r in rows])
+        if rows:
+            show_rows(console, caption, rows, args.markdown)
 
 
 if __name__ == "__main__":

@@ -13,3 +13,20 @@ def print_table(columns, rows):
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+
+def show_rows(console, caption, rows, markdown):
+    """Print ``rows`` (dicts with the same keys, the columns) as a rich table titled
+    ``caption`` on ``console`` and, if ``markdown``, as a Markdown table too."""
+    from rich.table import Table
+
+    columns = list(rows[0])
+    cells = [[str(value) for value in row.values()] for row in rows]
+    table = Table(title=caption)
+    for column in columns:
+        table.add_column(column)
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)
+    if markdown:
+        print_table(columns, cells)
