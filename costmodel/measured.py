@@ -55,6 +55,7 @@ from tfpart.cluster import KernelEfficiency, load_device_kinds
 from tfpart.errors import ProfileError
 from tfpart.flops import op_flops
 from tfpart.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
+from tfpart.output_folders import write_file_atomically
 
 FORMAT = "tfpart-measured-profile/1"
 CLASSES = ("matmul", "elementwise", "reduction", "data_movement")
@@ -163,8 +164,7 @@ class MeasuredProfile:
                 "ops": self.ops, "fitted": self.fitted}
 
     def save(self, path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_file_atomically(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path, kinds=None):

@@ -2,18 +2,19 @@
 
 The output is assembled in a temporary folder beside the target (variables and assets
 copied, the new ``saved_model.pb``, a fresh fingerprint, extra files such as plan.json)
-and renamed into place only when complete, so a failure leaves nothing half-written.
+and renamed into place only when complete, so a failure leaves nothing half-written
+(:mod:`tfpart.output_folders`).
 """
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from tfpart.errors import ModelError, OutputError, first_line
+from tfpart.errors import ModelError, first_line
+from tfpart.output_folders import move_into_place, new_staging_folder, os_errors
 
 
 @dataclass(frozen=True)
@@ -74,29 +75,19 @@ def check_variables(path):
             from None
 
 
-def prepare_output(out, force):
-    """Refuse an existing ``out`` unless ``force``; return a fresh temporary folder
-    beside it for the caller to fill."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise OutputError(out, "already exists (use --force to replace it)")
-    if out.exists() and not out.is_dir():
-        raise OutputError(out, "exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-
-
-def save(model, out, force=False, extra_files=None, check=None):
+def save(model, out, force=False, extra_files=None, check=None, staging=None):
     """Write the :class:`SavedModelParts` ``model`` to ``out`` (see
     :func:`write_saved_model`)."""
-    return write_saved_model(model.proto, model.directory, out, force, extra_files, check)
+    return write_saved_model(model.proto, model.directory, out, force, extra_files, check,
+                             staging)
 
 
-def write_saved_model(proto, source_dir, out, force=False, extra_files=None, check=None):
+def write_saved_model(proto, source_dir, out, force=False, extra_files=None, check=None,
+                      staging=None):
     """Write ``proto`` with ``source_dir``'s variables and assets to ``out``.
 
     ``extra_files`` maps a file name to the text written beside ``saved_model.pb``;
-    ``check`` is passed to :func:`write_output`.
+    ``check`` and ``staging`` are passed to :func:`write_output`.
     """
     def fill(staging):
         for item in Path(source_dir).iterdir():
@@ -106,29 +97,31 @@ def write_saved_model(proto, source_dir, out, force=False, extra_files=None, che
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
         (staging / "saved_model.pb").write_bytes(proto.SerializeToString(deterministic=True))
 
-    return write_output(fill, out, force, extra_files, check)
+    return write_output(fill, out, force, extra_files, check, staging)
 
 
-def write_output(fill, out, force=False, extra_files=None, check=None):
-    """Call ``fill(staging)`` to write a SavedModel into a fresh folder beside ``out``,
+def write_output(fill, out, force=False, extra_files=None, check=None, staging=None):
+    """Call ``fill(staging)`` to write a SavedModel into a fresh folder beside ``out``
+    (or into ``staging``, one :func:`tfpart.output_folders.new_staging_folder` made),
     add a fingerprint and ``extra_files``, call ``check(staging)`` if given (it may
-    raise), then rename it to ``out`` (nothing is left behind if anything fails)."""
+    raise), then move it into place (:func:`tfpart.output_folders.move_into_place`:
+    an existing ``out`` is replaced only with ``force`` and only if tfpart wrote it;
+    nothing is left behind if anything fails)."""
     from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 
     out = Path(out)
-    staging = prepare_output(out, force)
+    staging = new_staging_folder(out, force) if staging is None else Path(staging)
     try:
-        fill(staging)
-        (staging / "fingerprint.pb").write_bytes(
-            fingerprinting.CreateFingerprintDef(str(staging)))
-        for name, text in (extra_files or {}).items():
-            (staging / name).write_text(text)
+        with os_errors(out):
+            fill(staging)
+            (staging / "fingerprint.pb").write_bytes(
+                fingerprinting.CreateFingerprintDef(str(staging)))
+            for name, text in (extra_files or {}).items():
+                (staging / name).write_text(text)
         if check is not None:
             check(staging)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    move_into_place(staging, out, "compile", force)
     return out

@@ -89,7 +89,7 @@ def run_case(work, case, target, rng, timeout):
     elif problem is None and code == 2:
         if len(lines) != 1 or not lines[0].startswith("tfpart: error: "):
             problem = f"{len(lines)} lines on stderr: {lines[:3]}"
-        elif out.exists() or list(work.glob(f".out{case}.tmp-*")):
+        elif out.exists() or list(work.glob(f".out{case}*tfpart-tmp-*")):
             problem = "output written on failure"
     if problem is None and (digest(model), digest(cluster)) != before:
         problem = "input modified"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from contextlib import contextmanager
 
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.errors import OutputError, TfpartError
+from tfpart.output_folders import check_inputs_outside, check_replaceable
 from tfpart.report import replicas_line
 from tfpart.quiet import library_output_captured, user_stderr
 
@@ -173,8 +175,8 @@ def cmd_compile(args):
     model = args.model or str(DEFAULT_MODEL_DIR)
     cluster = args.cluster or str(DEFAULT_CLUSTER_FILE)
     _check_inputs(models=[model], cluster=cluster, profiles=args.profile)
-    if os.path.exists(args.output) and not args.force:
-        raise OutputError(args.output, "already exists (use --force to replace it)")
+    check_inputs_outside(args.output, [model, cluster, *(args.profile or ())])
+    check_replaceable(args.output, "compile", args.force)
     from tfpart.compile import algorithm_options, compile_model
 
     pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None \
@@ -237,6 +239,8 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
 
 def cmd_profile(args):
     _check_inputs(models=[args.model])
+    check_inputs_outside(args.output, [args.model])
+    _check_profile_output(args.output)
     from tfpart.profiling import profile_model
 
     with progress_display() as progress:
@@ -258,6 +262,23 @@ def cmd_profile(args):
     return 0
 
 
+def _check_profile_output(path):
+    """An existing ``profile -o`` file is replaced only if it is a profile (tfpart
+    deletes only what it wrote)."""
+    if not os.path.lexists(path):
+        return
+    is_profile = False
+    if os.path.isfile(path) and not os.path.islink(path):  # never open a FIFO or device
+        try:
+            with open(path) as handle:
+                is_profile = {"device_kind", "ops"} <= set(json.load(handle))
+        except (OSError, ValueError, TypeError, RecursionError):
+            pass
+    if not is_profile:
+        raise OutputError(path, "exists and is not a profile tfpart wrote: remove it yourself "
+                          "or choose another -o")
+
+
 def _efficiency_text(value):
     """A fitted fraction, or a KernelEfficiency's JSON, in a few characters."""
     from tfpart.cluster import KernelEfficiency
@@ -272,6 +293,9 @@ def _efficiency_text(value):
 
 def cmd_calibrate(args):
     from tfpart.calibrate import calibrate, write_kind
+
+    if args.output:  # the kinds file is updated in place; the measurements never
+        check_inputs_outside(args.output, [args.kernels, args.links])
 
     name, entry, fitted = calibrate(args.kernels, args.links, args.kinds or DEVICE_KINDS_FILE)
     table = Table(title=f"{name}: fitted per kernel class (kernel time = max(launch, "
@@ -638,14 +662,30 @@ def main(argv=None):
               "(tensorflow-cpu) or tfpart[gpu], or TensorFlow 2.20–2.21 yourself",
               file=user_stderr())
         return 2
-    except KeyboardInterrupt:
-        print("tfpart: interrupted", file=user_stderr())
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"tfpart: interrupted ({signal.Signals(signum).name})", file=user_stderr())
+        return 128 + signum
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's KeyboardInterrupt,
+    so that every ``finally`` and clean-up on the way out runs."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
 
 
 def entry(argv=None):
     """The ``tfpart`` command: :func:`main` with TensorFlow's logging kept out of the
     terminal (:mod:`tfpart.quiet`)."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_terminated)
     try:
         with library_output_captured():
             return main(argv)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,9 @@ from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
-from tfpart.errors import ModelError, OutputError, PlacementError, model_errors
+from tfpart.errors import ModelError, PlacementError, model_errors
+from tfpart.output_folders import check_inputs_outside, new_staging_folder, \
+    removed_on_failure, temporary_folder
 from tfpart.report import write_report
 
 REPORT_FILE = "report.html"
@@ -215,19 +216,26 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     With ``verify`` the compiled model is run against the original
     (:func:`tfpart.verification.verify`) before it is moved into place, so an error there
     leaves no output behind; the report is ``result.verification``."""
-    from rewriters.passes import run_rewriters
-    from rewriters.savedmodel_io import SavedModelParts, prepare_output, save
-
     cluster = load_cluster(cluster_file)
-    source, target = Path(model_dir).resolve(), Path(out).resolve()
-    if target == source or source in target.parents or target in source.parents:
-        raise OutputError(out, f"would overwrite the input model {model_dir}")
-    prepare_output(out, force).rmdir()  # fail on an existing output before any work
-    plan, graph, info, proto, timings = plan_model(
-        model_dir, cluster, batch_size=batch_size, signature=signature,
-        algorithm=algorithm, options=options, profiles=profiles, progress=progress,
-        pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32,
-        strategy=strategy)
+    check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
+    staging = new_staging_folder(out, force)  # fails on an unwritable output before any work
+    with removed_on_failure(staging):
+        return _compile_into(staging, model_dir, cluster, out, plan_model(
+            model_dir, cluster, batch_size=batch_size, signature=signature,
+            algorithm=algorithm, options=options, profiles=profiles, progress=progress,
+            pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32,
+            strategy=strategy), profiles=profiles, force=force, progress=progress,
+            verify=verify)
+
+
+def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,
+                  verify):
+    """Rewrite ``model_dir`` by the plan of :func:`plan_model`'s ``planned`` into
+    ``staging``, verify it if asked and move it to ``out``."""
+    from rewriters.passes import run_rewriters
+    from rewriters.savedmodel_io import SavedModelParts, save
+
+    plan, graph, info, proto, timings = planned
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
     extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
@@ -253,12 +261,12 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         from tfpart.runtime import ensure_local_cpus
 
         ensure_local_cpus(len(cluster))
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.rewrite-",
-                                     dir=target.parent) as workdir:
+    with temporary_folder(out, "rewrite") as workdir:
         rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan, Path(workdir),
                                   progress=lambda name: step(f"rewriting: {name}"))
         step("writing the compiled SavedModel")
-        save(rewritten, out, force=force, extra_files=extra, check=check_staged)
+        save(rewritten, out, force=force, extra_files=extra, check=check_staged,
+             staging=staging)
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings, notes=profile_notes(profiles, cluster),
                          verification=reports[0] if reports else None)
