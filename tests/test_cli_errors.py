@@ -143,3 +143,25 @@ def test_default_compile_prints_plan_and_names_default_cluster(capsys, tmp_path)
     assert code == 0
     assert "local_3cpu.json" in printed and "Predicted step time" in printed
     assert (tmp_path / "out" / "plan.json").is_file()
+
+
+def test_profile_never_replaces_a_file_it_did_not_write(capsys, tmp_path):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}')
+    code, err = run_cli(capsys, "profile", str(DEFAULT_MODEL_DIR), "-o", str(notes))
+    assert_clean_failure(code, err, str(notes), "not a profile tfpart wrote")
+    assert notes.read_text() == '{"my": "notes"}'
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    before = tree_digest(model)
+    code, err = run_cli(capsys, "profile", str(model), "-o", str(model / "saved_model.pb"))
+    assert_clean_failure(code, err, "inside the input")
+    assert tree_digest(model) == before
+
+
+def test_calibrate_never_writes_over_its_measurements(capsys, tmp_path):
+    kernels = tmp_path / "kernels.json"
+    kernels.write_text("{}")
+    code, err = run_cli(capsys, "calibrate", str(kernels), "-o", str(kernels))
+    assert_clean_failure(code, err, "holds the input")
+    assert kernels.read_text() == "{}"

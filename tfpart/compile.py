@@ -22,8 +22,8 @@ from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, model_errors
-from tfpart.output_folders import check_inputs_outside, new_staging_folder, \
-    removed_on_failure, temporary_folder
+from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
+    new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.report import write_report
 
 REPORT_FILE = "report.html"
@@ -218,6 +218,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     leaves no output behind; the report is ``result.verification``."""
     cluster = load_cluster(cluster_file)
     check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
+    # twice the model: the rewriters' working copy and the output
+    check_free_space(out, 2 * folder_bytes(model_dir))
     staging = new_staging_folder(out, force)  # fails on an unwritable output before any work
     with removed_on_failure(staging):
         return _compile_into(staging, model_dir, cluster, out, plan_model(
@@ -261,7 +263,10 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
         from tfpart.runtime import ensure_local_cpus
 
         ensure_local_cpus(len(cluster))
-    with temporary_folder(out, "rewrite") as workdir:
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    with os_errors(out, also=(tf.errors.OpError,)), temporary_folder(out, "rewrite") as workdir:
         rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan, Path(workdir),
                                   progress=lambda name: step(f"rewriting: {name}"))
         step("writing the compiled SavedModel")

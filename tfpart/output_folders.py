@@ -122,14 +122,49 @@ def check_replaceable(out, command, force):
         raise OutputError(out, reason)
 
 
+# what a library's error says when the file system refused a write
+_FILE_SYSTEM_PROBLEMS = ("No space left on device", "Read-only file system",
+                         "Permission denied", "Disk quota exceeded", "File too large")
+
+
 @contextmanager
-def os_errors(path, doing="write"):
+def os_errors(path, doing="write", also=()):
     """Turn an OSError (read-only or full file system, permissions, a name too long)
-    into a one-line OutputError naming ``path``."""
+    into a one-line OutputError naming ``path``; so too an error of the types ``also``
+    (TensorFlow's, say) whose message says the file system refused a write.
+
+    >>> with os_errors("out/"):
+    ...     raise OSError(28, "No space left on device")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.OutputError: out/: cannot write it: No space left on device
+    """
     try:
         yield
     except OSError as exc:
         raise OutputError(path, f"cannot {doing} it: {exc.strerror or exc}") from None
+    except also as exc:
+        problem = next((p for p in _FILE_SYSTEM_PROBLEMS if p in str(exc)), None)
+        if problem is None:
+            raise
+        raise OutputError(path, f"cannot {doing} it: {problem}") from None
+
+
+def check_free_space(out, needed_bytes):
+    """OutputError if the file system of ``out``'s folder has less than
+    ``needed_bytes`` free (checked before the work, so a full disk is found at once)."""
+    parent = Path(out).absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    if free < needed_bytes:
+        raise OutputError(out, f"needs about {needed_bytes / 1e6:.1f} MB free but its file "
+                          f"system has {free / 1e6:.1f} MB")
+
+
+def folder_bytes(folder):
+    """Bytes of the files under ``folder``."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
 
 
 def new_staging_folder(out, force, command="compile"):
