@@ -175,8 +175,11 @@ def cmd_compile(args):
     model = args.model or str(DEFAULT_MODEL_DIR)
     cluster = args.cluster or str(DEFAULT_CLUSTER_FILE)
     _check_inputs(models=[model], cluster=cluster, profiles=args.profile)
-    check_inputs_outside(args.output, [model, cluster, *(args.profile or ())])
+    inputs = [model, cluster, *(args.profile or ())]
+    check_inputs_outside(args.output, inputs)
     check_replaceable(args.output, "compile", args.force)
+    if args.draw:
+        check_inputs_outside(args.draw, inputs)
     from tfpart.compile import algorithm_options, compile_model
 
     pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None \
@@ -320,6 +323,9 @@ def cmd_calibrate(args):
 def cmd_simulate(args):
     _check_inputs(models=[args.model], cluster=args.cluster, profiles=args.profile,
                   files=[args.plan])
+    if args.gantt:
+        check_inputs_outside(args.gantt, [args.model, args.plan, args.cluster,
+                                          *(args.profile or ())])
     from tfpart.compile import simulate_model
 
     with progress_display() as progress:
