@@ -50,11 +50,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 
 from profiles import DEVICE_KINDS_FILE
 from tfpart.errors import ClusterError, ProfileError
@@ -179,13 +181,105 @@ class Link:
         return alpha_beta(nbytes, self.latency, 1.0 / self.bandwidth)
 
 
+@dataclass(frozen=True)
+class LinkTable:
+    """The link between every pair of devices, held without a table of pairs: a
+    cluster of n devices has n(n-1)/2 links, but they take few values. Devices on
+    different hosts share one ``cross`` link; two devices on one host take the
+    same-host link of their two kinds' host links (``same``: a table over the distinct
+    (host-link bandwidth, latency) classes of the cluster's kinds); ``pairs`` holds
+    the links cluster.json names explicitly. ``host`` and ``link_class`` give each
+    device's host and class index. A link is found when asked for
+    (:meth:`link`), and :meth:`arrays` builds dense tables for the solvers.
+
+    >>> fast, slow = Link(1e11, 1e-6), Link(1e9, 5e-5)
+    >>> table = LinkTable(cross=slow, same=((fast,),), pairs={}, host=(0, 0, 1),
+    ...                   link_class=(0, 0, 0))
+    >>> table.link(0, 1) is fast, table.link(1, 2) is slow
+    (True, True)
+    >>> table.arrays()["latency"][0]
+    array([0.e+00, 1.e-06, 5.e-05])
+    """
+
+    cross: Link
+    same: tuple  # same[a][b]: the same-host link of link classes a and b (None if unused)
+    pairs: dict  # (i, j) with i < j -> Link (links.pairs of cluster.json)
+    host: tuple  # host index of each device
+    link_class: tuple  # same-host link class of each device
+
+    def link(self, i, j):
+        """The link between devices ``i`` and ``j``, i != j."""
+        i, j = min(i, j), max(i, j)
+        named = self.pairs.get((i, j))
+        if named is not None:
+            return named
+        if self.host[i] != self.host[j]:
+            return self.cross
+        return self.same[self.link_class[i]][self.link_class[j]]
+
+    def subset(self, indices):
+        """The table of the devices at ``indices`` only, in that order."""
+        position = {old: new for new, old in enumerate(indices)}
+        pairs = {tuple(sorted((position[i], position[j]))): link
+                 for (i, j), link in self.pairs.items() if i in position and j in position}
+        return dataclasses.replace(self, pairs=pairs,
+                                   host=tuple(self.host[i] for i in indices),
+                                   link_class=tuple(self.link_class[i] for i in indices))
+
+    def arrays(self):
+        """Dense ``latency``, ``inverse_bandwidth``, ``message_cost`` (float) and
+        ``cpu_copy`` (bool) tables, device by device (zero on the diagonal): n**2
+        entries each, so only for clusters the solvers can take
+        (:data:`tfpart.limits.MAX_PLANNED_DEVICES`)."""
+        host, cls = np.asarray(self.host), np.asarray(self.link_class)
+        apart = host[:, None] != host[None, :]
+        n = len(host)
+        tables = {}
+        for name, value in _LINK_FIELDS.items():
+            same = np.array([[value(link) if link is not None else 0 for link in row]
+                             for row in self.same] or [[0]], dtype=type(value(self.cross)))
+            table = np.where(apart, value(self.cross), same[cls[:, None], cls[None, :]])
+            for (i, j), link in self.pairs.items():
+                table[i, j] = table[j, i] = value(link)
+            table[np.arange(n), np.arange(n)] = 0
+            tables[name] = table
+        return tables
+
+
+_LINK_FIELDS = {"latency": lambda link: link.latency,
+                "inverse_bandwidth": lambda link: 1.0 / link.bandwidth,
+                "cpu_copy": lambda link: link.cpu_copy,
+                "message_cost": lambda link: link.message_cost}
+
+
+class AllLinks(Mapping):
+    """Every pair's link, ``(i, j)`` with i < j -> Link, found on demand from a
+    :class:`LinkTable` (iterating visits n(n-1)/2 pairs: fine for small clusters)."""
+
+    def __init__(self, table):
+        self._table = table
+        self._n = len(table.host)
+
+    def __getitem__(self, pair):
+        i, j = pair
+        if not (0 <= i < j < self._n):
+            raise KeyError(pair)
+        return self._table.link(i, j)
+
+    def __iter__(self):
+        return ((i, j) for i in range(self._n) for j in range(i + 1, self._n))
+
+    def __len__(self):
+        return self._n * (self._n - 1) // 2
+
+
 @dataclass
 class Cluster:
     """Devices, the links between them, and the optional TensorFlow job addresses."""
 
     name: str
     devices: tuple
-    links: dict = field(repr=False)  # (i, j) with i < j -> Link
+    link_table: LinkTable = field(repr=False)
     tf_cluster: dict = field(default_factory=dict)
     source: str = ""
     step_overhead: float = 0.0  # seconds added once to every step
@@ -198,6 +292,11 @@ class Cluster:
     def device_names(self):
         return [d.name for d in self.devices]
 
+    @property
+    def links(self):
+        """Every pair's link, ``(i, j)`` with i < j -> Link (computed when read)."""
+        return AllLinks(self.link_table)
+
     def kinds(self):
         """The shipped device kinds and those of this cluster's devices (which its file
         may declare), by name."""
@@ -207,7 +306,7 @@ class Cluster:
         """The link between devices ``i`` and ``j`` (indices); ``None`` when i == j."""
         if i == j:
             return None
-        return self.links[(min(i, j), max(i, j))]
+        return self.link_table.link(i, j)
 
     def total_memory(self):
         return sum(d.memory for d in self.devices)
@@ -388,15 +487,16 @@ def cluster_from_dict(data, source="", kinds=None):
         raise ClusterError(source, f"{_field_path(err.absolute_path)}: {err.message}")
     kinds = _own_kinds(data, source, kinds)
     tf_cluster = {job: list(addrs) for job, addrs in data.get("cluster", {}).items()}
-    devices = []
+    devices, names = [], set()
     for i, entry in enumerate(data["devices"]):
         where = f"devices[{i}]"
         name = normalize_device_name(entry["name"])
         if name is None:
             raise ClusterError(source, f"{where}.name: {entry['name']!r} is not a TensorFlow "
                                "device name like /job:worker/task:0/device:GPU:0")
-        if name in (d.name for d in devices):
+        if name in names:
             raise ClusterError(source, f"{where}.name: duplicate device {name}")
+        names.add(name)
         kind = kinds.get(entry["kind"])
         if kind is None:
             raise ClusterError(source, f"{where}.kind: unknown device kind {entry['kind']!r} "
@@ -415,7 +515,7 @@ def cluster_from_dict(data, source="", kinds=None):
     overhead = 0.0 if overhead == 0 else _quantity(parse_duration, overhead, "step_overhead",
                                                    source)
     return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
-                   devices=tuple(devices), links=links, tf_cluster=tf_cluster,
+                   devices=tuple(devices), link_table=links, tf_cluster=tf_cluster,
                    source=str(source), step_overhead=overhead, tf32=data.get("tf32", True))
 
 
@@ -435,6 +535,8 @@ def _own_kinds(data, source, kinds):
 
 
 def _build_links(devices, spec, source):
+    """The :class:`LinkTable` of ``devices`` from cluster.json's ``links`` block; every
+    link of the cluster is made (and its fields checked) once, not once per pair."""
     def make(entry, where, default):
         """A Link from a cluster.json entry; absent fields come from ``default``."""
         bandwidth = (_quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth", source)
@@ -454,28 +556,51 @@ def _build_links(devices, spec, source):
     cross = make(spec.get("cross_host", {}), "links.cross_host",
                  Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
                       parse_duration(DEFAULT_CROSS_HOST["latency"])))
-    links = {}
-    for i, a in enumerate(devices):
-        for j in range(i + 1, len(devices)):
-            b = devices[j]
-            # Same host by default: through the host, at the slower of the two host links.
-            through_host = Link(min(a.kind.host_link_bandwidth, b.kind.host_link_bandwidth),
-                                max(DEFAULT_SAME_HOST_LATENCY, a.kind.host_link_latency +
-                                    b.kind.host_link_latency))
-            links[(i, j)] = (cross if a.host != b.host else
-                             make(spec.get("same_host", {}), "links.same_host", through_host))
-    names = [d.name for d in devices]
+    hosts, classes = {}, {}
+    host = [hosts.setdefault(d.host, len(hosts)) for d in devices]
+    link_class = [classes.setdefault((d.kind.host_link_bandwidth, d.kind.host_link_latency),
+                                     len(classes)) for d in devices]
+    same = [[None] * len(classes) for _ in classes]
+    figures = list(classes)  # class index -> (host-link bandwidth, latency)
+    for a, b in sorted(_classes_sharing_a_host(host, link_class)):
+        (bw_a, lat_a), (bw_b, lat_b) = figures[a], figures[b]
+        # Same host by default: through the host, at the slower of the two host links.
+        through_host = Link(min(bw_a, bw_b), max(DEFAULT_SAME_HOST_LATENCY, lat_a + lat_b))
+        same[a][b] = same[b][a] = make(spec.get("same_host", {}), "links.same_host",
+                                       through_host)
+    table = LinkTable(cross=cross, same=tuple(map(tuple, same)), pairs={},
+                      host=tuple(host), link_class=tuple(link_class))
+    index = {d.name: i for i, d in enumerate(devices)}
     for k, pair in enumerate(spec.get("pairs", [])):
         where = f"links.pairs[{k}]"
         ends = [normalize_device_name(n) for n in pair["between"]]
         for n, end in zip(pair["between"], ends):
-            if end not in names:
+            if end not in index:
                 raise ClusterError(source, f"{where}.between: unknown device {n!r}")
-        i, j = sorted(names.index(e) for e in ends)
+        i, j = sorted(index[e] for e in ends)
         if i == j:
             raise ClusterError(source, f"{where}.between: a link needs two different devices")
-        links[(i, j)] = make(pair, where, links[(i, j)])
-    return links
+        table.pairs[(i, j)] = make(pair, where, table.link(i, j))
+    return table
+
+
+def _classes_sharing_a_host(host, link_class):
+    """The pairs ``(a, b)``, a <= b, of the link classes of two different devices on
+    one host.
+
+    >>> sorted(_classes_sharing_a_host([0, 0, 1, 1, 1], [0, 1, 1, 1, 0]))
+    [(0, 1), (1, 1)]
+    """
+    on_host = {}  # host -> link class -> devices
+    for h, c in zip(host, link_class):
+        counts = on_host.setdefault(h, {})
+        counts[c] = counts.get(c, 0) + 1
+    pairs = set()
+    for counts in on_host.values():
+        classes = sorted(counts)
+        pairs.update((a, b) for k, a in enumerate(classes) for b in classes[k:]
+                     if a != b or counts[a] > 1)
+    return pairs
 
 
 def load_cluster(path):
@@ -513,8 +638,6 @@ def sub_cluster(cluster, indices):
     >>> [d.kind.name for d in small.devices], small.link(0, 1) is not None
     (['V100', 'cpu'], True)
     """
-    links = {(a, b): cluster.link(indices[a], indices[b])
-             for a in range(len(indices)) for b in range(a + 1, len(indices))}
     return dataclasses.replace(cluster, name=f"{cluster.name}[{len(indices)}]",
                                devices=tuple(cluster.devices[i] for i in indices),
-                               links=links)
+                               link_table=cluster.link_table.subset(indices))
