@@ -78,6 +78,13 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
     return kernel + overhead
 
 
+def _dense_link_table(name):
+    """A :class:`CostModel` attribute: the table ``name`` of
+    :meth:`tfpart.cluster.LinkTable.arrays` of its cluster, built on first use."""
+    return property(lambda cost: cost._link_arrays()[name],
+                    doc=f"``{name}[src, dst]`` of the link between two devices (0 on one).")
+
+
 class CostModel:
     """Op times and transfer times of one graph on one cluster, as numpy arrays.
 
@@ -116,21 +123,10 @@ class CostModel:
 
     # Dense tables over device pairs (n_dev x n_dev), for the solvers and the simulator;
     # built on first use, and only for clusters they can take.
-    @property
-    def latency(self):
-        return self._link_arrays()["latency"]
-
-    @property
-    def inverse_bandwidth(self):
-        return self._link_arrays()["inverse_bandwidth"]
-
-    @property
-    def cpu_copy(self):
-        return self._link_arrays()["cpu_copy"]
-
-    @property
-    def message_cost(self):
-        return self._link_arrays()["message_cost"]
+    latency = _dense_link_table("latency")
+    inverse_bandwidth = _dense_link_table("inverse_bandwidth")
+    cpu_copy = _dense_link_table("cpu_copy")
+    message_cost = _dense_link_table("message_cost")
 
     def _link_arrays(self):
         if self._links is None:

@@ -48,7 +48,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,6 +60,7 @@ import numpy as np
 
 from profiles import DEVICE_KINDS_FILE
 from tfpart.errors import ClusterError, ProfileError
+from tfpart.input_files import read_json
 from tfpart.ops import class_lineage, kernel_class
 from tfpart.units import parse_duration, parse_rate, parse_size
 
@@ -332,10 +333,10 @@ def load_device_kinds(path=DEVICE_KINDS_FILE):
 
 def _kinds_entries(path):
     """The ``"kinds"`` mapping of a kinds file; ProfileError naming it if unreadable."""
-    try:
-        return json.loads(Path(path).read_text())["kinds"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(path, f"cannot read device kinds: {exc}") from None
+    data = read_json(path, ProfileError)
+    if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
+        raise ProfileError(path, "cannot read device kinds: no \"kinds\" object")
+    return data["kinds"]
 
 
 def kinds_from_dict(raw, source, known=None):
@@ -376,14 +377,13 @@ def _kind(name, entry, base, source):
     if missing:
         raise ProfileError(source, f"kind {name!r} lacks {', '.join(missing)}")
     peaks = entry["peak_flops"]
-    if not isinstance(peaks, dict) or any(not isinstance(v, (int, float)) or v <= 0
-                                          for v in peaks.values()):
+    if not isinstance(peaks, dict) or not all(_positive(v) for v in peaks.values()):
         raise ProfileError(source, f"kind {name!r}: peak_flops must map precisions to "
                            "positive numbers")
     numbers = {f: entry.get(f, inherited.get(f)) for f in _KIND_FIELDS
                if f not in ("efficiency", "source", "peak_flops")}
     numbers["peak_flops"] = peaks.get("fp32", 0)
-    bad = [f for f, v in numbers.items() if not isinstance(v, (int, float)) or v <= 0]
+    bad = [f for f, v in numbers.items() if not _positive(v)]
     if bad:
         raise ProfileError(source, f"kind {name!r}: {', '.join(bad)} must be positive numbers")
     try:
@@ -398,6 +398,16 @@ def _kind(name, entry, base, source):
     return DeviceKind(name=name, efficiency=efficiency, source=entry["source"],
                       peaks={k: float(v) for k, v in peaks.items()},
                       host_link_latency=float(latency), **numbers)
+
+
+def _positive(value):
+    """A positive, finite number (not a bool).
+
+    >>> _positive(2.5), _positive(float("nan")), _positive(float("inf")), _positive(True)
+    (True, False, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value > 0
 
 
 # -- cluster.json -------------------------------------------------------------------------
@@ -472,8 +482,8 @@ def _quantity(parse, value, where, source):
         number = parse(value)
     except ValueError as exc:
         raise ClusterError(source, f"{where}: {exc}") from None
-    if number <= 0:
-        raise ClusterError(source, f"{where}: must be positive, got {value!r}")
+    if not number > 0 or not math.isfinite(number):
+        raise ClusterError(source, f"{where}: must be a positive finite number, got {value!r}")
     return number
 
 
@@ -604,18 +614,9 @@ def _classes_sharing_a_host(host, link_class):
 
 
 def load_cluster(path):
-    """Read and validate a cluster.json file; raise ClusterError on any problem."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ClusterError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterError(path, f"cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ClusterError(path, f"not valid JSON: {exc.msg} at line {exc.lineno} "
-                           f"column {exc.colno}") from None
-    return cluster_from_dict(data, source=str(path))
+    """Read and validate a cluster.json file (a regular file of bounded size, strict
+    JSON: :mod:`tfpart.input_files`); raise ClusterError on any problem."""
+    return cluster_from_dict(read_json(path, ClusterError), source=str(path))
 
 
 def cluster_of_devices(kind_names, memory=None, name="uniform"):

@@ -104,9 +104,10 @@ def json_depth(data):
     return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
-def parse_json(data, path="", error=TfpartError, max_depth=MAX_JSON_DEPTH):
+def parse_json(data, path="", error=TfpartError, max_depth=MAX_JSON_DEPTH, what="valid JSON"):
     """Strict JSON from ``data`` (bytes or str): bounded depth and numbers, no NaN
-    or Infinity; ``error`` names ``path`` and the problem.
+    or Infinity; ``error`` names ``path`` and the problem (text that does not parse
+    is "not ``what``").
 
     >>> parse_json("1" * 50)
     Traceback (most recent call last):
@@ -132,13 +133,14 @@ def parse_json(data, path="", error=TfpartError, max_depth=MAX_JSON_DEPTH):
     except _NumberError as exc:
         raise error(path, str(exc)) from None
     except json.JSONDecodeError as exc:
-        raise error(path, f"not valid JSON: {exc.msg} at line {exc.lineno} "
+        raise error(path, f"not {what}: {exc.msg} at line {exc.lineno} "
                     f"column {exc.colno}") from None
 
 
-def read_json(path, error=TfpartError, max_bytes=MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH):
+def read_json(path, error=TfpartError, max_bytes=MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH,
+              what="valid JSON"):
     """:func:`parse_json` of the file ``path`` (:func:`read_bounded`)."""
-    return parse_json(read_bounded(path, error, max_bytes), path, error, max_depth)
+    return parse_json(read_bounded(path, error, max_bytes), path, error, max_depth, what)
 
 
 class _NumberError(ValueError):
