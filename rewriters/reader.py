@@ -28,7 +28,7 @@ from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
-from tfpart.limits import (MAX_GRAPH_OPS, check_batch_size, check_graph_ops,
+from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
                            check_tensor_sizes)
 from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
@@ -326,7 +326,7 @@ class _Inliner:
     Before copying anything it counts the ops the copies would make
     (:func:`inlined_size`): functions that call each other twice per level grow
     exponentially, so that count is held to :data:`tfpart.limits.MAX_GRAPH_OPS` and the
-    nesting to :data:`MAX_CALL_DEPTH`."""
+    nesting to :data:`tfpart.limits.MAX_CALL_DEPTH`."""
 
     def __init__(self, flat, functions, source=""):
         self.flat = flat
@@ -401,20 +401,16 @@ class _Inliner:
             ops, depth = inlined_size(fname, self.functions)
         except ValueError as exc:
             raise ModelError(self.source, str(exc)) from None
-        check_graph_ops(ops, self.source, f"function {fname}, its calls inlined,")
+        check_graph_ops(ops, self.source, "inlining the signature's function calls")
         if depth > MAX_CALL_DEPTH:
-            raise ModelError(self.source, f"function {fname} nests calls {depth} deep, more "
-                             f"than the {MAX_CALL_DEPTH} levels tfpart inlines")
+            raise ModelError(self.source, f"the signature's function calls nest {depth} "
+                             f"deep, more than the {MAX_CALL_DEPTH} levels tfpart inlines")
 
 
-MAX_CALL_DEPTH = 200  # nested function calls (Keras models nest about ten)
-
-
-def inlined_size(root, functions, cap=MAX_GRAPH_OPS):
-    """``(ops, depth)``: how many ops inlining every call of function ``root`` makes
-    (counts above ``cap`` are reported as ``cap + 1``), and how deeply its calls nest;
-    counted per function once, without copying anything. ValueError if a function
-    calls itself.
+def inlined_size(root, functions):
+    """``(ops, depth)``: how many ops inlining every call of function ``root`` makes,
+    and how deeply its calls nest; counted per function once, without copying
+    anything. ValueError if a function calls itself.
 
     >>> from tensorflow.core.framework import function_pb2
     >>> def fdef(name, calls):
@@ -426,7 +422,12 @@ def inlined_size(root, functions, cap=MAX_GRAPH_OPS):
     >>> functions = {f"f{i}": fdef(f"f{i}", [f"f{i + 1}"] * 2) for i in range(30)}
     >>> functions["f30"] = fdef("f30", ["Relu"])
     >>> inlined_size("f28", functions), inlined_size("f0", functions)
-    ((4, 3), (1000001, 31))
+    ((4, 3), (1073741824, 31))
+    >>> functions["f30"] = fdef("f30", ["f12"])
+    >>> inlined_size("f0", functions)
+    Traceback (most recent call last):
+    ...
+    ValueError: function f12 calls itself
     """
     sizes, on_path, stack = {}, set(), [(root, False)]
     while stack:
@@ -435,7 +436,7 @@ def inlined_size(root, functions, cap=MAX_GRAPH_OPS):
         if expanded:
             ops = sum(sizes[c][0] if c else 1 for c in calls)
             depth = 1 + max((sizes[c][1] for c in calls if c), default=0)
-            sizes[name] = (min(ops, cap + 1), depth)
+            sizes[name] = (ops, depth)
             on_path.discard(name)
             continue
         if name in sizes:
