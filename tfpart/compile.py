@@ -365,11 +365,20 @@ def check_plan_ops(plan, graph, source):
     >>> from tfpart.graph import OpGraph
     >>> from tfpart.plan import Plan
     >>> g = OpGraph(); g.add_op("a"); g.add_op("b")
-    >>> check_plan_ops(Plan(assignment={"a": "A", "c": "A"}), g, "plan.json")
+    >>> check_plan_ops(Plan(assignment={"a": "A", "b": "A", "c": "A"}), g, "plan.json")
     Traceback (most recent call last):
     ...
     tfpart.errors.PlacementError: plan.json: places 1 op the model does not have, e.g. c (was the plan made for another model or batch size?)
+    >>> check_plan_ops(Plan(assignment={"a": "A"}), g, "plan.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: plan.json: does not place 1 op of the model, e.g. b (was the plan made for another model or batch size?)
     """
+    missing = [op for op in graph.ops if op not in plan.assignment]
+    if missing:
+        raise PlacementError(source, f"does not place {len(missing)} op"
+                             f"{'s' * (len(missing) > 1)} of the model, e.g. {missing[0]} "
+                             "(was the plan made for another model or batch size?)")
     named = {"assignment": plan.assignment, "stages": plan.stages or {},
              "splits": plan.splits or {},
              **{f"replicas.placements[{r}]": placement for r, placement in
@@ -381,8 +390,3 @@ def check_plan_ops(plan, graph, source):
             raise PlacementError(source, f"places {len(extra)} op{'s' * (len(extra) > 1)} "
                                  f"the model does not have{field}, e.g. {extra[0]} (was the "
                                  "plan made for another model or batch size?)")
-    missing = [op for op in graph.ops if op not in plan.assignment]
-    if missing:
-        raise PlacementError(source, f"does not place {len(missing)} op"
-                             f"{'s' * (len(missing) > 1)} of the model, e.g. {missing[0]} "
-                             "(was the plan made for another model or batch size?)")
