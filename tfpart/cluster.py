@@ -186,27 +186,29 @@ class Link:
 class LinkTable:
     """The link between every pair of devices, held without a table of pairs: a
     cluster of n devices has n(n-1)/2 links, but they take few values. Devices on
-    different hosts share one ``cross`` link; two devices on one host take the
-    same-host link of their two kinds' host links (``same``: a table over the distinct
-    (host-link bandwidth, latency) classes of the cluster's kinds); ``pairs`` holds
-    the links cluster.json names explicitly. ``host`` and ``link_class`` give each
-    device's host and class index. A link is found when asked for
-    (:meth:`link`), and :meth:`arrays` builds dense tables for the solvers.
+    different hosts share one ``cross`` link. Two devices on one host take the
+    same-host link of their kinds' host links (the slower bandwidth, the sum of the
+    latencies, at least 10 µs) with the fields cluster.json's ``same_host`` gives
+    (``same_host``, applied to that default); ``link_class`` indexes each device's
+    (host-link bandwidth, latency) in ``class_figures``. ``pairs`` holds the links
+    cluster.json names explicitly, ``host`` each device's host index. A link is
+    made when asked for (:meth:`link`); :meth:`arrays` builds dense tables for the
+    solvers.
 
-    >>> fast, slow = Link(1e11, 1e-6), Link(1e9, 5e-5)
-    >>> table = LinkTable(cross=slow, same=((fast,),), pairs={}, host=(0, 0, 1),
-    ...                   link_class=(0, 0, 0))
-    >>> table.link(0, 1) is fast, table.link(1, 2) is slow
-    (True, True)
+    >>> table = LinkTable(cross=Link(1e9, 5e-5), same_host={"latency": 1e-6}, pairs={},
+    ...                   host=(0, 0, 1), link_class=(0, 0, 0), class_figures=((1e11, 0.0),))
+    >>> table.link(0, 1), table.link(1, 2).bandwidth
+    (Link(bandwidth=100000000000.0, latency=1e-06, cpu_copy=False, message_cost=5e-06), 1000000000.0)
     >>> table.arrays()["latency"][0]
     array([0.e+00, 1.e-06, 5.e-05])
     """
 
     cross: Link
-    same: tuple  # same[a][b]: the same-host link of link classes a and b (None if unused)
+    same_host: dict  # Link fields that cluster.json's same_host sets (parsed)
     pairs: dict  # (i, j) with i < j -> Link (links.pairs of cluster.json)
     host: tuple  # host index of each device
-    link_class: tuple  # same-host link class of each device
+    link_class: tuple  # index into class_figures of each device
+    class_figures: tuple  # (host-link bandwidth, host-link latency) of each class
 
     def link(self, i, j):
         """The link between devices ``i`` and ``j``, i != j."""
@@ -216,7 +218,17 @@ class LinkTable:
             return named
         if self.host[i] != self.host[j]:
             return self.cross
-        return self.same[self.link_class[i]][self.link_class[j]]
+        return self.same_host_link(self.link_class[i], self.link_class[j])
+
+    def same_host_link(self, a, b):
+        """The link between two devices of link classes ``a`` and ``b`` on one host:
+        through the host, at the slower of the two host links, with cluster.json's
+        ``same_host`` fields applied."""
+        (bandwidth_a, latency_a), (bandwidth_b, latency_b) = \
+            self.class_figures[a], self.class_figures[b]
+        through_host = Link(min(bandwidth_a, bandwidth_b),
+                            max(DEFAULT_SAME_HOST_LATENCY, latency_a + latency_b))
+        return dataclasses.replace(through_host, **self.same_host)
 
     def subset(self, indices):
         """The table of the devices at ``indices`` only, in that order."""
@@ -232,14 +244,17 @@ class LinkTable:
         ``cpu_copy`` (bool) tables, device by device (zero on the diagonal): n**2
         entries each, so only for clusters the solvers can take
         (:data:`tfpart.limits.MAX_PLANNED_DEVICES`)."""
-        host, cls = np.asarray(self.host), np.asarray(self.link_class)
+        host = np.asarray(self.host)
+        classes = sorted(set(self.link_class))
+        index = np.searchsorted(classes, self.link_class)
+        same = [[self.same_host_link(a, b) for b in classes] for a in classes]
         apart = host[:, None] != host[None, :]
         n = len(host)
         tables = {}
         for name, value in _LINK_FIELDS.items():
-            same = np.array([[value(link) if link is not None else 0 for link in row]
-                             for row in self.same] or [[0]], dtype=type(value(self.cross)))
-            table = np.where(apart, value(self.cross), same[cls[:, None], cls[None, :]])
+            by_class = np.array([[value(link) for link in row] for row in same],
+                                dtype=type(value(self.cross)))
+            table = np.where(apart, value(self.cross), by_class[index[:, None], index[None, :]])
             for (i, j), link in self.pairs.items():
                 table[i, j] = table[j, i] = value(link)
             table[np.arange(n), np.arange(n)] = 0
@@ -342,30 +357,79 @@ def _kinds_entries(path):
 def kinds_from_dict(raw, source, known=None):
     """Device kinds from a ``"kinds"`` mapping (a kinds file's, or a cluster.json's
     own), on top of ``known`` ones. An entry may take its efficiency table from a
-    calibrated kind (``"efficiency_from": "H100"``) instead of giving one, and may be
-    ``{"alias_of": name}``; ProfileError names the entry and the problem."""
+    calibrated kind (``"efficiency_from": "H100"``, defined before or after it)
+    instead of giving one, and may be ``{"alias_of": name}``; ProfileError names the
+    entry and the problem.
+
+    >>> entry = {"peak_flops": {"fp32": 1e13}, "memory_bandwidth": 1e12, "memory": 1e10,
+    ...          "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10, "source": "x"}
+    >>> raw = {"A": dict(entry, efficiency_from="B"), "B": dict(entry, efficiency_from="H100"),
+    ...        "C": {"alias_of": "A"}}
+    >>> kinds = kinds_from_dict(raw, "kinds.json", known=load_device_kinds())
+    >>> kinds["C"] is kinds["A"], kinds["A"].efficiency == kinds["H100"].efficiency
+    (True, True)
+    """
     kinds = dict(known or {})
-    pending = [(name, entry) for name, entry in raw.items() if "alias_of" not in entry]
-    while pending:  # kinds may inherit from kinds defined after them
-        waiting = []
-        for name, entry in pending:
-            base = entry.get("efficiency_from") if isinstance(entry, dict) else None
-            if base is not None and base not in kinds:
-                waiting.append((name, entry))
-                continue
-            kinds[name] = _kind(name, entry, kinds.get(base), source)
-        if len(waiting) == len(pending):
-            name, entry = waiting[0]
-            raise ProfileError(source, f"kind {name!r}: efficiency_from names unknown kind "
-                               f"{entry['efficiency_from']!r}")
-        pending = waiting
+    own = {name: entry for name, entry in raw.items()
+           if not (isinstance(entry, dict) and "alias_of" in entry)}
+    names = list(own)
+    rounds = _inheritance_rounds([_base_of(own[n]) for n in names], names, kinds)
+    for k in sorted((k for k in range(len(names)) if rounds[k] is not None),
+                    key=lambda k: (rounds[k], k)):
+        entry = own[names[k]]
+        kinds[names[k]] = _kind(names[k], entry, kinds.get(_base_of(entry)), source)
+    stuck = [names[k] for k in range(len(names)) if rounds[k] is None]
+    if stuck:
+        base = own[stuck[0]]["efficiency_from"]
+        problem = f"inherits, through {base!r}, from itself" if base in own else \
+            f"names unknown kind {base!r}"
+        raise ProfileError(source, f"kind {stuck[0]!r}: efficiency_from {problem}")
     for name, entry in raw.items():
-        if "alias_of" in entry:
+        if name not in own:
             if entry["alias_of"] not in kinds:
                 raise ProfileError(source, f"kind {name!r} aliases unknown "
                                    f"{entry['alias_of']!r}")
             kinds[name] = kinds[entry["alias_of"]]
     return kinds
+
+
+def _base_of(entry):
+    return entry.get("efficiency_from") if isinstance(entry, dict) else None
+
+
+def _inheritance_rounds(bases, names, known):
+    """For entries ``names`` inheriting from ``bases`` (None: from nothing): the round
+    in which each can be made when each round makes, in order, every entry whose base
+    is known or made before it (an entry after its base in the same round, a round
+    later if before it); None if never (an unknown base, or a cycle). Made in order
+    of (round, position), each entry sees the same bases as when rounds repeat until
+    nothing changes, in time linear in the entries rather than quadratic.
+
+    >>> _inheritance_rounds([None, "z", "a", "b", "x"], ["a", "b", "c", "d", "e"], {"x"})
+    [1, None, 1, None, 1]
+    >>> _inheritance_rounds(["c", None, "b"], ["a", "b", "c"], set())
+    [2, 1, 1]
+    >>> _inheritance_rounds(["b", "a", "a"], ["a", "b", "c"], set())
+    [None, None, None]
+    """
+    position = {name: k for k, name in enumerate(names)}
+    rounds = [0] * len(names)  # 0: not yet known
+    for start in range(len(names)):
+        path, on_path, k = [], set(), start
+        while rounds[k] == 0:
+            base = bases[k]
+            if base is None or base in known:
+                rounds[k] = 1
+            elif base not in position or k in on_path:
+                rounds[k] = None  # unknown, or a cycle: so is every entry leading here
+            else:
+                path.append(k)
+                on_path.add(k)
+                k = position[base]
+        for j in reversed(path):
+            b = position[bases[j]]
+            rounds[j] = None if rounds[b] is None else rounds[b] + (b > j)
+    return rounds
 
 
 def _kind(name, entry, base, source):
@@ -545,41 +609,22 @@ def _own_kinds(data, source, kinds):
 
 
 def _build_links(devices, spec, source):
-    """The :class:`LinkTable` of ``devices`` from cluster.json's ``links`` block; every
-    link of the cluster is made (and its fields checked) once, not once per pair."""
-    def make(entry, where, default):
-        """A Link from a cluster.json entry; absent fields come from ``default``."""
-        bandwidth = (_quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth", source)
-                     if "bandwidth" in entry else default.bandwidth)
-        latency = default.latency
-        if entry.get("latency", 0) != 0:
-            latency = _quantity(parse_duration, entry["latency"], f"{where}.latency", source)
-        elif "latency" in entry:
-            latency = 0.0
-        message_cost = default.message_cost
-        if "message_cost" in entry:
-            message_cost = 0.0 if entry["message_cost"] == 0 else _quantity(
-                parse_duration, entry["message_cost"], f"{where}.message_cost", source)
-        return Link(bandwidth=bandwidth, latency=latency, message_cost=message_cost,
-                    cpu_copy=entry.get("cpu_copy", default.cpu_copy))
-
-    cross = make(spec.get("cross_host", {}), "links.cross_host",
-                 Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
-                      parse_duration(DEFAULT_CROSS_HOST["latency"])))
+    """The :class:`LinkTable` of ``devices`` from cluster.json's ``links`` block; each
+    entry of it is read (and its fields checked) once, not once per pair."""
+    cross = dataclasses.replace(
+        Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
+             parse_duration(DEFAULT_CROSS_HOST["latency"])),
+        **_link_fields(spec.get("cross_host", {}), "links.cross_host", source))
     hosts, classes = {}, {}
-    host = [hosts.setdefault(d.host, len(hosts)) for d in devices]
-    link_class = [classes.setdefault((d.kind.host_link_bandwidth, d.kind.host_link_latency),
-                                     len(classes)) for d in devices]
-    same = [[None] * len(classes) for _ in classes]
-    figures = list(classes)  # class index -> (host-link bandwidth, latency)
-    for a, b in sorted(_classes_sharing_a_host(host, link_class)):
-        (bw_a, lat_a), (bw_b, lat_b) = figures[a], figures[b]
-        # Same host by default: through the host, at the slower of the two host links.
-        through_host = Link(min(bw_a, bw_b), max(DEFAULT_SAME_HOST_LATENCY, lat_a + lat_b))
-        same[a][b] = same[b][a] = make(spec.get("same_host", {}), "links.same_host",
-                                       through_host)
-    table = LinkTable(cross=cross, same=tuple(map(tuple, same)), pairs={},
-                      host=tuple(host), link_class=tuple(link_class))
+    host = tuple(hosts.setdefault(d.host, len(hosts)) for d in devices)
+    link_class = tuple(classes.setdefault(
+        (d.kind.host_link_bandwidth, d.kind.host_link_latency), len(classes))
+        for d in devices)
+    shared = len(hosts) < len(devices)  # some pair of devices shares a host
+    table = LinkTable(cross=cross, pairs={}, host=host, link_class=link_class,
+                      class_figures=tuple(classes), same_host=_link_fields(
+                          spec.get("same_host", {}), "links.same_host", source)
+                      if shared else {})
     index = {d.name: i for i, d in enumerate(devices)}
     for k, pair in enumerate(spec.get("pairs", [])):
         where = f"links.pairs[{k}]"
@@ -590,27 +635,28 @@ def _build_links(devices, spec, source):
         i, j = sorted(index[e] for e in ends)
         if i == j:
             raise ClusterError(source, f"{where}.between: a link needs two different devices")
-        table.pairs[(i, j)] = make(pair, where, table.link(i, j))
+        table.pairs[(i, j)] = dataclasses.replace(table.link(i, j),
+                                                  **_link_fields(pair, where, source))
     return table
 
 
-def _classes_sharing_a_host(host, link_class):
-    """The pairs ``(a, b)``, a <= b, of the link classes of two different devices on
-    one host.
+def _link_fields(entry, where, source):
+    """The :class:`Link` fields a cluster.json link entry sets, parsed and checked.
 
-    >>> sorted(_classes_sharing_a_host([0, 0, 1, 1, 1], [0, 1, 1, 1, 0]))
-    [(0, 1), (1, 1)]
+    >>> _link_fields({"bandwidth": "10GB/s", "latency": 0, "cpu_copy": True}, "x", "c")
+    {'bandwidth': 10000000000.0, 'latency': 0.0, 'cpu_copy': True}
     """
-    on_host = {}  # host -> link class -> devices
-    for h, c in zip(host, link_class):
-        counts = on_host.setdefault(h, {})
-        counts[c] = counts.get(c, 0) + 1
-    pairs = set()
-    for counts in on_host.values():
-        classes = sorted(counts)
-        pairs.update((a, b) for k, a in enumerate(classes) for b in classes[k:]
-                     if a != b or counts[a] > 1)
-    return pairs
+    fields = {}
+    if "bandwidth" in entry:
+        fields["bandwidth"] = _quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth",
+                                        source)
+    for name in ("latency", "message_cost"):
+        if name in entry:
+            fields[name] = 0.0 if entry[name] == 0 else _quantity(
+                parse_duration, entry[name], f"{where}.{name}", source)
+    if "cpu_copy" in entry:
+        fields["cpu_copy"] = entry["cpu_copy"]
+    return fields
 
 
 def load_cluster(path):
