@@ -22,7 +22,8 @@ from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, OutputError, PlacementError, model_errors
-from tfpart.limits import check_microbatches, check_planned_devices, check_tensors_fit
+from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
+                           check_tensors_fit)
 from tfpart.report import write_report
 
 REPORT_FILE = "report.html"
@@ -209,6 +210,9 @@ def _partition(chosen, options, cost, proto, model_dir, info, microbatches, sche
         if getattr(settings, "microbatches", None) is not None:
             check_microbatches(settings.microbatches, info.batch_size, len(cost.graph),
                                model_dir)
+        if getattr(settings, "max_microbatches", 0) > MAX_MICROBATCHES:
+            raise PlacementError(model_dir, f"max_microbatches {settings.max_microbatches}: "
+                                 f"at most {MAX_MICROBATCHES} micro-batches per batch")
     return chosen.partition(cost, options=settings), mixing
 
 
@@ -286,7 +290,7 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     batch_size = plan.context.get("batch_size")
     if batch_size is not None:
         check_batch_size(batch_size, plan_file, "context.batch_size")
-        check_microbatches(plan.microbatches, batch_size, source=plan_file)
+    check_microbatches(plan.microbatches, batch_size, source=plan_file)
     cluster_file = cluster_file or plan.context.get("cluster_file")
     if not cluster_file:
         raise PlacementError(plan_file, "names no cluster file; pass --cluster")
