@@ -132,6 +132,18 @@ def test_a_fifo_as_cluster_kinds_file_profile_or_plan(fifo, tmp_path):
     assert_refused(tfpart("simulate", DEFAULT_MODEL_DIR, fifo, timeout=30), *words)
 
 
+def test_a_fifo_inside_the_saved_model(tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    index = model / "variables" / "variables.index"
+    index.unlink()
+    os.mkfifo(index)
+    assert_refused(tfpart("compile", model, "-o", tmp_path / "out", timeout=30),
+                   str(index), "not a regular file (a FIFO)")
+
+
 def test_dev_zero_and_a_huge_file(tmp_path):
     assert_refused(tfpart("compile", "--cluster", "/dev/zero", "-o", tmp_path / "out"),
                    "/dev/zero", "not a regular file (a character device)")

@@ -219,17 +219,19 @@ def cmd_diff(args):
 
 def _check_inputs(models=(), cluster=None, profiles=(), files=()):
     """Fail early, before TensorFlow starts, on input paths that cannot be read: each
-    model a folder with a regular saved_model.pb (of at most protobuf's 2 GiB), the
+    model a folder of folders and regular files (no FIFO, no device) with a
+    saved_model.pb of at most protobuf's 2 GiB, the
     cluster file (and its kinds file) and profiles valid, bounded strict JSON, and
     other files regular files (JSON ones of bounded size, :mod:`tfpart.input_files`)."""
     from rewriters.savedmodel_io import check_model_dir
     from tfpart.cluster import load_cluster
     from tfpart.errors import ModelError
-    from tfpart.input_files import check_regular_file
+    from tfpart.input_files import check_regular_file, check_tree
     from tfpart.plan import MAX_PLAN_BYTES
 
     for model in models:
         check_regular_file(check_model_dir(model), ModelError, max_bytes=MAX_SAVED_MODEL_BYTES)
+        check_tree(model, ModelError)
     kinds = load_cluster(cluster).kinds() if cluster else None
     for path in files:
         check_regular_file(path, max_bytes=MAX_PLAN_BYTES if str(path).endswith(".json")

@@ -73,6 +73,31 @@ def _checked_size(path, info, error, max_bytes):
     return info.st_size
 
 
+def check_tree(path, error=TfpartError):
+    """Raise ``error`` naming the first entry below the folder ``path`` that is neither
+    a folder nor a regular file (symbolic links followed): a FIFO among a SavedModel's
+    variables would block TensorFlow's reader for ever.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.mkfifo(os.path.join(folder, "variables.index"))
+    >>> check_tree(folder)
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.TfpartError: ...variables.index: not a regular file (a FIFO)
+    """
+    for root, folders, files in os.walk(path):
+        for name in files + folders:
+            entry = os.path.join(root, name)
+            try:
+                mode = os.stat(entry).st_mode
+            except OSError as exc:
+                raise error(entry, f"cannot read: {exc.strerror}") from None
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise error(entry, "not a regular file "
+                            f"({_KINDS.get(stat.S_IFMT(mode), 'not a file')})")
+
+
 def read_bounded(path, error=TfpartError, max_bytes=MAX_JSON_BYTES):
     """The bytes of the regular file ``path``, at most ``max_bytes`` of them (checked
     on the open file too, so a file swapped or grown after the check is refused)."""
