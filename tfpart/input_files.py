@@ -65,8 +65,7 @@ def check_regular_file(path, error=TfpartError, max_bytes=MAX_JSON_BYTES):
 
 def _checked_size(path, info, error, max_bytes):
     if not stat.S_ISREG(info.st_mode):
-        kind = _KINDS.get(stat.S_IFMT(info.st_mode), "not a file")
-        raise error(path, f"not a regular file ({kind})")
+        raise error(path, _not_regular(info.st_mode))
     if info.st_size > max_bytes:
         raise error(path, f"{info.st_size / 2**20:.1f} MiB, more than the "
                     f"{max_bytes / 2**20:.0f} MiB an input file may have")
@@ -94,8 +93,11 @@ def check_tree(path, error=TfpartError):
             except OSError as exc:
                 raise error(entry, f"cannot read: {exc.strerror}") from None
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise error(entry, "not a regular file "
-                            f"({_KINDS.get(stat.S_IFMT(mode), 'not a file')})")
+                raise error(entry, _not_regular(mode))
+
+
+def _not_regular(mode):
+    return f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'not a file')})"
 
 
 def read_bounded(path, error=TfpartError, max_bytes=MAX_JSON_BYTES):
