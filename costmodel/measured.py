@@ -53,11 +53,13 @@ from pathlib import Path
 from costmodel.roofline import roofline_time
 from tfpart.cluster import KernelEfficiency, load_device_kinds
 from tfpart.errors import ProfileError
+from tfpart.input_files import json_text, read_json
 from tfpart.flops import op_flops
 from tfpart.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
 from tfpart.output_folders import write_file_atomically
 
 FORMAT = "tfpart-measured-profile/1"
+MAX_PROFILE_BYTES = 256 * 2**20  # a million measured ops' rows
 CLASSES = ("matmul", "elementwise", "reduction", "data_movement")
 SMALL_WORK = 1e4  # ops under this many FLOPs and bytes measure the fixed overhead
 
@@ -164,18 +166,13 @@ class MeasuredProfile:
                 "ops": self.ops, "fitted": self.fitted}
 
     def save(self, path):
-        write_file_atomically(path, json.dumps(self.to_dict(), indent=1))
+        write_file_atomically(path, json_text(self.to_dict(), path, ProfileError, indent=1))
 
     @classmethod
     def load(cls, path, kinds=None):
         """Read and validate a profile; ProfileError names the file and the problem."""
         kinds = load_device_kinds() if kinds is None else kinds
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ProfileError(path, "no such file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProfileError(path, f"not a readable JSON profile: {exc}") from None
+        data = read_profile_json(path)
         problem = _validate(data, kinds)
         if problem:
             raise ProfileError(path, problem)
@@ -205,9 +202,17 @@ def load_profile(path, kinds=None):
 def _device_kind(path):
     """The ``device_kind`` a profile file names (None if it cannot be read)."""
     try:
-        return json.loads(Path(path).read_text()).get("device_kind")
-    except (OSError, ValueError, AttributeError):
+        return read_profile_json(path).get("device_kind")
+    except (ProfileError, AttributeError):
         return None
+
+
+def read_profile_json(path):
+    """The parsed JSON of a profile or kernel table: a regular file of at most
+    :data:`MAX_PROFILE_BYTES`, strict JSON (:mod:`tfpart.input_files`); ProfileError
+    naming it otherwise."""
+    return read_json(path, ProfileError, max_bytes=MAX_PROFILE_BYTES,
+                     what="a readable JSON profile")
 
 
 @lru_cache(maxsize=32)

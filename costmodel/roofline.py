@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfpart.cluster import alpha_beta
+from tfpart.limits import check_planned_devices
 from tfpart.ops import FREE_OPS, MATMUL_OPS
 
 DTYPE_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
@@ -77,6 +78,13 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
     return kernel + overhead
 
 
+def _dense_link_table(name):
+    """A :class:`CostModel` attribute: the table ``name`` of
+    :meth:`tfpart.cluster.LinkTable.arrays` of its cluster, built on first use."""
+    return property(lambda cost: cost._link_arrays()[name],
+                    doc=f"``{name}[src, dst]`` of the link between two devices (0 on one).")
+
+
 class CostModel:
     """Op times and transfer times of one graph on one cluster, as numpy arrays.
 
@@ -108,37 +116,23 @@ class CostModel:
         self.measured = tuple(measured)
         self.ops = list(graph.ops)
         self.index = {name: i for i, name in enumerate(self.ops)}
-        n_dev = len(cluster)
         self._mean_link = None  # (mean latency, mean 1/bandwidth) over device pairs
-        profiles = {p.device_kind: p for p in measured}
-        self.compute = np.empty((len(self.ops), n_dev))
-        for i, name in enumerate(self.ops):
-            attrs = graph.ops[name]
-            table = attrs.get("cost")
-            allowed = attrs["allowed_kinds"]
-            for d, device in enumerate(cluster.devices):
-                profile = profiles.get(device.kind.name)
-                precision = compute_precision(attrs["op_type"], op_dtype(attrs), device.kind,
-                                              self.tf32)
-                if allowed is not None and device.kind.name not in allowed:
-                    self.compute[i, d] = np.inf
-                elif table is not None:
-                    self.compute[i, d] = table.get(device.name, np.inf)
-                elif profile is not None:
-                    self.compute[i, d] = profile.op_time(attrs, device.kind, precision)
-                else:
-                    self.compute[i, d] = roofline_time(attrs["op_type"], attrs["flops"],
-                                                       attrs["bytes_accessed"], device.kind,
-                                                       precision=precision)
-        self.latency = np.zeros((n_dev, n_dev))
-        self.inverse_bandwidth = np.zeros((n_dev, n_dev))
-        self.cpu_copy = np.zeros((n_dev, n_dev), dtype=bool)
-        self.message_cost = np.zeros((n_dev, n_dev))
-        for (i, j), link in cluster.links.items():
-            self.latency[i, j] = self.latency[j, i] = link.latency
-            self.inverse_bandwidth[i, j] = self.inverse_bandwidth[j, i] = 1.0 / link.bandwidth
-            self.cpu_copy[i, j] = self.cpu_copy[j, i] = link.cpu_copy
-            self.message_cost[i, j] = self.message_cost[j, i] = link.message_cost
+        self._links = None  # the dense link tables, built when first read
+        self.compute = _compute_times(graph, self.ops, cluster.devices, self.measured,
+                                      self.tf32)
+
+    # Dense tables over device pairs (n_dev x n_dev), for the solvers and the simulator;
+    # built on first use, and only for clusters they can take.
+    latency = _dense_link_table("latency")
+    inverse_bandwidth = _dense_link_table("inverse_bandwidth")
+    cpu_copy = _dense_link_table("cpu_copy")
+    message_cost = _dense_link_table("message_cost")
+
+    def _link_arrays(self):
+        if self._links is None:
+            check_planned_devices(self.cluster)
+            self._links = self.cluster.link_table.arrays()
+        return self._links
 
     def derived(self, name, build):
         """``build()``, computed on first use and kept: tables derived from this cost
@@ -197,3 +191,42 @@ class CostModel:
         runnable = np.isfinite(self.compute)
         total = np.where(runnable, self.compute, 0.0).sum(axis=1)
         return total / np.maximum(runnable.sum(axis=1), 1)
+
+
+def _compute_times(graph, ops, devices, measured, tf32):
+    """``compute[i, d]``: the time of ``ops[i]`` on ``devices[d]`` (see
+    :class:`CostModel`). Devices of one kind share a column, computed once per kind
+    (a cluster of 10,000 devices of two kinds costs two columns), except for ops with
+    their own per-device ``cost`` table."""
+    profiles = {p.device_kind: p for p in measured}
+    kinds, column = {}, []
+    for device in devices:
+        column.append(kinds.setdefault(id(device.kind), (len(kinds), device.kind))[0])
+    kinds = [kind for _, kind in sorted(kinds.values(), key=lambda pair: pair[0])]
+    column = np.asarray(column, dtype=np.int64)
+    compute = np.empty((len(ops), len(devices)))
+    per_kind = np.empty(len(kinds))
+    for i, name in enumerate(ops):
+        attrs = graph.ops[name]
+        table = attrs.get("cost")
+        if table is not None:
+            allowed = attrs["allowed_kinds"]
+            compute[i] = [np.inf if allowed is not None and d.kind.name not in allowed
+                          else table.get(d.name, np.inf) for d in devices]
+            continue
+        for k, kind in enumerate(kinds):
+            per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32)
+        compute[i] = per_kind[column]
+    return compute
+
+
+def _kind_time(attrs, kind, profile, tf32):
+    """One op's time on a device of ``kind`` (inf where the kind has no kernel)."""
+    allowed = attrs["allowed_kinds"]
+    if allowed is not None and kind.name not in allowed:
+        return np.inf
+    precision = compute_precision(attrs["op_type"], op_dtype(attrs), kind, tf32)
+    if profile is not None:
+        return profile.op_time(attrs, kind, precision)
+    return roofline_time(attrs["op_type"], attrs["flops"], attrs["bytes_accessed"], kind,
+                         precision=precision)

@@ -28,6 +28,8 @@ from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
+from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
+                           check_tensor_sizes)
 from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
@@ -127,7 +129,7 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
         _add_variable_node(flat, name, variable)
         variable_ops[node_id] = name
         arg_sources.append(f"{name}:0")
-    outputs = _Inliner(flat, functions).inline(root, "", arg_sources, [])
+    outputs = _Inliner(flat, functions, path).inline(root, "", arg_sources, [])
     for node in flat.node:
         node.attr.pop("_output_shapes", None)
     info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
@@ -185,6 +187,8 @@ def read_model(proto, path="", batch_size=None, signature=None):
     signature : str, optional
         Signature to read; default ``serving_default`` or the first one.
     """
+    if batch_size is not None:
+        check_batch_size(batch_size, path)
     flat = flatten_signature(proto, path, batch_size, signature)
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
@@ -192,6 +196,7 @@ def read_model(proto, path="", batch_size=None, signature=None):
     with graph.as_default():
         opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
                               library_index(meta.graph_def.library))
+    check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
     _merge_colocation_groups(opgraph, flat.info.fusion_groups)
     _merge_colocation_groups(opgraph, optimizer_slot_groups(
@@ -317,11 +322,16 @@ def _add_variable_node(flat, name, variable):
 
 
 class _Inliner:
-    """Copies function bodies into one flat GraphDef, call sites becoming name prefixes."""
+    """Copies function bodies into one flat GraphDef, call sites becoming name prefixes.
+    Before copying anything it counts the ops the copies would make
+    (:func:`inlined_size`): functions that call each other twice per level grow
+    exponentially, so that count is held to :data:`tfpart.limits.MAX_GRAPH_OPS` and the
+    nesting to :data:`tfpart.limits.MAX_CALL_DEPTH`."""
 
-    def __init__(self, flat, functions):
+    def __init__(self, flat, functions, source=""):
         self.flat = flat
         self.functions = functions
+        self.source = source
         self._flat_cache = {}
 
     def _flat_body(self, fname):
@@ -345,6 +355,8 @@ class _Inliner:
 
     def inline(self, fname, prefix, arg_sources, control_in):
         """Inline ``fname`` under ``prefix``; return the flat names of its outputs."""
+        if not prefix:
+            self._check_size(fname)
         nodes, outputs, arg_names = self._flat_body(fname)
         args = dict(zip(arg_names, arg_sources))
         calls = {}  # call node name -> list of flat output tensor names
@@ -382,6 +394,59 @@ class _Inliner:
                 copy.input.extend(control_in)
             _rename_colocation(copy, prefix, local_names)
         return [t for out in outputs for t in resolve(out)]
+
+
+    def _check_size(self, fname):
+        try:
+            ops, depth = inlined_size(fname, self.functions)
+        except ValueError as exc:
+            raise ModelError(self.source, str(exc)) from None
+        check_graph_ops(ops, self.source, "inlining the signature's function calls")
+        if depth > MAX_CALL_DEPTH:
+            raise ModelError(self.source, f"the signature's function calls nest {depth} "
+                             f"deep, more than the {MAX_CALL_DEPTH} levels tfpart inlines")
+
+
+def inlined_size(root, functions):
+    """``(ops, depth)``: how many ops inlining every call of function ``root`` makes,
+    and how deeply its calls nest; counted per function once, without copying
+    anything. ValueError if a function calls itself.
+
+    >>> from tensorflow.core.framework import function_pb2
+    >>> def fdef(name, calls):
+    ...     f = function_pb2.FunctionDef()
+    ...     f.signature.name = name
+    ...     for k, callee_name in enumerate(calls):
+    ...         f.node_def.add(name=f"n{k}", op=callee_name)
+    ...     return f
+    >>> functions = {f"f{i}": fdef(f"f{i}", [f"f{i + 1}"] * 2) for i in range(30)}
+    >>> functions["f30"] = fdef("f30", ["Relu"])
+    >>> inlined_size("f28", functions), inlined_size("f0", functions)
+    ((4, 3), (1073741824, 31))
+    >>> functions["f30"] = fdef("f30", ["f12"])
+    >>> inlined_size("f0", functions)
+    Traceback (most recent call last):
+    ...
+    ValueError: function f12 calls itself
+    """
+    sizes, on_path, stack = {}, set(), [(root, False)]
+    while stack:
+        name, expanded = stack.pop()
+        calls = [callee(node, functions) for node in functions[name].node_def]
+        if expanded:
+            ops = sum(sizes[c][0] if c else 1 for c in calls)
+            depth = 1 + max((sizes[c][1] for c in calls if c), default=0)
+            sizes[name] = (ops, depth)
+            on_path.discard(name)
+            continue
+        if name in sizes:
+            continue
+        if name in on_path:
+            raise ValueError(f"function {name} calls itself")
+        on_path.add(name)
+        stack.append((name, True))
+        stack.extend((c, False) for c in dict.fromkeys(calls) if c and c not in sizes)
+    return sizes[root]
 
 
 def _rename_colocation(node, prefix, local_names):

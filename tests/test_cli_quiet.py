@@ -90,7 +90,8 @@ def test_errors_found_by_tensorflow_are_one_quiet_line(paths, argv, words):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [[], ["--microbatches", "2"]], ids=["placed", "pipelined"])
+@pytest.mark.parametrize("mode", [[], ["--microbatches", "2", "--batch-size", "2"]],
+                         ids=["placed", "pipelined"])
 def test_successful_compile_prints_no_tensorflow_log(tmp_path, mode):
     """Also: a pipelined compile can verify in its own process (the pipeline pass
     starts TensorFlow, so the devices to verify on must exist before it)."""

@@ -29,18 +29,15 @@ from pathlib import Path
 from costmodel.calibration import fit_link
 from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
+from tfpart import input_files
 from tfpart.cluster import KernelEfficiency, load_device_kinds
 from tfpart.errors import OutputError, ProfileError
 
 
 def read_json(path, what):
-    """The parsed JSON at ``path``; ProfileError naming the file if it is not."""
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ProfileError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(path, f"not a readable JSON {what}: {exc}") from None
+    """The parsed JSON at ``path`` (bounded and strict, :mod:`tfpart.input_files`);
+    ProfileError naming the file if it is not."""
+    return input_files.read_json(path, ProfileError, what=f"a readable JSON {what}")
 
 
 def link_rows(data, path):

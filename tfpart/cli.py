@@ -223,21 +223,38 @@ def cmd_diff(args):
 
 
 def _check_inputs(models=(), cluster=None, profiles=(), files=()):
-    """Fail early, before TensorFlow starts, on input paths that cannot be read."""
+    """Fail early, before TensorFlow starts, on input paths that cannot be read: each
+    model a folder of folders and regular files (no FIFO, no device) with a
+    saved_model.pb of at most protobuf's 2 GiB, the
+    cluster file (and its kinds file) and profiles valid, bounded strict JSON, and
+    other files regular files (JSON ones of bounded size, :mod:`tfpart.input_files`)."""
     from rewriters.savedmodel_io import check_model_dir
     from tfpart.cluster import load_cluster
+    from tfpart.errors import ModelError
+    from tfpart.input_files import check_regular_file, check_tree
+    from tfpart.plan import MAX_PLAN_BYTES
 
     for model in models:
-        check_model_dir(model)
+        check_regular_file(check_model_dir(model), ModelError, max_bytes=MAX_SAVED_MODEL_BYTES)
+        check_tree(model, ModelError)
     kinds = load_cluster(cluster).kinds() if cluster else None
     for path in files:
-        if not os.path.isfile(path):
-            raise TfpartError(path, "no such file")
+        check_regular_file(path, max_bytes=MAX_PLAN_BYTES if str(path).endswith(".json")
+                           else physical_memory())
     if profiles:
         from costmodel.measured import load_profile
 
         for path in profiles:
             load_profile(path, kinds)
+
+
+MAX_SAVED_MODEL_BYTES = 2**31 - 1  # protobuf parses no larger message
+
+
+def physical_memory():
+    """Bytes of memory this machine has: the bound on a data file (a training set's
+    .npz is read whole into memory)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def cmd_profile(args):
@@ -640,16 +657,46 @@ def build_parser():
     return parser
 
 
+POSITIVE_OPTIONS = ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches",
+                    "steps", "eval_every")
+
+
+def option_problem(args):
+    """What is wrong with the sizes given on the command line, before any work: each
+    must be positive, a batch size at most :data:`tfpart.limits.MAX_BATCH_SIZE`,
+    micro-batches at most :data:`tfpart.limits.MAX_MICROBATCHES` and no more than the
+    batch size; None if nothing is.
+
+    >>> option_problem(argparse.Namespace(batch_size=4, microbatches=8))
+    '--microbatches 8 is more than --batch-size 4: each micro-batch needs at least one sample'
+    >>> print(option_problem(argparse.Namespace(batch_size=10**10, microbatches=None)))
+    --batch-size 10000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
+    """
+    from tfpart.limits import MAX_BATCH_SIZE, MAX_MICROBATCHES
+
+    for option in POSITIVE_OPTIONS:
+        if getattr(args, option, None) is not None and getattr(args, option) <= 0:
+            return f"--{option.replace('_', '-')} must be positive"
+    batch, microbatches = getattr(args, "batch_size", None), getattr(args, "microbatches", None)
+    if batch is not None and batch > MAX_BATCH_SIZE:
+        return (f"--batch-size {batch} is more than {MAX_BATCH_SIZE} (TensorFlow's limit "
+                "of 2**31-1 elements per tensor)")
+    if microbatches is not None and microbatches > MAX_MICROBATCHES:
+        return f"--microbatches {microbatches} is more than {MAX_MICROBATCHES} per batch"
+    if microbatches is not None and batch is not None and microbatches > batch:
+        return (f"--microbatches {microbatches} is more than --batch-size {batch}: each "
+                "micro-batch needs at least one sample")
+    return None
+
+
 def main(argv=None):
     """Run one command; returns the exit code (0 done, 1 verification found a
     difference, 2 bad input or a failed run)."""
     args = build_parser().parse_args(argv)
-    for option in ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches",
-                   "steps", "eval_every"):
-        if getattr(args, option, None) is not None and getattr(args, option) <= 0:
-            print(f"tfpart: error: --{option.replace('_', '-')} must be positive",
-                  file=user_stderr())
-            return 2
+    problem = option_problem(args)
+    if problem:
+        print(f"tfpart: error: {problem}", file=user_stderr())
+        return 2
     try:
         return args.run(args)
     except TfpartError as exc:

@@ -48,16 +48,19 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 
 from profiles import DEVICE_KINDS_FILE
 from tfpart.errors import ClusterError, ProfileError
+from tfpart.input_files import read_json
 from tfpart.ops import class_lineage, kernel_class
 from tfpart.units import parse_duration, parse_rate, parse_size
 
@@ -179,13 +182,120 @@ class Link:
         return alpha_beta(nbytes, self.latency, 1.0 / self.bandwidth)
 
 
+@dataclass(frozen=True)
+class LinkTable:
+    """The link between every pair of devices, held without a table of pairs: a
+    cluster of n devices has n(n-1)/2 links, but they take few values. Devices on
+    different hosts share one ``cross`` link. Two devices on one host take the
+    same-host link of their kinds' host links (the slower bandwidth, the sum of the
+    latencies, at least 10 µs) with the fields cluster.json's ``same_host`` gives
+    (``same_host``, applied to that default); ``link_class`` indexes each device's
+    (host-link bandwidth, latency) in ``class_figures``. ``pairs`` holds the links
+    cluster.json names explicitly, ``host`` each device's host index. A link is
+    made when asked for (:meth:`link`); :meth:`arrays` builds dense tables for the
+    solvers.
+
+    >>> table = LinkTable(cross=Link(1e9, 5e-5), same_host={"latency": 1e-6}, pairs={},
+    ...                   host=(0, 0, 1), link_class=(0, 0, 0), class_figures=((1e11, 0.0),))
+    >>> table.link(0, 1), table.link(1, 2).bandwidth
+    (Link(bandwidth=100000000000.0, latency=1e-06, cpu_copy=False, message_cost=5e-06), 1000000000.0)
+    >>> table.arrays()["latency"][0]
+    array([0.e+00, 1.e-06, 5.e-05])
+    """
+
+    cross: Link
+    same_host: dict  # Link fields that cluster.json's same_host sets (parsed)
+    pairs: dict  # (i, j) with i < j -> Link (links.pairs of cluster.json)
+    host: tuple  # host index of each device
+    link_class: tuple  # index into class_figures of each device
+    class_figures: tuple  # (host-link bandwidth, host-link latency) of each class
+
+    def link(self, i, j):
+        """The link between devices ``i`` and ``j``, i != j."""
+        i, j = min(i, j), max(i, j)
+        named = self.pairs.get((i, j))
+        if named is not None:
+            return named
+        if self.host[i] != self.host[j]:
+            return self.cross
+        return self.same_host_link(self.link_class[i], self.link_class[j])
+
+    def same_host_link(self, a, b):
+        """The link between two devices of link classes ``a`` and ``b`` on one host:
+        through the host, at the slower of the two host links, with cluster.json's
+        ``same_host`` fields applied."""
+        (bandwidth_a, latency_a), (bandwidth_b, latency_b) = \
+            self.class_figures[a], self.class_figures[b]
+        through_host = Link(min(bandwidth_a, bandwidth_b),
+                            max(DEFAULT_SAME_HOST_LATENCY, latency_a + latency_b))
+        return dataclasses.replace(through_host, **self.same_host)
+
+    def subset(self, indices):
+        """The table of the devices at ``indices`` only, in that order."""
+        position = {old: new for new, old in enumerate(indices)}
+        pairs = {tuple(sorted((position[i], position[j]))): link
+                 for (i, j), link in self.pairs.items() if i in position and j in position}
+        return dataclasses.replace(self, pairs=pairs,
+                                   host=tuple(self.host[i] for i in indices),
+                                   link_class=tuple(self.link_class[i] for i in indices))
+
+    def arrays(self):
+        """Dense ``latency``, ``inverse_bandwidth``, ``message_cost`` (float) and
+        ``cpu_copy`` (bool) tables, device by device (zero on the diagonal): n**2
+        entries each, so only for clusters the solvers can take
+        (:data:`tfpart.limits.MAX_PLANNED_DEVICES`)."""
+        host = np.asarray(self.host)
+        classes = sorted(set(self.link_class))
+        index = np.searchsorted(classes, self.link_class)
+        same = [[self.same_host_link(a, b) for b in classes] for a in classes]
+        apart = host[:, None] != host[None, :]
+        n = len(host)
+        tables = {}
+        for name, value in _LINK_FIELDS.items():
+            by_class = np.array([[value(link) for link in row] for row in same],
+                                dtype=type(value(self.cross)))
+            table = np.where(apart, value(self.cross), by_class[index[:, None], index[None, :]])
+            for (i, j), link in self.pairs.items():
+                table[i, j] = table[j, i] = value(link)
+            table[np.arange(n), np.arange(n)] = 0
+            tables[name] = table
+        return tables
+
+
+_LINK_FIELDS = {"latency": lambda link: link.latency,
+                "inverse_bandwidth": lambda link: 1.0 / link.bandwidth,
+                "cpu_copy": lambda link: link.cpu_copy,
+                "message_cost": lambda link: link.message_cost}
+
+
+class AllLinks(Mapping):
+    """Every pair's link, ``(i, j)`` with i < j -> Link, found on demand from a
+    :class:`LinkTable` (iterating visits n(n-1)/2 pairs: fine for small clusters)."""
+
+    def __init__(self, table):
+        self._table = table
+        self._n = len(table.host)
+
+    def __getitem__(self, pair):
+        i, j = pair
+        if not (0 <= i < j < self._n):
+            raise KeyError(pair)
+        return self._table.link(i, j)
+
+    def __iter__(self):
+        return ((i, j) for i in range(self._n) for j in range(i + 1, self._n))
+
+    def __len__(self):
+        return self._n * (self._n - 1) // 2
+
+
 @dataclass
 class Cluster:
     """Devices, the links between them, and the optional TensorFlow job addresses."""
 
     name: str
     devices: tuple
-    links: dict = field(repr=False)  # (i, j) with i < j -> Link
+    link_table: LinkTable = field(repr=False)
     tf_cluster: dict = field(default_factory=dict)
     source: str = ""
     step_overhead: float = 0.0  # seconds added once to every step
@@ -198,6 +308,11 @@ class Cluster:
     def device_names(self):
         return [d.name for d in self.devices]
 
+    @property
+    def links(self):
+        """Every pair's link, ``(i, j)`` with i < j -> Link (computed when read)."""
+        return AllLinks(self.link_table)
+
     def kinds(self):
         """The shipped device kinds and those of this cluster's devices (which its file
         may declare), by name."""
@@ -207,7 +322,7 @@ class Cluster:
         """The link between devices ``i`` and ``j`` (indices); ``None`` when i == j."""
         if i == j:
             return None
-        return self.links[(min(i, j), max(i, j))]
+        return self.link_table.link(i, j)
 
     def total_memory(self):
         return sum(d.memory for d in self.devices)
@@ -233,39 +348,88 @@ def load_device_kinds(path=DEVICE_KINDS_FILE):
 
 def _kinds_entries(path):
     """The ``"kinds"`` mapping of a kinds file; ProfileError naming it if unreadable."""
-    try:
-        return json.loads(Path(path).read_text())["kinds"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(path, f"cannot read device kinds: {exc}") from None
+    data = read_json(path, ProfileError)
+    if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
+        raise ProfileError(path, "cannot read device kinds: no \"kinds\" object")
+    return data["kinds"]
 
 
 def kinds_from_dict(raw, source, known=None):
     """Device kinds from a ``"kinds"`` mapping (a kinds file's, or a cluster.json's
     own), on top of ``known`` ones. An entry may take its efficiency table from a
-    calibrated kind (``"efficiency_from": "H100"``) instead of giving one, and may be
-    ``{"alias_of": name}``; ProfileError names the entry and the problem."""
+    calibrated kind (``"efficiency_from": "H100"``, defined before or after it)
+    instead of giving one, and may be ``{"alias_of": name}``; ProfileError names the
+    entry and the problem.
+
+    >>> entry = {"peak_flops": {"fp32": 1e13}, "memory_bandwidth": 1e12, "memory": 1e10,
+    ...          "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10, "source": "x"}
+    >>> raw = {"A": dict(entry, efficiency_from="B"), "B": dict(entry, efficiency_from="H100"),
+    ...        "C": {"alias_of": "A"}}
+    >>> kinds = kinds_from_dict(raw, "kinds.json", known=load_device_kinds())
+    >>> kinds["C"] is kinds["A"], kinds["A"].efficiency == kinds["H100"].efficiency
+    (True, True)
+    """
     kinds = dict(known or {})
-    pending = [(name, entry) for name, entry in raw.items() if "alias_of" not in entry]
-    while pending:  # kinds may inherit from kinds defined after them
-        waiting = []
-        for name, entry in pending:
-            base = entry.get("efficiency_from") if isinstance(entry, dict) else None
-            if base is not None and base not in kinds:
-                waiting.append((name, entry))
-                continue
-            kinds[name] = _kind(name, entry, kinds.get(base), source)
-        if len(waiting) == len(pending):
-            name, entry = waiting[0]
-            raise ProfileError(source, f"kind {name!r}: efficiency_from names unknown kind "
-                               f"{entry['efficiency_from']!r}")
-        pending = waiting
+    own = {name: entry for name, entry in raw.items()
+           if not (isinstance(entry, dict) and "alias_of" in entry)}
+    names = list(own)
+    rounds = _inheritance_rounds([_base_of(own[n]) for n in names], names, kinds)
+    for k in sorted((k for k in range(len(names)) if rounds[k] is not None),
+                    key=lambda k: (rounds[k], k)):
+        entry = own[names[k]]
+        kinds[names[k]] = _kind(names[k], entry, kinds.get(_base_of(entry)), source)
+    stuck = [names[k] for k in range(len(names)) if rounds[k] is None]
+    if stuck:
+        base = own[stuck[0]]["efficiency_from"]
+        problem = f"inherits, through {base!r}, from itself" if base in own else \
+            f"names unknown kind {base!r}"
+        raise ProfileError(source, f"kind {stuck[0]!r}: efficiency_from {problem}")
     for name, entry in raw.items():
-        if "alias_of" in entry:
+        if name not in own:
             if entry["alias_of"] not in kinds:
                 raise ProfileError(source, f"kind {name!r} aliases unknown "
                                    f"{entry['alias_of']!r}")
             kinds[name] = kinds[entry["alias_of"]]
     return kinds
+
+
+def _base_of(entry):
+    return entry.get("efficiency_from") if isinstance(entry, dict) else None
+
+
+def _inheritance_rounds(bases, names, known):
+    """For entries ``names`` inheriting from ``bases`` (None: from nothing): the round
+    in which each can be made when each round makes, in order, every entry whose base
+    is known or made before it (an entry after its base in the same round, a round
+    later if before it); None if never (an unknown base, or a cycle). Made in order
+    of (round, position), each entry sees the same bases as when rounds repeat until
+    nothing changes, in time linear in the entries rather than quadratic.
+
+    >>> _inheritance_rounds([None, "z", "a", "b", "x"], ["a", "b", "c", "d", "e"], {"x"})
+    [1, None, 1, None, 1]
+    >>> _inheritance_rounds(["c", None, "b"], ["a", "b", "c"], set())
+    [2, 1, 1]
+    >>> _inheritance_rounds(["b", "a", "a"], ["a", "b", "c"], set())
+    [None, None, None]
+    """
+    position = {name: k for k, name in enumerate(names)}
+    rounds = [0] * len(names)  # 0: not yet known
+    for start in range(len(names)):
+        path, on_path, k = [], set(), start
+        while rounds[k] == 0:
+            base = bases[k]
+            if base is None or base in known:
+                rounds[k] = 1
+            elif base not in position or k in on_path:
+                rounds[k] = None  # unknown, or a cycle: so is every entry leading here
+            else:
+                path.append(k)
+                on_path.add(k)
+                k = position[base]
+        for j in reversed(path):
+            b = position[bases[j]]
+            rounds[j] = None if rounds[b] is None else rounds[b] + (b > j)
+    return rounds
 
 
 def _kind(name, entry, base, source):
@@ -277,14 +441,13 @@ def _kind(name, entry, base, source):
     if missing:
         raise ProfileError(source, f"kind {name!r} lacks {', '.join(missing)}")
     peaks = entry["peak_flops"]
-    if not isinstance(peaks, dict) or any(not isinstance(v, (int, float)) or v <= 0
-                                          for v in peaks.values()):
+    if not isinstance(peaks, dict) or not all(_positive(v) for v in peaks.values()):
         raise ProfileError(source, f"kind {name!r}: peak_flops must map precisions to "
                            "positive numbers")
     numbers = {f: entry.get(f, inherited.get(f)) for f in _KIND_FIELDS
                if f not in ("efficiency", "source", "peak_flops")}
     numbers["peak_flops"] = peaks.get("fp32", 0)
-    bad = [f for f, v in numbers.items() if not isinstance(v, (int, float)) or v <= 0]
+    bad = [f for f, v in numbers.items() if not _positive(v)]
     if bad:
         raise ProfileError(source, f"kind {name!r}: {', '.join(bad)} must be positive numbers")
     try:
@@ -299,6 +462,16 @@ def _kind(name, entry, base, source):
     return DeviceKind(name=name, efficiency=efficiency, source=entry["source"],
                       peaks={k: float(v) for k, v in peaks.items()},
                       host_link_latency=float(latency), **numbers)
+
+
+def _positive(value):
+    """A positive, finite number (not a bool).
+
+    >>> _positive(2.5), _positive(float("nan")), _positive(float("inf")), _positive(True)
+    (True, False, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value) and value > 0
 
 
 # -- cluster.json -------------------------------------------------------------------------
@@ -373,8 +546,8 @@ def _quantity(parse, value, where, source):
         number = parse(value)
     except ValueError as exc:
         raise ClusterError(source, f"{where}: {exc}") from None
-    if number <= 0:
-        raise ClusterError(source, f"{where}: must be positive, got {value!r}")
+    if not number > 0 or not math.isfinite(number):
+        raise ClusterError(source, f"{where}: must be a positive finite number, got {value!r}")
     return number
 
 
@@ -388,15 +561,16 @@ def cluster_from_dict(data, source="", kinds=None):
         raise ClusterError(source, f"{_field_path(err.absolute_path)}: {err.message}")
     kinds = _own_kinds(data, source, kinds)
     tf_cluster = {job: list(addrs) for job, addrs in data.get("cluster", {}).items()}
-    devices = []
+    devices, names = [], set()
     for i, entry in enumerate(data["devices"]):
         where = f"devices[{i}]"
         name = normalize_device_name(entry["name"])
         if name is None:
             raise ClusterError(source, f"{where}.name: {entry['name']!r} is not a TensorFlow "
                                "device name like /job:worker/task:0/device:GPU:0")
-        if name in (d.name for d in devices):
+        if name in names:
             raise ClusterError(source, f"{where}.name: duplicate device {name}")
+        names.add(name)
         kind = kinds.get(entry["kind"])
         if kind is None:
             raise ClusterError(source, f"{where}.kind: unknown device kind {entry['kind']!r} "
@@ -415,7 +589,7 @@ def cluster_from_dict(data, source="", kinds=None):
     overhead = 0.0 if overhead == 0 else _quantity(parse_duration, overhead, "step_overhead",
                                                    source)
     return Cluster(name=data.get("name", Path(source).stem if source else "cluster"),
-                   devices=tuple(devices), links=links, tf_cluster=tf_cluster,
+                   devices=tuple(devices), link_table=links, tf_cluster=tf_cluster,
                    source=str(source), step_overhead=overhead, tf32=data.get("tf32", True))
 
 
@@ -435,62 +609,60 @@ def _own_kinds(data, source, kinds):
 
 
 def _build_links(devices, spec, source):
-    def make(entry, where, default):
-        """A Link from a cluster.json entry; absent fields come from ``default``."""
-        bandwidth = (_quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth", source)
-                     if "bandwidth" in entry else default.bandwidth)
-        latency = default.latency
-        if entry.get("latency", 0) != 0:
-            latency = _quantity(parse_duration, entry["latency"], f"{where}.latency", source)
-        elif "latency" in entry:
-            latency = 0.0
-        message_cost = default.message_cost
-        if "message_cost" in entry:
-            message_cost = 0.0 if entry["message_cost"] == 0 else _quantity(
-                parse_duration, entry["message_cost"], f"{where}.message_cost", source)
-        return Link(bandwidth=bandwidth, latency=latency, message_cost=message_cost,
-                    cpu_copy=entry.get("cpu_copy", default.cpu_copy))
-
-    cross = make(spec.get("cross_host", {}), "links.cross_host",
-                 Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
-                      parse_duration(DEFAULT_CROSS_HOST["latency"])))
-    links = {}
-    for i, a in enumerate(devices):
-        for j in range(i + 1, len(devices)):
-            b = devices[j]
-            # Same host by default: through the host, at the slower of the two host links.
-            through_host = Link(min(a.kind.host_link_bandwidth, b.kind.host_link_bandwidth),
-                                max(DEFAULT_SAME_HOST_LATENCY, a.kind.host_link_latency +
-                                    b.kind.host_link_latency))
-            links[(i, j)] = (cross if a.host != b.host else
-                             make(spec.get("same_host", {}), "links.same_host", through_host))
-    names = [d.name for d in devices]
+    """The :class:`LinkTable` of ``devices`` from cluster.json's ``links`` block; each
+    entry of it is read (and its fields checked) once, not once per pair."""
+    cross = dataclasses.replace(
+        Link(parse_rate(DEFAULT_CROSS_HOST["bandwidth"]),
+             parse_duration(DEFAULT_CROSS_HOST["latency"])),
+        **_link_fields(spec.get("cross_host", {}), "links.cross_host", source))
+    hosts, classes = {}, {}
+    host = tuple(hosts.setdefault(d.host, len(hosts)) for d in devices)
+    link_class = tuple(classes.setdefault(
+        (d.kind.host_link_bandwidth, d.kind.host_link_latency), len(classes))
+        for d in devices)
+    shared = len(hosts) < len(devices)  # some pair of devices shares a host
+    table = LinkTable(cross=cross, pairs={}, host=host, link_class=link_class,
+                      class_figures=tuple(classes), same_host=_link_fields(
+                          spec.get("same_host", {}), "links.same_host", source)
+                      if shared else {})
+    index = {d.name: i for i, d in enumerate(devices)}
     for k, pair in enumerate(spec.get("pairs", [])):
         where = f"links.pairs[{k}]"
         ends = [normalize_device_name(n) for n in pair["between"]]
         for n, end in zip(pair["between"], ends):
-            if end not in names:
+            if end not in index:
                 raise ClusterError(source, f"{where}.between: unknown device {n!r}")
-        i, j = sorted(names.index(e) for e in ends)
+        i, j = sorted(index[e] for e in ends)
         if i == j:
             raise ClusterError(source, f"{where}.between: a link needs two different devices")
-        links[(i, j)] = make(pair, where, links[(i, j)])
-    return links
+        table.pairs[(i, j)] = dataclasses.replace(table.link(i, j),
+                                                  **_link_fields(pair, where, source))
+    return table
+
+
+def _link_fields(entry, where, source):
+    """The :class:`Link` fields a cluster.json link entry sets, parsed and checked.
+
+    >>> _link_fields({"bandwidth": "10GB/s", "latency": 0, "cpu_copy": True}, "x", "c")
+    {'bandwidth': 10000000000.0, 'latency': 0.0, 'cpu_copy': True}
+    """
+    fields = {}
+    if "bandwidth" in entry:
+        fields["bandwidth"] = _quantity(parse_rate, entry["bandwidth"], f"{where}.bandwidth",
+                                        source)
+    for name in ("latency", "message_cost"):
+        if name in entry:
+            fields[name] = 0.0 if entry[name] == 0 else _quantity(
+                parse_duration, entry[name], f"{where}.{name}", source)
+    if "cpu_copy" in entry:
+        fields["cpu_copy"] = entry["cpu_copy"]
+    return fields
 
 
 def load_cluster(path):
-    """Read and validate a cluster.json file; raise ClusterError on any problem."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ClusterError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterError(path, f"cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ClusterError(path, f"not valid JSON: {exc.msg} at line {exc.lineno} "
-                           f"column {exc.colno}") from None
-    return cluster_from_dict(data, source=str(path))
+    """Read and validate a cluster.json file (a regular file of bounded size, strict
+    JSON: :mod:`tfpart.input_files`); raise ClusterError on any problem."""
+    return cluster_from_dict(read_json(path, ClusterError), source=str(path))
 
 
 def cluster_of_devices(kind_names, memory=None, name="uniform"):
@@ -513,8 +685,6 @@ def sub_cluster(cluster, indices):
     >>> [d.kind.name for d in small.devices], small.link(0, 1) is not None
     (['V100', 'cpu'], True)
     """
-    links = {(a, b): cluster.link(indices[a], indices[b])
-             for a in range(len(indices)) for b in range(a + 1, len(indices))}
     return dataclasses.replace(cluster, name=f"{cluster.name}[{len(indices)}]",
                                devices=tuple(cluster.devices[i] for i in indices),
-                               links=links)
+                               link_table=cluster.link_table.subset(indices))

@@ -12,7 +12,6 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, model_errors
+from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
+                           check_tensors_fit)
 from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.report import write_report
@@ -51,7 +52,9 @@ def unread_variables(info, cluster):
             "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
 
 
-def _check_fits(graph, cluster, source):
+def _check_fits(graph, cluster, source, batch_size=None):
+    if batch_size is not None:
+        check_tensors_fit(graph, batch_size, cluster.total_memory(), source)
     params = graph.total_param_bytes()
     if params > cluster.total_memory():
         raise PlacementError(source, f"the model's variables need {params / 1e6:.1f} MB but "
@@ -127,6 +130,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
+    check_planned_devices(cluster)
     step = progress or (lambda name: None)
     timings = {}
     t0 = time.perf_counter()
@@ -136,7 +140,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         check_variables(model_dir)
         graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature)
     timings["read"] = time.perf_counter() - t0
-    _check_fits(graph, cluster, cluster.source or model_dir)
+    _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
 
     t0 = time.perf_counter()
     pipeline = pipeline or microbatches is not None or schedule is not None
@@ -204,6 +208,12 @@ def _partition(chosen, options, cost, proto, model_dir, info, microbatches, sche
                 ("schedule", schedule or getattr(settings, "schedule", None)),
                 ("replicas", 1 if mixing else getattr(settings, "replicas", None))]
             if key in fields})
+        if getattr(settings, "microbatches", None) is not None:
+            check_microbatches(settings.microbatches, info.batch_size, len(cost.graph),
+                               model_dir)
+        if getattr(settings, "max_microbatches", 0) > MAX_MICROBATCHES:
+            raise PlacementError(model_dir, f"max_microbatches {settings.max_microbatches}: "
+                                 f"at most {MAX_MICROBATCHES} micro-batches per batch")
     return chosen.partition(cost, options=settings), mixing
 
 
@@ -240,7 +250,7 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
     plan, graph, info, proto, timings = planned
     t0 = time.perf_counter()
     step = progress or (lambda name: None)
-    extra = {"plan.json": json.dumps(plan.to_dict(), indent=1, sort_keys=True)}
+    extra = {"plan.json": plan.to_json(Path(out) / "plan.json")}
     reports = []
 
     def check_staged(staging):
@@ -279,31 +289,40 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
 
 def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     """Read a model and a plan.json and simulate the plan; (schedule, cost, plan), or
-    (PipelineRun, cost, plan) for a pipelined plan."""
+    (PipelineRun, cost, plan) for a pipelined plan. The plan is checked against the
+    cluster before the model is read (:func:`check_plan_devices`, its batch size and
+    micro-batches within :mod:`tfpart.limits`) and against the model after
+    (:func:`check_plan_ops`): PlacementError naming the plan file otherwise."""
     from costmodel.simulate import simulate_plan
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
+    from tfpart.limits import check_batch_size
     from tfpart.plan import Plan
 
     plan = Plan.load(plan_file)
+    batch_size = plan.context.get("batch_size")
+    if batch_size is not None:
+        check_batch_size(batch_size, plan_file, "context.batch_size")
+    check_microbatches(plan.microbatches, batch_size, source=plan_file)
     cluster_file = cluster_file or plan.context.get("cluster_file")
     if not cluster_file:
         raise PlacementError(plan_file, "names no cluster file; pass --cluster")
     cluster = load_cluster(cluster_file)
-    proto = read_saved_model(model_dir)
-    graph, _ = read_model(proto, model_dir, batch_size=plan.context.get("batch_size"),
-                          signature=plan.context.get("signature"))
-    unknown = sorted(set(plan.assignment.values()) - set(cluster.device_names))
-    if unknown:
-        raise PlacementError(plan_file, f"places ops on {unknown[0]}, not in {cluster_file}")
+    check_planned_devices(cluster)
+    check_plan_devices(plan, cluster, plan_file)
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
-                     tf32=plan.context.get("tf32"))
+    measured = load_profiles(profiles, cluster)
+    proto = read_saved_model(model_dir)
+    graph, _ = read_model(proto, model_dir, batch_size=batch_size,
+                          signature=plan.context.get("signature"))
+    check_plan_ops(plan, graph, plan_file)
+    check_microbatches(plan.microbatches, ops=len(graph), source=plan_file)
+    cost = CostModel(graph, cluster, measured=measured, tf32=plan.context.get("tf32"))
     if plan.stages:  # a pipeline: M micro-batches through the stages
         from costmodel.pipeline import microbatch_graph, simulate_pipeline
 
         index = {name: d for d, name in enumerate(cluster.device_names)}
-        device_of = {op: index[d] for op, d in plan.assignment.items() if op in graph.ops}
+        device_of = {op: index[d] for op, d in plan.assignment.items()}
         run = simulate_pipeline(microbatch_graph(graph, plan.microbatches), cluster, device_of,
                                 plan.stages, plan.microbatches, cost, plan.schedule or "gpipe")
         return run, cost, plan
@@ -312,3 +331,79 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     except PlacementError as exc:
         raise PlacementError(plan_file, exc.problem) from None
     return schedule, cost, plan
+
+
+def plan_devices(plan):
+    """Every device a plan names: its assignment's, its replicas' and its splits'.
+
+    >>> from tfpart.plan import Plan
+    >>> sorted(plan_devices(Plan(assignment={"a": "A"}, splits={"a": {
+    ...     "devices": ["A", "B"], "sizes": [1, 1]}})))
+    ['A', 'B']
+    """
+    named = set(plan.assignment.values())
+    replicas = plan.replicas or {}
+    named.update(replicas.get("devices", ()))
+    for placement in replicas.get("placements", ()):
+        named.update(placement.values())
+    for split in (plan.splits or {}).values():
+        named.update(split["devices"])
+    return named
+
+
+def check_plan_devices(plan, cluster, source):
+    """PlacementError naming ``source`` if ``plan`` names a device ``cluster`` lacks
+    or a stage past the cluster's devices (one device per stage).
+
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.plan import Plan
+    >>> check_plan_devices(Plan(assignment={"a": "/device:GPU:0"}),
+    ...                    cluster_of_devices(["cpu"]), "plan.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: plan.json: places ops on /device:GPU:0, which the cluster 'uniform' does not have
+    """
+    unknown = sorted(plan_devices(plan) - set(cluster.device_names))
+    if unknown:
+        raise PlacementError(source, f"places ops on {unknown[0]}, which the cluster "
+                             f"{cluster.source or repr(cluster.name)} does not have"
+                             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    stages = set((plan.stages or {}).values())
+    if stages and max(stages) >= len(cluster):
+        raise PlacementError(source, f"has stage {max(stages)}, but a cluster of "
+                             f"{len(cluster)} devices runs at most {len(cluster)} stages")
+
+
+def check_plan_ops(plan, graph, source):
+    """PlacementError naming ``source`` unless ``plan`` places exactly the ops of
+    ``graph`` (its assignment, and its stages, splits and replicas' placements name
+    none it lacks).
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.plan import Plan
+    >>> g = OpGraph(); g.add_op("a"); g.add_op("b")
+    >>> check_plan_ops(Plan(assignment={"a": "A", "b": "A", "c": "A"}), g, "plan.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: plan.json: places 1 op the model does not have, e.g. c (was the plan made for another model or batch size?)
+    >>> check_plan_ops(Plan(assignment={"a": "A"}), g, "plan.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: plan.json: does not place 1 op of the model, e.g. b (was the plan made for another model or batch size?)
+    """
+    missing = [op for op in graph.ops if op not in plan.assignment]
+    if missing:
+        raise PlacementError(source, f"does not place {len(missing)} op"
+                             f"{'s' * (len(missing) > 1)} of the model, e.g. {missing[0]} "
+                             "(was the plan made for another model or batch size?)")
+    named = {"assignment": plan.assignment, "stages": plan.stages or {},
+             "splits": plan.splits or {},
+             **{f"replicas.placements[{r}]": placement for r, placement in
+                enumerate((plan.replicas or {}).get("placements", ()))}}
+    for where, ops in named.items():
+        extra = [op for op in ops if op not in graph.ops]
+        if extra:
+            field = "" if where == "assignment" else f" (in {where})"
+            raise PlacementError(source, f"places {len(extra)} op{'s' * (len(extra) > 1)} "
+                                 f"the model does not have{field}, e.g. {extra[0]} (was the "
+                                 "plan made for another model or batch size?)")

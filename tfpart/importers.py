@@ -20,19 +20,16 @@ Examples
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tfpart.cluster import cluster_from_dict
 from tfpart.errors import ModelError
 from tfpart.graph import OpGraph, UnionFind
+from tfpart.input_files import read_json
 
 
 def _read(path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(path, f"cannot read benchmark graph: {exc}") from None
+    return read_json(path, ModelError, what="a readable benchmark graph")
 
 
 def load_moirai(path):

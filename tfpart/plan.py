@@ -19,9 +19,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from tfpart.errors import PlacementError
+from tfpart.errors import OutputError, PlacementError
+from tfpart.input_files import json_text, read_json
 
 PLAN_FORMAT_VERSION = 2
+MAX_PLAN_BYTES = 512 * 2**20  # a million ops' assignments, stages and replicas' placements
 SCHEMA_FILE = Path(__file__).with_name("plan_schema.json")
 
 
@@ -121,18 +123,28 @@ class Plan:
             data["predicted"] = Predicted.from_dict(data["predicted"])
         return cls(**data)
 
+    def to_json(self, path="plan.json"):
+        """The text of plan.json; OutputError naming ``path`` and the field if a figure
+        is NaN or infinite (which JSON cannot hold).
+
+        >>> Plan(assignment={}, lower_bound=float("inf")).to_json()
+        Traceback (most recent call last):
+        ...
+        tfpart.errors.OutputError: plan.json: lower_bound is inf, not a finite number
+        """
+        return json_text(self.to_dict(), path, OutputError, indent=1, sort_keys=True)
+
     def save(self, path):
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+        Path(path).write_text(self.to_json(path))
 
     @classmethod
     def load(cls, path):
-        """Read and validate a plan.json (its JSON Schema: ``tfpart/plan_schema.json``)."""
+        """Read and validate a plan.json (its JSON Schema: ``tfpart/plan_schema.json``):
+        a regular file of at most :data:`MAX_PLAN_BYTES`, strict JSON
+        (:mod:`tfpart.input_files`)."""
         import jsonschema
 
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise PlacementError(path, f"not a readable plan.json: {exc}") from None
+        data = read_json(path, PlacementError, max_bytes=MAX_PLAN_BYTES)
         schema = json.loads(SCHEMA_FILE.read_text())
         error = next(iter(sorted(jsonschema.Draft202012Validator(schema).iter_errors(data),
                                  key=lambda e: list(e.absolute_path))), None)

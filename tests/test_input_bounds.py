@@ -1,0 +1,370 @@
+"""Every size a user controls is checked before the work it sizes: an input past a
+limit ends the command with exit code 2 and one line, ``tfpart: error: <file>:
+<problem>`` naming the limit, within bounded time and memory (each case runs the CLI
+in a subprocess with a timeout and an address-space limit), never a traceback, a
+crash or a hang."""
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
+from tests.conftest import local_cluster
+from tfpart.limits import MAX_GRAPH_OPS, MAX_MICROBATCHES, MAX_PLANNED_DEVICES
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_TF_MEMORY = 2 * 2**30  # address space of a command that fails before TensorFlow
+TF_MEMORY = 6 * 2**30  # one that imports TensorFlow (its import maps about 2 GB)
+
+
+def tfpart(*argv, timeout=60, memory=NO_TF_MEMORY):
+    """Run ``python -m tfpart.cli argv`` with a timeout and an address-space limit;
+    (exit code, stderr lines, seconds)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tfpart.cli", *map(str, argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return done.returncode, done.stderr.splitlines(), time.monotonic() - start
+
+
+def assert_refused(result, *words):
+    code, lines, _ = result
+    assert code == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("tfpart: error: "), lines
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def write(path, text):
+    Path(path).write_text(text)
+    return path
+
+
+# -- JSON: depth, number size, NaN and Infinity -------------------------------------------
+CLUSTER = '{"devices": [{"name": "/device:CPU:0", "kind": "cpu", "memory": %s}]}'
+BAD_JSON = {
+    "nested 200k deep": ("[" * 200_000 + "]" * 200_000, "nested 200000 levels deep"),
+    "5001-digit integer": (CLUSTER % ("4" * 5001), "an integer of 5001 digits"),
+    "NaN": (CLUSTER % "NaN", "NaN is not a JSON number"),
+    "Infinity": (CLUSTER % "Infinity", "Infinity is not a JSON number"),
+    "-Infinity": (CLUSTER % "-Infinity", "-Infinity is not a JSON number"),
+    "1e999": (CLUSTER % "1e999", "1e999 is too large"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_JSON))
+def test_bad_json_in_a_cluster_file(case, tmp_path):
+    text, words = BAD_JSON[case]
+    cluster = write(tmp_path / "c.json", text)
+    assert_refused(tfpart("compile", "--cluster", cluster, "-o", tmp_path / "out"),
+                   str(cluster), words)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["NaN", "5001-digit integer", "nested 200k deep"])
+def test_bad_json_in_a_kinds_file_a_profile_and_a_plan(case, tmp_path):
+    text, words = BAD_JSON[case]
+    kinds = write(tmp_path / "kinds.json", text)
+    cluster = write(tmp_path / "c.json", json.dumps(dict(local_cluster(1),
+                                                         kinds_file="kinds.json")))
+    assert_refused(tfpart("compile", "--cluster", cluster, "-o", tmp_path / "out"),
+                   str(kinds), words)
+    profile = write(tmp_path / "profile.json", text)
+    assert_refused(tfpart("compile", "--profile", profile, "-o", tmp_path / "out"),
+                   str(profile), words)
+    plan = write(tmp_path / "plan.json", text)
+    assert_refused(tfpart("simulate", DEFAULT_MODEL_DIR, plan), str(plan), words)
+    assert_refused(tfpart("diff", plan, plan), str(plan), words)
+
+
+def test_nan_in_a_kind_given_through_the_api_is_refused():
+    from tfpart.cluster import cluster_from_dict
+    from tfpart.errors import ClusterError
+
+    entry = {"peak_flops": {"fp32": float("nan")}, "memory_bandwidth": 1e12,
+             "memory": 1e10, "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10,
+             "efficiency_from": "H100", "source": "test"}
+    with pytest.raises(ClusterError, match="peak_flops must map precisions to positive"):
+        cluster_from_dict({"kinds": {"X": entry},
+                           "devices": [{"name": "/device:GPU:0", "kind": "X"}]})
+    with pytest.raises(ClusterError, match="positive finite number"):
+        cluster_from_dict({"devices": [{"name": "/device:CPU:0", "kind": "cpu",
+                                        "memory": float("inf")}]})
+
+
+def test_a_plan_with_a_non_finite_figure_is_not_written(tmp_path):
+    from tfpart.errors import OutputError
+    from tfpart.plan import Plan, Predicted
+
+    plan = Plan(assignment={"a": "/device:CPU:0"},
+                predicted=Predicted(step_time=float("nan"), devices={}))
+    with pytest.raises(OutputError, match="predicted.step_time is nan"):
+        plan.save(tmp_path / "plan.json")
+    assert not (tmp_path / "plan.json").exists()
+
+
+# -- files that are not regular, or too large ---------------------------------------------
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "fifo.json"
+    os.mkfifo(path)
+    return path
+
+
+def test_a_fifo_as_cluster_kinds_file_profile_or_plan(fifo, tmp_path):
+    words = (str(fifo), "not a regular file (a FIFO)")
+    assert_refused(tfpart("compile", "--cluster", fifo, "-o", tmp_path / "out",
+                          timeout=30), *words)
+    cluster = write(tmp_path / "c.json", json.dumps(dict(local_cluster(1),
+                                                         kinds_file=fifo.name)))
+    assert_refused(tfpart("compile", "--cluster", cluster, "-o", tmp_path / "out",
+                          timeout=30), *words)
+    assert_refused(tfpart("compile", "--profile", fifo, "-o", tmp_path / "out",
+                          timeout=30), *words)
+    assert_refused(tfpart("simulate", DEFAULT_MODEL_DIR, fifo, timeout=30), *words)
+
+
+def test_a_fifo_inside_the_saved_model(tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    index = model / "variables" / "variables.index"
+    index.unlink()
+    os.mkfifo(index)
+    assert_refused(tfpart("compile", model, "-o", tmp_path / "out", timeout=30),
+                   str(index), "not a regular file (a FIFO)")
+
+
+def test_dev_zero_and_a_huge_file(tmp_path):
+    assert_refused(tfpart("compile", "--cluster", "/dev/zero", "-o", tmp_path / "out"),
+                   "/dev/zero", "not a regular file (a character device)")
+    cluster = write(tmp_path / "c.json", json.dumps(dict(local_cluster(1),
+                                                         kinds_file="/dev/zero")))
+    assert_refused(tfpart("compile", "--cluster", cluster, "-o", tmp_path / "out"),
+                   "/dev/zero", "not a regular file")
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as file:
+        file.truncate(3 * 2**30)  # sparse: takes no disk, but 3 GiB to read
+    assert_refused(tfpart("compile", "--cluster", huge, "-o", tmp_path / "out"),
+                   str(huge), "3072.0 MiB, more than the 64 MiB an input file may have")
+    assert_refused(tfpart("diff", huge, huge), str(huge), "more than the 512 MiB")
+
+
+# -- option checks before any work --------------------------------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["--batch-size", str(10**10)], "--batch-size 10000000000 is more than 2147483647"),
+    (["--microbatches", "100000"], f"--microbatches 100000 is more than {MAX_MICROBATCHES}"),
+    (["--microbatches", "8", "--batch-size", "4"],
+     "--microbatches 8 is more than --batch-size 4"),
+])
+def test_sizes_on_the_command_line(argv, words, tmp_path):
+    code, lines, seconds = tfpart("compile", *argv, "-o", tmp_path / "out")
+    assert_refused((code, lines, seconds), words)
+    assert seconds < 30  # no model read, no TensorFlow
+
+
+# -- devices ------------------------------------------------------------------------------
+def many_devices(n):
+    return {"name": f"{n} devices", "devices": [
+        {"name": f"/job:worker/task:{i // 8}/device:GPU:{i % 8}",
+         "kind": "V100" if i % 2 else "T4"} for i in range(n)],
+        "cluster": {"worker": [f"10.0.{i // 256}.{i % 256}:2222" for i in range(n // 8)]},
+        "links": {"pairs": [{"between": ["/job:worker/task:0/device:GPU:0",
+                                         "/job:worker/task:0/device:GPU:1"],
+                             "bandwidth": "300GB/s"}]}}
+
+
+def test_ten_thousand_devices_load_in_seconds(tmp_path):
+    from costmodel.roofline import CostModel
+    from tfpart.cluster import load_cluster
+    from tfpart.graph import OpGraph
+
+    path = write(tmp_path / "c.json", json.dumps(many_devices(10_000)))
+    start = time.monotonic()
+    cluster = load_cluster(path)
+    graph = OpGraph()
+    for i in range(100):
+        graph.add_op(f"op{i}", op_type="MatMul", flops=1e9, bytes_accessed=1e6)
+    cost = CostModel(graph, cluster)
+    assert time.monotonic() - start < 10  # about 1 s on a 2-core machine
+    assert cost.compute.shape == (100, 10_000)
+    assert cluster.link(0, 1).bandwidth == 300e9  # the named pair
+    assert cluster.link(2, 3) == cluster.link(9_990, 9_991)  # same host, same kinds
+    assert cluster.link(0, 9_999) == cluster.link(8, 16)  # across hosts
+    assert len(cluster.links) == 10_000 * 9_999 // 2  # computed on demand, not stored
+
+
+def test_too_many_devices_to_plan(tmp_path):
+    cluster = write(tmp_path / "c.json", json.dumps(many_devices(MAX_PLANNED_DEVICES + 8)))
+    assert_refused(tfpart("compile", "--cluster", cluster, "-o", tmp_path / "out"),
+                   str(cluster), f"at most {MAX_PLANNED_DEVICES} devices")
+
+
+def test_link_tables_equal_pairwise_links():
+    """The dense tables the solvers read hold each pair's own link."""
+    from tfpart.cluster import cluster_from_dict, sub_cluster
+
+    cluster = cluster_from_dict(many_devices(24))
+    arrays = cluster.link_table.arrays()
+    for i in range(24):
+        for j in range(24):
+            link = cluster.link(i, j)
+            assert arrays["latency"][i, j] == (link.latency if link else 0.0)
+            assert arrays["inverse_bandwidth"][i, j] == (1 / link.bandwidth if link else 0)
+    small = sub_cluster(cluster, [1, 0, 9])
+    assert small.link(0, 1) == cluster.link(0, 1) and small.link(1, 2) == cluster.link(0, 9)
+
+
+# -- the model: batch size, inlined size --------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_a_batch_size_past_tensorflows_tensor_limit(tmp_path):
+    """It crashed Grappler (batch 10**7 on the example model) before the check."""
+    result = tfpart("compile", "--batch-size", 10**7, "-o", tmp_path / "out", timeout=300,
+                    memory=TF_MEMORY)
+    assert_refused(result, str(DEFAULT_MODEL_DIR), "more than TensorFlow's limit of 2**31-1",
+                   "the largest batch size this model allows is 65535")
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_simulate_a_plan_of_a_huge_batch(tmp_path):
+    plan = write(tmp_path / "plan.json", json.dumps({
+        "format_version": 2, "assignment": {}, "algorithm": "greedy", "options": {},
+        "microbatches": 1, "predicted": None, "lower_bound": None,
+        "context": {"batch_size": 10**9, "cluster_file": str(DEFAULT_CLUSTER_FILE)}}))
+    assert_refused(tfpart("simulate", DEFAULT_MODEL_DIR, plan, timeout=300,
+                          memory=TF_MEMORY), "at batch size 1000000000",
+                   "the largest batch size this model allows is 65535")
+    plan.write_text(plan.read_text().replace(str(10**9), str(10**12)))
+    assert_refused(tfpart("simulate", DEFAULT_MODEL_DIR, plan),
+                   "context.batch_size 1000000000000 is more than 2147483647")
+
+
+def deepen(model, levels):
+    """Make a SavedModel's function that calls another function twice call a copy of
+    itself instead, ``levels`` deep: each level doubles the ops inlining makes.
+    (Tracing so many levels is itself exponential in TensorFlow: 20 take minutes.)"""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = Path(model) / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
+    library = proto.meta_graphs[0].graph_def.library
+
+    def calls(fdef):
+        return [n for n in fdef.node_def if n.op in ("PartitionedCall",
+                                                     "StatefulPartitionedCall")]
+
+    doublers = [f for f in library.function if len(calls(f)) == 2]
+    top = {}
+    for doubler in doublers:
+        below = doubler.signature.name
+        for level in range(1, levels):
+            copy = library.function.add()
+            copy.CopyFrom(doubler)
+            copy.signature.name = f"{doubler.signature.name}_level{level}"
+            for node in calls(copy):
+                node.attr["f"].func.name = below
+            below = copy.signature.name
+        top[doubler.signature.name] = below
+    for fdef in library.function:
+        if len(calls(fdef)) == 1:  # the functions that call a doubler
+            for node in calls(fdef):
+                node.attr["f"].func.name = top.get(node.attr["f"].func.name,
+                                                   node.attr["f"].func.name)
+    pb.write_bytes(proto.SerializeToString())
+    return pb.stat().st_size
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_functions_calling_each_other_twice_per_level(tmp_path):
+    """20 levels inline into 2**22 ops from a SavedModel of about 30 KB (each level two
+    calls, an add and an identity; the leaf a relu and an identity; two more above)."""
+    import tensorflow as tf
+
+    leaf = tf.function(tf.nn.relu, autograph=False)
+    twice = tf.function(lambda x: leaf(x) + leaf(x), autograph=False)
+    module = tf.Module()
+    module.f = tf.function(lambda x: twice(x), autograph=False,
+                           input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    model = tmp_path / "bomb"
+    tf.saved_model.save(module, str(model), signatures={"serving_default": module.f})
+    assert deepen(model, 20) < 64_000
+    result = tfpart("compile", model, "-o", tmp_path / "out", timeout=300, memory=TF_MEMORY)
+    assert_refused(result, str(model), "inlining the signature's function calls would make "
+                   f"{2**22} ops, more than the {MAX_GRAPH_OPS} tfpart handles")
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_more_microbatches_than_the_model_batch(tmp_path):
+    """The example model's signature fixes no batch: its default batch is 1."""
+    assert_refused(tfpart("compile", "--microbatches", 4, "-o", tmp_path / "out",
+                          timeout=300, memory=TF_MEMORY),
+                   "4 micro-batches of a batch of 1", "--microbatches 1 or fewer")
+
+
+# -- simulate checks a plan against its model and cluster ---------------------------------
+@pytest.fixture(scope="module")
+def example_plan(tmp_path_factory):
+    """A plan of the example model: every op on the first device."""
+    from rewriters.reader import read_model
+    from rewriters.savedmodel_io import read_saved_model
+    from tfpart.cluster import load_cluster
+    from tfpart.plan import Plan
+
+    graph, info = read_model(read_saved_model(DEFAULT_MODEL_DIR), DEFAULT_MODEL_DIR)
+    device = load_cluster(DEFAULT_CLUSTER_FILE).device_names[0]
+    return Plan(assignment={op: device for op in graph.ops}, algorithm="single", context={
+        "batch_size": info.batch_size, "cluster_file": str(DEFAULT_CLUSTER_FILE),
+        "signature": info.signature})
+
+
+def simulate_in_process(capsys, plan, tmp_path):
+    from tfpart.cli import main
+
+    plan.save(tmp_path / "plan.json")
+    code = main(["simulate", str(DEFAULT_MODEL_DIR), str(tmp_path / "plan.json")])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def changed(plan, **fields):
+    import dataclasses
+
+    return dataclasses.replace(plan, **fields)
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_simulate_checks_the_plan_against_model_and_cluster(example_plan, capsys, tmp_path):
+    code, lines = simulate_in_process(capsys, example_plan, tmp_path)
+    assert code == 0, lines
+    ops = list(example_plan.assignment)
+    first = example_plan.assignment[ops[0]]
+    cases = [
+        (changed(example_plan, assignment={**example_plan.assignment, "no/such/op": first}),
+         "places 1 op the model does not have, e.g. no/such/op"),
+        (changed(example_plan, assignment={op: first for op in ops[1:]}),
+         f"does not place 1 op of the model, e.g. {ops[0]}"),
+        (changed(example_plan, assignment={**example_plan.assignment,
+                                           ops[0]: "/device:GPU:7"}),
+         "places ops on /device:GPU:7, which the cluster"),
+        (changed(example_plan, stages={op: 0 for op in ops} | {"ghost": 0}),
+         "(in stages), e.g. ghost"),
+        (changed(example_plan, stages={op: 9 for op in ops}),
+         "has stage 9, but a cluster of 3 devices runs at most 3 stages"),
+        (changed(example_plan, microbatches=2), "2 micro-batches of a batch of 1"),
+    ]
+    for plan, words in cases:
+        code, lines = simulate_in_process(capsys, plan, tmp_path)
+        assert_refused((code, lines, 0), str(tmp_path / "plan.json"), words)

@@ -1,0 +1,196 @@
+"""The bounds on every size a user controls, checked before the work they size starts.
+
+Each limit is a constant here, and each check a small function raising one line of
+:mod:`tfpart.errors` that names the file at fault and the limit:
+
+- :data:`MAX_TENSOR_ELEMENTS`: no tensor of the model, at the compile batch size, may
+  hold more elements than TensorFlow's int32-indexed kernels address (2**31 - 1):
+  Grappler crashed the process on the example model at a batch of 10**7, whose
+  largest tensor held 3.3e11. So :data:`MAX_BATCH_SIZE` is that number too (a larger
+  batch puts every batch-carrying tensor over it), and :func:`check_tensor_sizes`
+  finds, from the shapes TensorFlow's shape inference gives, the largest batch the
+  model allows.
+- :data:`MAX_GRAPH_OPS`: the ops of the model once its function calls are inlined
+  (a 31 KB SavedModel whose functions call each other twice per level inlines into
+  millions), and of the graph the simulator runs for a pipelined plan (every
+  micro-batch a copy of the model). Reading a model took about 1 ms and 25 KB per
+  op here (32,768 ops: 68 s, 1.4 GB), so 200,000 ops (130 ResNet50s) take minutes
+  and about 5 GB. Calls nest at most :data:`MAX_CALL_DEPTH` deep (the reader
+  inlines them recursively).
+- :data:`MAX_MICROBATCHES`, and never more micro-batches than samples in the batch.
+- :data:`MAX_PLANNED_DEVICES`: the algorithms and the simulator keep tables over every
+  pair of devices (a queue per directed link), and the greedy tries every device for
+  every placement unit: 300 ops took 42 s on 128 devices and 5 minutes on 512 on a
+  busy 2-core machine. A cluster of more devices loads (its links are held per host
+  and kind, :class:`tfpart.cluster.LinkTable`) but is not planned or simulated.
+
+Examples
+--------
+>>> check_microbatches(8, batch_size=4, ops=10, source="model")
+Traceback (most recent call last):
+...
+tfpart.errors.PlacementError: model: 8 micro-batches of a batch of 4: each micro-batch needs at least one sample (use --microbatches 4 or fewer, or a larger --batch-size)
+"""
+from __future__ import annotations
+
+import math
+
+from tfpart.dtypes import tensor_bytes
+from tfpart.errors import ClusterError, ModelError, PlacementError
+
+MAX_TENSOR_ELEMENTS = 2**31 - 1  # TensorFlow's int32 element limit
+MAX_BATCH_SIZE = MAX_TENSOR_ELEMENTS  # a larger batch breaks it in any batched tensor
+MAX_GRAPH_OPS = 200_000  # ops read (inlined) or simulated (see above)
+MAX_CALL_DEPTH = 200  # nested function calls inlined (Keras models nest about ten)
+MAX_MICROBATCHES = 1024  # per batch; each is a copy of every stage in the compiled model
+MAX_PLANNED_DEVICES = 512  # the greedy's time grows with the devices (see above)
+
+
+def check_batch_size(batch_size, source="", what="batch size"):
+    """ModelError unless ``batch_size`` is a positive int of at most
+    :data:`MAX_BATCH_SIZE`.
+
+    >>> check_batch_size(10**12, "plan.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.ModelError: plan.json: batch size 1000000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ModelError(source, f"{what} must be a positive integer, not {batch_size!r}")
+    if batch_size > MAX_BATCH_SIZE:
+        raise ModelError(source, f"{what} {batch_size} is more than {MAX_BATCH_SIZE} "
+                         "(TensorFlow's limit of 2**31-1 elements per tensor)")
+
+
+def largest_tensor(graph):
+    """``(elements, op, shape, dtype)`` of the largest output of an OpGraph's ops
+    (``(0, None, (), None)`` for a graph without outputs).
+
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph()
+    >>> g.add_op("a", outputs=[((8, 1000), "float32")])
+    >>> g.add_op("b", outputs=[((8, 10), "float32"), ((8, 5000), "int32")])
+    >>> largest_tensor(g)
+    (40000, 'b', (8, 5000), 'int32')
+    """
+    best = (0, None, (), None)
+    for name, attrs in graph.ops.items():
+        for shape, dtype in attrs.get("outputs") or ():
+            elements = math.prod(shape)
+            if elements > best[0]:
+                best = (elements, name, tuple(shape), dtype)
+    return best
+
+
+def largest_batch(graph, batch_size, limit=MAX_TENSOR_ELEMENTS):
+    """The largest batch size at which every output whose first dimension is
+    ``batch_size`` keeps at most ``limit`` elements (per-sample sizes scaled); None
+    if no output carries the batch.
+
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph(); g.add_op("conv", outputs=[((4, 32, 32, 32), "float32")])
+    >>> largest_batch(g, 4)
+    65535
+    """
+    per_sample = [math.prod(shape[1:]) for attrs in graph.ops.values()
+                  for shape, _ in attrs.get("outputs") or ()
+                  if len(shape) and shape[0] == batch_size]
+    if not per_sample:
+        return None
+    return limit // max(max(per_sample), 1)
+
+
+def check_tensor_sizes(graph, batch_size, source=""):
+    """ModelError if an output of ``graph`` (shapes at ``batch_size``) has more than
+    :data:`MAX_TENSOR_ELEMENTS` elements, naming the op and the largest batch size
+    that keeps every tensor within the limit.
+
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph(); g.add_op("conv", outputs=[((10**7, 32, 32, 32), "float32")])
+    >>> check_tensor_sizes(g, 10**7, "model")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.ModelError: model: at batch size 10000000 op conv outputs 327680000000 elements (shape (10000000, 32, 32, 32)), more than TensorFlow's limit of 2**31-1 per tensor; the largest batch size this model allows is 65535
+    """
+    elements, op, shape, _ = largest_tensor(graph)
+    if elements <= MAX_TENSOR_ELEMENTS:
+        return
+    largest = largest_batch(graph, batch_size)
+    advice = f"the largest batch size this model allows is {largest}" if largest else \
+        "it does not depend on the batch size"
+    raise ModelError(source, f"at batch size {batch_size} op {op} outputs {elements} "
+                     f"elements (shape {shape}), more than TensorFlow's limit of 2**31-1 "
+                     f"per tensor; {advice}")
+
+
+def check_tensors_fit(graph, batch_size, memory, source=""):
+    """PlacementError if one output of ``graph`` alone needs more than ``memory``
+    bytes (the whole cluster's: even split by samples it could not be held).
+
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph(); g.add_op("x", outputs=[((1000, 1000, 1000), "float32")])
+    >>> check_tensors_fit(g, 1000, 2e9, "cluster.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: cluster.json: at batch size 1000 op x outputs 4000.0 MB, more than the cluster's 2000.0 MB of memory; the largest batch size that fits is 500
+    """
+    elements, op, shape, dtype = largest_tensor(graph)
+    nbytes = tensor_bytes(shape, dtype) if op is not None else 0
+    if nbytes <= memory:
+        return
+    per_byte = elements / nbytes
+    largest = largest_batch(graph, batch_size, int(memory * per_byte))
+    advice = f"; the largest batch size that fits is {largest}" if largest else ""
+    raise PlacementError(source, f"at batch size {batch_size} op {op} outputs "
+                         f"{nbytes / 1e6:.1f} MB, more than the cluster's "
+                         f"{memory / 1e6:.1f} MB of memory{advice}")
+
+
+def check_graph_ops(count, source="", what="the model"):
+    """ModelError if ``count`` ops exceed :data:`MAX_GRAPH_OPS`.
+
+    >>> check_graph_ops(2**21, "m", "the model's functions, inlined,")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.ModelError: m: the model's functions, inlined, would make 2097152 ops, more than the 200000 tfpart handles
+    >>> check_graph_ops(2**200, "m")
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.ModelError: m: the model would make about 10**60 ops, more than the 200000 tfpart handles
+    """
+    if count > MAX_GRAPH_OPS:
+        shown = count if count < 10**12 else f"about 10**{len(str(count)) - 1}"
+        raise ModelError(source, f"{what} would make {shown} ops, more than the "
+                         f"{MAX_GRAPH_OPS} tfpart handles")
+
+
+def check_microbatches(microbatches, batch_size=None, ops=None, source=""):
+    """PlacementError unless ``microbatches`` is at most :data:`MAX_MICROBATCHES`, at
+    most ``batch_size`` (if known) and, times ``ops`` (if known), at most
+    :data:`MAX_GRAPH_OPS` (the simulated graph holds a copy per micro-batch)."""
+    if microbatches > MAX_MICROBATCHES:
+        raise PlacementError(source, f"{microbatches} micro-batches: at most "
+                             f"{MAX_MICROBATCHES} per batch")
+    if batch_size is not None and microbatches > batch_size:
+        raise PlacementError(source, f"{microbatches} micro-batches of a batch of "
+                             f"{batch_size}: each micro-batch needs at least one sample "
+                             f"(use --microbatches {batch_size} or fewer, or a larger "
+                             "--batch-size)")
+    if ops is not None and microbatches * ops > MAX_GRAPH_OPS:
+        raise PlacementError(source, f"{microbatches} micro-batches of {ops} ops make "
+                             f"{microbatches * ops} ops to simulate, more than the "
+                             f"{MAX_GRAPH_OPS} tfpart handles; at most "
+                             f"{MAX_GRAPH_OPS // ops} micro-batches for this model")
+
+
+def check_planned_devices(cluster):
+    """ClusterError if ``cluster`` has more devices than the algorithms and the
+    simulator take (:data:`MAX_PLANNED_DEVICES`).
+
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> check_planned_devices(cluster_of_devices(["cpu"] * 3))
+    """
+    if len(cluster) > MAX_PLANNED_DEVICES:
+        raise ClusterError(cluster.source, f"{len(cluster)} devices: tfpart plans and "
+                           f"simulates clusters of at most {MAX_PLANNED_DEVICES} devices "
+                           "(its solvers keep a table over every pair of devices)")
