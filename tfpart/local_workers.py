@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,17 +99,27 @@ class LocalWorkers:
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**os.environ, "TFPART_TF_LOG": log.name})
 
+    def process(self, task, job="worker"):
+        """The ``subprocess.Popen`` of one task."""
+        return self.processes[task + (len(self.cluster["cluster"]["worker"])
+                                      if job == "ps" else 0)]
+
     def kill(self, task, job="worker"):
         """Kill one task abruptly (as a crashed host would go)."""
-        process = self.processes[task + (len(self.cluster["cluster"]["worker"])
-                                          if job == "ps" else 0)]
+        process = self.process(task, job)
         process.kill()
         process.wait(timeout=30)
+
+    def freeze(self, task, job="worker", frozen=True):
+        """Stop one task with SIGSTOP (as a hung or cut-off host would seem: its kernel
+        still accepts connections), or with ``frozen=False`` let it go on (SIGCONT)."""
+        self.process(task, job).send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def stop(self):
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
+                process.send_signal(signal.SIGCONT)  # a frozen task acts on SIGTERM
         for process in self.processes:
             try:
                 process.wait(timeout=30)
