@@ -91,11 +91,19 @@ def _split_address(address):
     return host.strip("[]") or "localhost", int(port)
 
 def _check_port_free(cluster, job, task, address):
-    """gRPC may share a port with another server (SO_REUSEPORT); refuse instead."""
-    host, port = _split_address(address)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """Refuse a port that something listens on: gRPC may share it with another server
+    (SO_REUSEPORT). Checked on the wildcard address, which TensorFlow binds whatever
+    the host (an address behind NAT, not on this machine, included)."""
+    port = _split_address(address)[1]
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # dual-stack, as gRPC's
+    except OSError:  # no IPv6 here
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with probe:
+        # as gRPC does: a connection in TIME_WAIT is no conflict, a listener is
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("" if host in ("localhost", "0.0.0.0") else host, port))
+            probe.bind(("", port))
         except OSError as exc:
             raise TfpartError(cluster.source, f"cannot start {job} task {task}: port {port} "
                               f"of {address} is already in use ({exc.strerror})") from None
@@ -253,8 +261,13 @@ def _tcp_sockets_on(port):
         try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=os.dup(int(name)))
+            copy = os.dup(int(name))
+        except OSError:  # closed meanwhile
+            continue
+        try:
+            sock = socket.socket(fileno=copy)
         except OSError:
+            os.close(copy)
             continue
         try:
             ours = (sock.family in (socket.AF_INET, socket.AF_INET6)
@@ -283,10 +296,14 @@ def machine_addresses():
 
     ifreq, count = 40, 256  # sizeof(struct ifreq) on 64-bit Linux
     buffer = ctypes.create_string_buffer(ifreq * count)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("@iP", len(buffer), ctypes.addressof(buffer))
-        length = struct.unpack("@iP", fcntl.ioctl(sock.fileno(), 0x8912, request))[0]  # SIOCGIFCONF
-    v4 = [socket.inet_ntoa(buffer.raw[at + 20:at + 24]) for at in range(0, length, ifreq)]
+    request = struct.pack("@iP", len(buffer), ctypes.addressof(buffer))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            length = struct.unpack("@iP", fcntl.ioctl(sock.fileno(), 0x8912,  # SIOCGIFCONF
+                                                      request))[0]
+        v4 = [socket.inet_ntoa(buffer.raw[at + 20:at + 24]) for at in range(0, length, ifreq)]
+    except OSError:
+        v4 = []
     try:
         with open("/proc/net/if_inet6") as table:
             v6 = [str(ipaddress.ip_address(bytes.fromhex(line.split()[0])))
@@ -326,7 +343,7 @@ def task_addresses(cluster):
     return [(job, task, address) for job, addresses in sorted(cluster.tf_cluster.items())
             for task, address in enumerate(addresses)]
 
-_channels = {}  # address -> gRPC channel, reused by every check (a watch asks twice a second)
+_channels = {}  # address -> gRPC channel, reused by every check (a watch asks often)
 _channels_lock = threading.Lock()
 
 def _status_call(address):
