@@ -364,13 +364,20 @@ def status_failures(addresses, timeout):
 
     calls = [_status_call(address).future(b"", timeout=timeout) for address in addresses]
     failures = []
-    for call in calls:
+    for address, call in zip(addresses, calls):
         try:
             call.result()
             failures.append(None)
         except grpc.RpcError as exc:
             failures.append((exc.code().name, exc.details() or ""))
+            _forget_channel(address)  # a task started again is not held back by its backoff
     return failures
+
+def _forget_channel(address):
+    with _channels_lock:
+        channel = _channels.pop(address, None)
+    if channel is not None:
+        channel.close()
 
 def lost_task_message(job, task, address, code, details, timeout, source):
     """The one-line error for a task that failed its status request.
