@@ -61,7 +61,7 @@ class LocalWorkers:
         started after the workers.
     """
 
-    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=60,
+    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=120,
                  ps=0):
         self.ps = ps
         self.ports = [free_port() for _ in range(count + ps)]

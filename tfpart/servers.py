@@ -36,7 +36,9 @@ from tfpart.quiet import to_library_log
 connected = False  # set once this process is a client of a cluster (see connect)
 STATUS_METHOD = "/tensorflow.WorkerService/GetStatus"  # answered on the task's inter-op pool
 CHECK_TIMEOUT_S = 3.0  # a task that answers no status request within this is not responding
-WATCH_TIMEOUT_S = 5.0  # the same during a run, when the task's threads are busy
+# During a run the task's inter-op threads are busy: answers took up to 1 s on a loaded
+# 2-core machine (load 16), and one op may hold a task's only inter-op thread longer.
+WATCH_TIMEOUT_S = 10.0
 UNAUTHENTICATED = ("TensorFlow's runtime runs any graph a peer sends, with no "
                    "authentication: keep this port on a trusted network")
 
@@ -422,7 +424,8 @@ def watch_workers(cluster, interval=0.5, on_lost=None, timeout=WATCH_TIMEOUT_S):
     frozen worker may not return for minutes).
 
     A task answers the status request on its inter-op threads, so ``timeout`` must
-    exceed the longest single op it runs when it has one such thread."""
+    exceed the longest single op it runs when it has one such thread (10 s by
+    default)."""
     def default(message):
         from tfpart.quiet import user_stderr
 
