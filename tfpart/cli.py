@@ -373,7 +373,8 @@ def cmd_worker(args):
     console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
     console.print(f"tfpart worker: {exposure}", soft_wrap=True)
-    name, code = wait_for_stop()
+    parent = os.environ.get("TFPART_WORKER_PARENT")  # set by LocalWorkers
+    name, code = wait_for_stop(parent=int(parent) if parent else None)
     console.print(f"tfpart worker: stopped by {name}", soft_wrap=True)
     sys.stdout.flush()
     os._exit(code)  # TensorFlow cannot stop a started server; its destructor would abort

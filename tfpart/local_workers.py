@@ -96,8 +96,10 @@ class LocalWorkers:
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         with open(self.path.parent / f"{job}-{task}.log", "ab") as log:
+            # TFPART_WORKER_PARENT: the task exits with this process, never left behind
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "TFPART_TF_LOG": log.name})
+                                    env={**os.environ, "TFPART_TF_LOG": log.name,
+                                         "TFPART_WORKER_PARENT": str(os.getpid())})
 
     def process(self, task, job="worker"):
         """The ``subprocess.Popen`` of one task."""

@@ -314,9 +314,11 @@ def machine_addresses():
         v6 = []
     return list(dict.fromkeys(v4 + v6))
 
-def wait_for_stop(poll=0.2):
-    """Block until SIGINT or SIGTERM; return the signal's name and the exit code for it
-    (130 for SIGINT, as shells report Ctrl-C; 0 for SIGTERM, a stop asked for).
+def wait_for_stop(poll=0.2, parent=None):
+    """Block until SIGINT or SIGTERM, or until process ``parent`` is no longer this
+    one's parent (it exited); return what stopped it and the exit code for it (130 for
+    SIGINT, as shells report Ctrl-C; 0 for SIGTERM, a stop asked for, and for a
+    parent's exit).
 
     A server's ``join()`` would block in C++, where Python never sees Ctrl-C, and
     TensorFlow cannot stop a started server: the caller ends the process with
@@ -326,12 +328,16 @@ def wait_for_stop(poll=0.2):
     >>> threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     >>> wait_for_stop()
     ('SIGTERM', 0)
+    >>> wait_for_stop(parent=-1)  # not this process's parent
+    ('the exit of process -1, which started it', 0)
     """
     received = []
     handlers = {number: signal.signal(number, lambda got, frame: received.append(got))
                 for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not received:
+            if parent is not None and os.getppid() != parent:
+                return f"the exit of process {parent}, which started it", 0
             time.sleep(poll)
     finally:
         for number, handler in handlers.items():

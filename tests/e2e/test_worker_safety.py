@@ -126,6 +126,31 @@ def test_a_worker_on_every_interface_says_so_and_ctrl_c_stops_it(tmp_path):
     assert seconds < 5
 
 
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_local_workers_do_not_outlive_the_process_that_started_them(tmp_path):
+    """A test or notebook that dies without stopping its workers leaves none behind."""
+    script = ("import os; from tfpart.local_workers import LocalWorkers; "
+              f"workers = LocalWorkers(1, {str(tmp_path)!r}, pin=False); "
+              "print(workers.processes[0].pid, flush=True); os._exit(0)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    pid, start = int(done.stdout.split()[-1]), time.monotonic()
+    while running(pid):
+        assert time.monotonic() - start < FAULT_LIMIT_S, f"worker {pid} outlived its parent"
+        time.sleep(0.2)
+    log = (tmp_path / "worker-0.log").read_text().strip().splitlines()
+    assert log[-1].startswith("tfpart worker: stopped by the exit of process ")
+    print(f"orphaned worker stopped {time.monotonic() - start:.1f} s after its parent")
+
+
 @pytest.fixture(scope="module")
 def frozen_cluster(tmp_path_factory, exported):
     """Two workers and a parameter server, and an MLP pipelined over the workers."""
