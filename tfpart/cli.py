@@ -348,7 +348,7 @@ def print_pipeline_run(run, plan):
 
 def cmd_worker(args):
     from tfpart.cluster import cluster_from_dict, load_cluster
-    from tfpart.servers import start_server, wait_for_stop
+    from tfpart.servers import StopSignals, start_server
 
     if args.cluster:
         cluster, task, job = load_cluster(args.cluster), args.task, args.job
@@ -370,11 +370,12 @@ def cmd_worker(args):
         raise TfpartError("", "--task is required with --cluster")
     server, exposure = start_server(cluster, task, job, args.intra_threads,
                                     args.inter_threads)
+    stop = StopSignals()  # before the lines below: whoever reads them may stop it at once
     console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
     console.print(f"tfpart worker: {exposure}", soft_wrap=True)
     parent = os.environ.get("TFPART_WORKER_PARENT")  # set by LocalWorkers
-    name, code = wait_for_stop(parent=int(parent) if parent else None)
+    name, code = stop.wait(parent=int(parent) if parent else None)
     console.print(f"tfpart worker: stopped by {name}", soft_wrap=True)
     sys.stdout.flush()
     os._exit(code)  # TensorFlow cannot stop a started server; its destructor would abort

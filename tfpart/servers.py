@@ -314,35 +314,47 @@ def machine_addresses():
         v6 = []
     return list(dict.fromkeys(v4 + v6))
 
-def wait_for_stop(poll=0.2, parent=None):
-    """Block until SIGINT or SIGTERM, or until process ``parent`` is no longer this
-    one's parent (it exited); return what stopped it and the exit code for it (130 for
-    SIGINT, as shells report Ctrl-C; 0 for SIGTERM, a stop asked for, and for a
-    parent's exit).
+class StopSignals:
+    """SIGINT and SIGTERM, caught from creation on; :meth:`wait` blocks until one comes.
 
     A server's ``join()`` would block in C++, where Python never sees Ctrl-C, and
     TensorFlow cannot stop a started server: the caller ends the process with
-    ``os._exit``. The poll covers a signal delivered to one of TensorFlow's threads.
+    ``os._exit`` once :meth:`wait` returns. Create it before telling anyone the task is
+    up, so that a signal sent at once is not lost.
 
     >>> import threading
+    >>> stop = StopSignals()
     >>> threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    >>> wait_for_stop()
+    >>> stop.wait()
     ('SIGTERM', 0)
-    >>> wait_for_stop(parent=-1)  # not this process's parent
+    >>> StopSignals().wait(parent=-1)  # not this process's parent
     ('the exit of process -1, which started it', 0)
     """
-    received = []
-    handlers = {number: signal.signal(number, lambda got, frame: received.append(got))
-                for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not received:
-            if parent is not None and os.getppid() != parent:
-                return f"the exit of process {parent}, which started it", 0
-            time.sleep(poll)
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-    return signal.Signals(received[0]).name, 130 if received[0] == signal.SIGINT else 0
+
+    def __init__(self):
+        self.received = []
+        self.handlers = {number: signal.signal(number, self._note)
+                         for number in (signal.SIGINT, signal.SIGTERM)}
+
+    def _note(self, number, frame):
+        self.received.append(number)
+
+    def wait(self, poll=0.2, parent=None):
+        """Block until a signal came, or until process ``parent`` is no longer this
+        one's parent (it exited); return what stopped it and the exit code for it
+        (130 for SIGINT, as shells report Ctrl-C; 0 for SIGTERM, a stop asked for, and
+        for a parent's exit). Restores the handlers before. The poll covers a signal
+        handled while one of TensorFlow's threads had it."""
+        try:
+            while not self.received:
+                if parent is not None and os.getppid() != parent:
+                    return f"the exit of process {parent}, which started it", 0
+                time.sleep(poll)
+        finally:
+            for number, handler in self.handlers.items():
+                signal.signal(number, handler)
+        first = self.received[0]
+        return signal.Signals(first).name, 130 if first == signal.SIGINT else 0
 
 # Checking and watching the tasks ---------------------------------------------------
 
@@ -482,7 +494,7 @@ def connect(cluster, watch=False):
     that every task is up; with ``watch``, exit cleanly if one goes away later."""
     global connected  # process-wide, as TensorFlow's own context is
     check_workers(cluster)
+    if watch:  # before connecting: TensorFlow's connect waits for ever on a frozen task
+        watch_workers(cluster)
     tensorflow().config.experimental_connect_to_cluster(cluster_spec(cluster))
     connected = True
-    if watch:
-        watch_workers(cluster)
