@@ -395,7 +395,7 @@ def print_pipeline_run(run, plan):
 
 def cmd_worker(args):
     from tfpart.cluster import cluster_from_dict, load_cluster
-    from tfpart.servers import start_server
+    from tfpart.servers import StopSignals, start_server
 
     if args.cluster:
         cluster, task, job = load_cluster(args.cluster), args.task, args.job
@@ -415,10 +415,17 @@ def cmd_worker(args):
             raise TfpartError("TF_CONFIG", f"not a valid TF_CONFIG ({exc})") from None
     if task is None:
         raise TfpartError("", "--task is required with --cluster")
-    server = start_server(cluster, task, job, args.intra_threads, args.inter_threads)
-    console.print(f"tfpart worker: {server.target} serving task {task}; Ctrl-C stops it")
-    server.join()
-    return 0
+    server, exposure = start_server(cluster, task, job, args.intra_threads,
+                                    args.inter_threads)
+    stop = StopSignals()  # before the lines below: whoever reads them may stop it at once
+    console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
+                  f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
+    console.print(f"tfpart worker: {exposure}", soft_wrap=True)
+    parent = os.environ.get("TFPART_WORKER_PARENT")  # set by LocalWorkers
+    name, code = stop.wait(parent=int(parent) if parent else None)
+    console.print(f"tfpart worker: stopped by {name}", soft_wrap=True)
+    sys.stdout.flush()
+    os._exit(code)  # TensorFlow cannot stop a started server; its destructor would abort
 
 
 def _run_cluster(args):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -60,7 +61,7 @@ class LocalWorkers:
         started after the workers.
     """
 
-    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=60,
+    def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=120,
                  ps=0):
         self.ps = ps
         self.ports = [free_port() for _ in range(count + ps)]
@@ -95,20 +96,32 @@ class LocalWorkers:
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         with open(self.path.parent / f"{job}-{task}.log", "ab") as log:
+            # TFPART_WORKER_PARENT: the task exits with this process, never left behind
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "TFPART_TF_LOG": log.name})
+                                    env={**os.environ, "TFPART_TF_LOG": log.name,
+                                         "TFPART_WORKER_PARENT": str(os.getpid())})
+
+    def process(self, task, job="worker"):
+        """The ``subprocess.Popen`` of one task."""
+        return self.processes[task + (len(self.cluster["cluster"]["worker"])
+                                      if job == "ps" else 0)]
 
     def kill(self, task, job="worker"):
         """Kill one task abruptly (as a crashed host would go)."""
-        process = self.processes[task + (len(self.cluster["cluster"]["worker"])
-                                          if job == "ps" else 0)]
+        process = self.process(task, job)
         process.kill()
         process.wait(timeout=30)
+
+    def freeze(self, task, job="worker", frozen=True):
+        """Stop one task with SIGSTOP (as a hung or cut-off host would seem: its kernel
+        still accepts connections), or with ``frozen=False`` let it go on (SIGCONT)."""
+        self.process(task, job).send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def stop(self):
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
+                process.send_signal(signal.SIGCONT)  # a frozen task acts on SIGTERM
         for process in self.processes:
             try:
                 process.wait(timeout=30)
