@@ -433,10 +433,11 @@ def _run_cluster(args):
     if not getattr(args, "cluster", None):
         return None
     from tfpart.cluster import load_cluster
-    from tfpart.servers import cluster_spec
+    from tfpart.servers import check_workers, cluster_spec
 
     cluster = load_cluster(args.cluster)
     cluster_spec(cluster)  # a cluster block is required to connect
+    check_workers(cluster)  # a task down or frozen is named before TensorFlow starts
     return cluster
 
 
