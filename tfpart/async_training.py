@@ -142,14 +142,30 @@ class ServerState:
 
     def checkpoint(self, names):
         """A ``tf.train.Checkpoint`` of the weights and states, by their signature
-        names; a weight cut into pieces is saved whole, as TensorFlow saves a
-        ``ShardedVariable``."""
-        from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-        whole = {name: pieces[0].w if len(pieces) == 1
-                 else ShardedVariable([piece.w for piece in pieces], name=name)
+        names, and under ``optimizer`` what a resumed run needs besides: each weight's
+        velocity (``w000_velocity``) and mean square (``w000_ms``), and DDC-ASGD's
+        running mean freshness. A weight cut into pieces is saved whole, as TensorFlow
+        saves a ``ShardedVariable``, so a run may resume on another number of servers.
+        The update count is the checkpoint's number; the workers' copies ``w_bak`` and
+        read counts are written afresh by every read, so they are not saved."""
+        tf = tensorflow()
+        whole = {name: _whole(name, [piece.w for piece in pieces])
                  for name, pieces in zip(names, self.pieces)}
-        return tensorflow().train.Checkpoint(**whole, **self.states)
+        optimizer = {f"{name}_velocity": _whole(f"{name}_velocity",
+                                                [piece.velocity for piece in pieces])
+                     for name, pieces in zip(names, self.pieces)}
+        optimizer.update({f"{name}_ms": _whole(f"{name}_ms", [piece.ms for piece in pieces])
+                          for name, pieces in zip(names, self.pieces)
+                          if pieces[0].ms is not None})
+        optimizer["mean_freshness"] = self.mean_freshness
+        return tf.train.Checkpoint(**whole, **self.states, optimizer=optimizer)
+
+
+def _whole(name, variables):
+    """One variable, or a ``ShardedVariable`` of a weight's pieces (saved whole)."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    return variables[0] if len(variables) == 1 else ShardedVariable(variables, name=name)
 
 
 class AsyncTrainer:
@@ -182,10 +198,14 @@ class AsyncTrainer:
         The servers apply no more updates than this. The coordinator reruns a lost
         worker's call whole, though some of its updates may already have been applied;
         the updates beyond the total are then counted but change nothing.
+    start : int
+        Updates already made (a resumed run, its state restored from a checkpoint):
+        the servers count on from there, and each worker skips the batches it would
+        have drawn by then had the workers shared the updates evenly.
     """
 
     def __init__(self, cluster, model_dir, initial, states, data, mode, hyper, batch_size,
-                 seed=0, min_shard_bytes=MIN_SHARD_BYTES, max_updates=None):
+                 seed=0, min_shard_bytes=MIN_SHARD_BYTES, max_updates=None, start=0):
         tf = tensorflow()
         self.strategy, self.coordinator = coordinator_of(cluster)
         self.model = tf.saved_model.load(str(model_dir))
@@ -198,7 +218,9 @@ class AsyncTrainer:
             min_shard_bytes=min_shard_bytes)
         self.state = ServerState(self.strategy, initial, self.placement, servers,
                                  self.workers, mode, states)
-        self._batches = _batches_fn(data, batch_size, self.workers, seed)
+        self.start = start
+        self._batches = _batches_fn(data, batch_size, self.workers, seed,
+                                    skip=start // self.workers)
         self.iterator = self._new_iterator()
         self.max_updates = max_updates or np.iinfo(np.int64).max  # the servers' limit
         self.state.limit.assign(self.max_updates)
@@ -218,16 +240,16 @@ class AsyncTrainer:
 
     def warm_up(self, updates=1):
         """Run a call of ``updates`` updates on each worker that changes nothing, then
-        start the counts and the workers' batches afresh: the first call of a function
-        on a worker builds its parts there and on the servers (about two seconds for
-        the digits benchmark's, XLA's compile of the update included), a cost paid once,
-        like sync's compile."""
+        start the counts (at ``start``) and the workers' batches afresh: the first call
+        of a function on a worker builds its parts there and on the servers (about two
+        seconds for the digits benchmark's, XLA's compile of the update included), a
+        cost paid once, like sync's compile."""
         tf = tensorflow()
         self.state.limit.assign(0)
         for _ in range(self.workers):  # one each: every worker is idle at the start
             self.schedule(updates)
         self.coordinator.join()
-        self.state.updates.assign(0)
+        self.state.updates.assign(self.start)
         self.state.read_at.assign(tf.zeros_like(self.state.read_at))
         self.state.limit.assign(self.max_updates)
         self.iterator = self._new_iterator()
@@ -437,9 +459,10 @@ def sample_orders(samples, workers, seed, epochs=8):
                      for _ in range(workers)])
 
 
-def _batches_fn(data, batch_size, workers, seed):
+def _batches_fn(data, batch_size, workers, seed, skip=0):
     """A dataset function for the coordinator: worker k's mini-batches are consecutive
-    runs of ``batch_size`` samples in its order (:func:`sample_orders`), repeated."""
+    runs of ``batch_size`` samples in its order (:func:`sample_orders`), repeated, the
+    first ``skip`` left out."""
     tf = tensorflow()
     x, y = data
     orders = sample_orders(len(x), workers, seed)
@@ -448,7 +471,7 @@ def _batches_fn(data, batch_size, workers, seed):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         order = tf.gather(tf.constant(orders), worker)
         return (tf.data.Dataset.from_tensor_slices(order).repeat()
-                .batch(batch_size, drop_remainder=True)
+                .batch(batch_size, drop_remainder=True).skip(skip)
                 .map(lambda i: (tf.gather(x, i), tf.gather(y, i))))
 
     return dataset_fn

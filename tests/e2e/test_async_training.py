@@ -24,12 +24,13 @@ def model_and_data(tmp_path_factory):
     return model, blobs(directory / "blobs.npz")
 
 
-def tfpart_train(model, cluster, data, out, *extra, wait=True):
+def tfpart_train(model, cluster, data, out, *extra, wait=True, log=None):
     """Run ``tfpart train``; TensorFlow's log (with the full error behind a one-line
-    message) goes to ``train.log`` beside ``out``, for :func:`failure`."""
+    message) goes to ``log`` (default: ``train.log`` beside ``out``), for
+    :func:`failure`."""
     command = [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
                str(cluster), "--data", str(data), "-o", str(out), *map(str, extra)]
-    env = {**os.environ, "TFPART_TF_LOG": str(Path(out).parent / "train.log")}
+    env = {**os.environ, "TFPART_TF_LOG": str(log or Path(out).parent / "train.log")}
     if not wait:
         return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
