@@ -455,17 +455,35 @@ def identity_difference(saved, now, data_file, model_dir):
         return f"{data_file} has changed since its checkpointed run (another SHA-256)"
     if "model_sha256" in now and saved.get("model_sha256") != now["model_sha256"]:
         return f"the model {model_dir} has changed since its checkpointed run"
-    for job in ("workers", "ps"):
-        if job in now and saved.get(job) != now[job]:
-            return f"its checkpointed run had {saved.get(job)} {job} tasks, not {now[job]}"
+    for key, job in (("workers", "worker"), ("ps", "ps")):
+        if key in now and saved.get(key) != now[key]:
+            return f"its checkpointed run had {saved.get(key)} {job} tasks, not {now[key]}"
     return None
 
 
 def checkpointed_update(out):
-    """The update count of ``out``'s latest checkpoint (its number), or None."""
-    prefix = tensorflow().train.latest_checkpoint(str(Path(out) / "checkpoint"))
-    match = re.search(r"-(\d+)$", prefix or "")
-    return int(match.group(1)) if match else None
+    """The update count of ``out``'s latest checkpoint (its number), or None; read
+    from the state file ``tf.train.CheckpointManager`` writes (without TensorFlow).
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> (out / "checkpoint").mkdir()
+    >>> _ = (out / "checkpoint" / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"')
+    >>> checkpointed_update(out) is None  # no ckpt-40.index: not written whole
+    True
+    >>> _ = (out / "checkpoint" / "ckpt-40.index").write_bytes(b"")
+    >>> checkpointed_update(out)
+    40
+    """
+    folder = Path(out) / "checkpoint"
+    try:
+        text = (folder / "checkpoint").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^model_checkpoint_path:\s*"(?:[^"]*/)?(ckpt-(\d+))"', text, re.M)
+    if match is None or not (folder / f"{match.group(1)}.index").is_file():
+        return None
+    return int(match.group(2))
 
 
 @contextmanager
@@ -649,7 +667,8 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
             manager = tf.train.CheckpointManager(checkpoint, str(out / "checkpoint"),
                                                  max_to_keep=1)
             if resumed is not None:
-                checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+                checkpoint.restore(str(out / "checkpoint" / f"ckpt-{start}")) \
+                    .assert_existing_objects_matched()
                 _write_csv(out / "evaluations.csv", result.evaluations, EVALUATION_FIELDS)
             run.prepare(start)
             updates_log = stack.enter_context(_UpdatesLog(out / "updates.csv",
