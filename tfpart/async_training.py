@@ -66,7 +66,43 @@ def coordinator_of(cluster):
         servers.cluster_spec(cluster), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     servers.connected = True  # errors from here on end the process (tfpart.cli.main)
-    return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    without_cluster_recovery(coordinator)
+    return strategy, coordinator
+
+
+def without_cluster_recovery(coordinator):
+    """Stop the thread of ``coordinator`` that recovers the cluster once a lost worker
+    is back, so a lost worker is given up for good: the coordinator still puts its
+    unfinished call back for the others (before it would wait for the recovery), and
+    its thread for that worker then waits, but nothing updates the client's cluster.
+
+    Why: as soon as a worker fails, TensorFlow's ``WorkerPreemptionHandler`` calls
+    ``context.update_server_def`` from that thread while the other threads run: the
+    surviving workers' threads copying results, the client evaluating and saving
+    checkpoints. The update rewrites process-wide state of the eager context under
+    them (it swaps the gRPC server's worker cache, clears the context's kernel and
+    device caches, its default executor and step container, drops the lost worker's
+    devices), then blocks until that worker answers again; TensorFlow notes in
+    ``WorkerPreemptionHandler.stop`` that the thread "touches eager context which is a
+    process-wide singleton". The client of ``test_async_training_goes_on_without_a_lost_
+    worker`` died with SIGSEGV after the worker was killed, once in a CI run. A
+    ``tfpart worker`` that comes back is a new process the run does not use.
+
+    Does nothing if TensorFlow's coordinator has no such thread (another version).
+    """
+    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+    thread = getattr(handler, "_preemption_handler_thread", None)
+    if thread is None or not hasattr(handler, "_should_preemption_thread_run"):
+        return
+    handler._should_preemption_thread_run = False
+    with handler._cluster_update_lock:
+        handler._cluster_due_for_update_or_finish.set()  # the thread wakes and ends
+    thread.join(timeout=30)
+    handler._cluster_due_for_update_or_finish.clear()
+    # wait_on_failure asserts the thread runs; a failed worker's thread then waits on
+    # _worker_up_cond, which nothing notifies (TensorFlow wakes it after an hour)
+    handler._should_preemption_thread_run = True
 
 
 class Piece:
