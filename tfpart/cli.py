@@ -478,8 +478,11 @@ def cmd_train(args):
         if worker != "-1":
             console.print(f"  worker {worker}: {delays['updates']} updates, delay mean "
                           f"{delays['mean']:.2f}, p95 {delays['p95']:.0f}, max {delays['max']}")
-    if result.resumed_at:
-        console.print(f"Resumed at update {result.resumed_at[-1]} from its checkpoint")
+    if result.resumed == args.steps:
+        console.print(f"Nothing to do: {args.output} holds all {args.steps} updates "
+                      "(--restart trains again)")
+    elif result.resumed is not None:
+        console.print(f"Resumed at update {result.resumed} from its checkpoint")
     console.print(f"Wrote {args.output} (updates.csv, evaluations.csv, train.json, "
                   "plan.json, run.json, checkpoint/)")
     sys.stdout.flush()

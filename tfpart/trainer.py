@@ -128,6 +128,7 @@ class TrainResult:
     evaluations: list = field(default_factory=list)  # dicts: update, wall_s, loss, accuracy
     summary: dict = field(default_factory=dict)
     resumed_at: list = field(default_factory=list)  # updates it was resumed at, in order
+    resumed: int | None = None  # the update this call went on from (None: from the start)
 
 
 def load_data(path, signature, fraction, seed):
@@ -515,8 +516,9 @@ def training_output(out, identity, restart, describe):
                     raise OutputError(out, f"cannot resume: {difference}; give the same "
                                       "options, or --restart to start over")
                 start = at
-                saved["resumed_at"] = [*saved.get("resumed_at", []), at]
-                write_file_atomically(out / RUN_FILE, json.dumps(saved, indent=1))
+                if at < saved.get("options", {}).get("steps", math.inf):  # else: done
+                    saved["resumed_at"] = [*saved.get("resumed_at", []), at]
+                    write_file_atomically(out / RUN_FILE, json.dumps(saved, indent=1))
             else:
                 empty_output_folder(out, "train")
                 write_file_atomically(out / RUN_FILE, json.dumps(identity, indent=1))
@@ -653,7 +655,8 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
             result.updates, result.evaluations, wall = continued_rows(
                 read_rows(out / "updates.csv", UPDATE_FIELDS),
                 read_rows(out / "evaluations.csv", EVALUATION_FIELDS), start)
-            result.resumed_at = json.loads((out / RUN_FILE).read_text())["resumed_at"]
+            result.resumed = start
+            result.resumed_at = json.loads((out / RUN_FILE).read_text()).get("resumed_at", [])
         if start >= options.steps:  # done before: its summary again
             if not result.evaluations or result.evaluations[-1]["update"] != start:
                 raise OutputError(out, "has its last checkpoint but not its evaluation; "

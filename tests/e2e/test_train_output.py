@@ -98,6 +98,8 @@ def test_a_killed_sync_run_resumes_to_the_weights_of_an_uninterrupted_one(
     again = tfpart_train(model, tasks.path, data, cut, "--mode", "sync", "--steps", steps,
                          "--batch-size", 8, "--seed", 5, "--eval-every", 20)
     assert again.returncode == 0, failure(again.stderr, tmp_path)
+    assert "Nothing to do" in again.stdout and f"all {steps} updates" in again.stdout
+    assert json.loads((cut / "train.json").read_text())["resumed_at"] == [at]
     for name, value in trained_weights(cut).items():
         np.testing.assert_array_equal(value, got[name])
     other_data = tmp_path / "other.npz"
