@@ -593,7 +593,8 @@ def build_parser():
     train_.add_argument("--cluster", required=True, help="cluster.json whose running "
                         "`tfpart worker` tasks train (a 'ps' job for the asynchronous modes)")
     train_.add_argument("--data", required=True, help=".npz with the step's inputs x and y")
-    train_.add_argument("-o", "--output", required=True, help="output directory")
+    train_.add_argument("-o", "--output", required=True, help="output folder; if it holds "
+                        "a run of tfpart train, training resumes from its latest checkpoint")
     train_.add_argument("--mode", default="dc-asgd",
                         choices=("sync", "async", "dc-asgd", "ddc-asgd"))
     train_.add_argument("--steps", type=int, default=200, help="updates to run")
