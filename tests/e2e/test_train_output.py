@@ -30,9 +30,9 @@ def model_and_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
-    """Two workers and a parameter server, shared by the runs of this module (a killed
-    client leaves them running, as a crashed coordinator would)."""
-    with LocalWorkers(2, tmp_path_factory.mktemp("tasks"), ps=1, pin=False) as workers:
+    """Two workers and two parameter servers, shared by the runs of this module (a
+    killed client leaves them running, as a crashed coordinator would)."""
+    with LocalWorkers(2, tmp_path_factory.mktemp("tasks"), ps=2, pin=False) as workers:
         yield workers
 
 
@@ -126,14 +126,25 @@ def test_a_killed_sync_run_resumes_to_the_weights_of_an_uninterrupted_one(
 @pytest.mark.any_onednn
 def test_a_killed_async_run_resumes_within_the_usual_spread(model_and_data, tasks,
                                                             tmp_path):
-    """DC-ASGD on two workers: the client killed after three evaluations, the same
-    command resumes from the servers' checkpointed state and count (momentum and mean
-    squares included) and ends as well trained as a run never stopped."""
+    """DDC-ASGD on two workers, every weight cut into a piece on each of two servers:
+    the client killed after three evaluations, the same command resumes from the
+    servers' checkpointed state and count (velocities, mean squares and mean freshness
+    included, saved whole) and ends as well trained as a run never stopped."""
     model, data = model_and_data
     steps = 600
     whole, cut, at = resumed_like_an_uninterrupted_run(
-        model, data, tasks, tmp_path, steps, "--mode", "dc-asgd", "--batch-size", 16,
-        "--lr", 0.05, "--momentum", 0.5, "--seed", 2, "--eval-every", 20)
+        model, data, tasks, tmp_path, steps, "--mode", "ddc-asgd", "--batch-size", 16,
+        "--lr", 0.05, "--momentum", 0.5, "--seed", 2, "--eval-every", 20,
+        "--min-shard-bytes", 0)
+    import tensorflow as tf
+
+    saved = tf.train.load_checkpoint(str(cut / "checkpoint"))
+    state = {key.split("/.ATTRIBUTES")[0]: saved.get_tensor(key)
+             for key in saved.get_variable_to_shape_map() if key.startswith("optimizer/")}
+    assert {"optimizer/w000_velocity", "optimizer/w000_ms", "optimizer/mean_freshness"} \
+        <= set(state), sorted(state)
+    assert np.abs(state["optimizer/w000_velocity"]).max() > 0
+    assert 0 < state["optimizer/mean_freshness"] <= 1
     first, *_, last = rows(cut / "evaluations.csv")
     reference = rows(whole / "evaluations.csv")[-1]
     assert float(last["accuracy"]) > float(first["accuracy"]) + 0.3
