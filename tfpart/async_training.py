@@ -176,32 +176,23 @@ class ServerState:
         return [np.concatenate([piece.w.numpy() for piece in pieces])
                 for pieces in self.pieces]
 
-    def checkpoint(self, names):
-        """A ``tf.train.Checkpoint`` of the weights and states, by their signature
-        names, and under ``optimizer`` what a resumed run needs besides: each weight's
-        velocity (``w000_velocity``) and mean square (``w000_ms``), and DDC-ASGD's
-        running mean freshness. A weight cut into pieces is saved whole, as TensorFlow
-        saves a ``ShardedVariable``, so a run may resume on another number of servers.
-        The update count is the checkpoint's number; the workers' copies ``w_bak`` and
-        read counts are written afresh by every read, so they are not saved."""
-        tf = tensorflow()
-        whole = {name: _whole(name, [piece.w for piece in pieces])
-                 for name, pieces in zip(names, self.pieces)}
-        optimizer = {f"{name}_velocity": _whole(f"{name}_velocity",
-                                                [piece.velocity for piece in pieces])
-                     for name, pieces in zip(names, self.pieces)}
-        optimizer.update({f"{name}_ms": _whole(f"{name}_ms", [piece.ms for piece in pieces])
-                          for name, pieces in zip(names, self.pieces)
-                          if pieces[0].ms is not None})
-        optimizer["mean_freshness"] = self.mean_freshness
-        return tf.train.Checkpoint(**whole, **self.states, optimizer=optimizer)
-
-
-def _whole(name, variables):
-    """One variable, or a ``ShardedVariable`` of a weight's pieces (saved whole)."""
-    from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-    return variables[0] if len(variables) == 1 else ShardedVariable(variables, name=name)
+    def saved(self, names):
+        """What a checkpoint holds, as ``(named, optimizer)``: each a dict of a name and
+        the variables whose values, joined along their first axis, are saved under it.
+        ``named``: the weights (a weight cut into pieces saved whole, so a run may
+        resume on another number of servers) and states, by their signature names;
+        ``optimizer``: what a resumed run needs besides, each weight's velocity
+        (``w000_velocity``) and mean square (``w000_ms``) and DDC-ASGD's running mean
+        freshness. The update count is the checkpoint's number; the workers' copies
+        ``w_bak`` and read counts are written afresh by every read, so are not saved."""
+        named = {name: [piece.w for piece in pieces] for name, pieces in zip(names, self.pieces)}
+        named.update({name: [state] for name, state in self.states.items()})
+        optimizer = {f"{name}_{kind}": [getattr(piece, attribute) for piece in pieces]
+                     for kind, attribute in (("velocity", "velocity"), ("ms", "ms"))
+                     for name, pieces in zip(names, self.pieces)
+                     if getattr(pieces[0], attribute) is not None}
+        optimizer["mean_freshness"] = [self.mean_freshness]
+        return named, optimizer
 
 
 class AsyncTrainer:
@@ -307,8 +298,9 @@ class AsyncTrainer:
         """Updates the servers have applied."""
         return int(min(self.state.updates.numpy(), self.max_updates))
 
-    def checkpoint(self):
-        return self.state.checkpoint(self.names)
+    def saved(self):
+        """The variables a checkpoint holds (:meth:`ServerState.saved`)."""
+        return self.state.saved(self.names)
 
     def join(self):
         self.coordinator.join()

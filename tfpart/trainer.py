@@ -289,12 +289,12 @@ class _SyncRun:
     def weights(self):
         return {name: v.numpy() for name, v in self.variables.items()}
 
-    def checkpoint(self):
-        """The weights and states by name, and every other variable of the step
-        under ``optimizer``, each saved once."""
+    def saved(self):
+        """What a checkpoint holds (as :class:`Snapshot` takes it): the weights and
+        states by name, and every other variable of the step under ``optimizer``."""
         named = {id(v) for v in self.variables.values()}
-        rest = {name: v for name, v in self._everything().items() if id(v) not in named}
-        return tensorflow().train.Checkpoint(**self.variables, optimizer=rest)
+        return ({name: [v] for name, v in self.variables.items()},
+                {name: [v] for name, v in self._everything().items() if id(v) not in named})
 
 
 class _AsyncRun:
@@ -358,8 +358,53 @@ class _AsyncRun:
         """Updates the servers have applied (some beyond the results fetched)."""
         return self.trainer.updates()
 
-    def checkpoint(self):
-        return self.trainer.checkpoint()
+    def saved(self):
+        return self.trainer.saved()
+
+
+class Snapshot:
+    """The training state copied into variables of this process, and a checkpoint of
+    those copies: ``named`` and ``optimizer`` (``{name: variables}``, the variables'
+    values joined along their first axis saved under the name) as a run's
+    :meth:`saved` gives them.
+
+    Why copies: variables on several tasks are saved by a ``tf.function`` that
+    TensorFlow traces, registers on every task of the cluster and removes again at
+    each save, from the evaluating thread while the workers run; after a worker is
+    lost every registration and removal also fails towards it. A checkpoint of this
+    process's own variables is written here, with no function, and does not depend
+    on how the variables are cut over the servers.
+    """
+
+    def __init__(self, named, optimizer):
+        tf = tensorflow()
+        self.sources = {**{("", k): v for k, v in named.items()},
+                        **{("optimizer", k): v for k, v in optimizer.items()}}
+        self.copies = {key: tf.Variable(_joined(variables), name=key[1].replace("/", "_"))
+                       for key, variables in self.sources.items()}
+        self.checkpoint = tf.train.Checkpoint(
+            **{k: v for (group, k), v in self.copies.items() if not group},
+            optimizer={k: v for (group, k), v in self.copies.items() if group})
+
+    def take(self):
+        """Copy the state now."""
+        for key, variables in self.sources.items():
+            self.copies[key].assign(_joined(variables))
+
+    def restore(self, prefix):
+        """Read the checkpoint ``prefix`` and write it into the run's variables."""
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
+        for key, variables in self.sources.items():
+            value = self.copies[key].numpy()
+            parts = [value] if len(variables) == 1 else \
+                np.split(value, np.cumsum([v.shape[0] for v in variables])[:-1])
+            for variable, part in zip(variables, parts):
+                variable.assign(part)
+
+
+def _joined(variables):
+    return variables[0].numpy() if len(variables) == 1 else \
+        np.concatenate([v.numpy() for v in variables])
 
 
 def sync_batches(samples, batch, seed, first, last):
@@ -666,12 +711,11 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
             run = _SyncRun(model_dir, cluster, out, train_data, options, stack) \
                 if options.mode == "sync" else \
                 _AsyncRun(model_dir, initial, cluster, out, train_data, options, start)
-            checkpoint = run.checkpoint()
-            manager = tf.train.CheckpointManager(checkpoint, str(out / "checkpoint"),
+            snapshot = Snapshot(*run.saved())
+            manager = tf.train.CheckpointManager(snapshot.checkpoint, str(out / "checkpoint"),
                                                  max_to_keep=1)
             if resumed is not None:
-                checkpoint.restore(str(out / "checkpoint" / f"ckpt-{start}")) \
-                    .assert_existing_objects_matched()
+                snapshot.restore(str(out / "checkpoint" / f"ckpt-{start}"))
                 _write_csv(out / "evaluations.csv", result.evaluations, EVALUATION_FIELDS)
             run.prepare(start)
             updates_log = stack.enter_context(_UpdatesLog(out / "updates.csv",
@@ -687,6 +731,7 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
                     loss, accuracy = evaluate(run.model, run.weights(), held)
                     result.evaluations.append({"update": applied, "wall_s": wall_s,
                                                "loss": loss, "accuracy": accuracy})
+                    snapshot.take()
                     # the evaluations first: a checkpoint always has its row
                     _write_csv(out / "evaluations.csv", result.evaluations,
                                EVALUATION_FIELDS)
