@@ -90,6 +90,8 @@ def without_cluster_recovery(coordinator):
     ``tfpart worker`` that comes back is a new process the run does not use.
 
     Does nothing if TensorFlow's coordinator has no such thread (another version).
+
+    >>> without_cluster_recovery(object())  # no such thread: nothing to stop
     """
     handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
     thread = getattr(handler, "_preemption_handler_thread", None)
