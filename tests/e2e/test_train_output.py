@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.test_async_training import failure, rows, tfpart_train, \
+from tests.e2e.test_async_training import START_S, failure, rows, tfpart_train, \
     wait_for_evaluations
 from tfpart.local_workers import LocalWorkers, free_port
 
@@ -32,7 +32,8 @@ def model_and_data(tmp_path_factory):
 def tasks(tmp_path_factory):
     """Two workers and two parameter servers, shared by the runs of this module (a
     killed client leaves them running, as a crashed coordinator would)."""
-    with LocalWorkers(2, tmp_path_factory.mktemp("tasks"), ps=2, pin=False) as workers:
+    with LocalWorkers(2, tmp_path_factory.mktemp("tasks"), ps=2, pin=False,
+                      timeout=START_S) as workers:
         yield workers
 
 
