@@ -66,7 +66,45 @@ def coordinator_of(cluster):
         servers.cluster_spec(cluster), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     servers.connected = True  # errors from here on end the process (tfpart.cli.main)
-    return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    without_cluster_recovery(coordinator)
+    return strategy, coordinator
+
+
+def without_cluster_recovery(coordinator):
+    """Stop the thread of ``coordinator`` that recovers the cluster once a lost worker
+    is back, so a lost worker is given up for good: the coordinator still puts its
+    unfinished call back for the others (before it would wait for the recovery), and
+    its thread for that worker then waits, but nothing updates the client's cluster.
+
+    Why: as soon as a worker fails, TensorFlow's ``WorkerPreemptionHandler`` calls
+    ``context.update_server_def`` from that thread while the other threads run: the
+    surviving workers' threads copying results, the client evaluating and saving
+    checkpoints. The update rewrites process-wide state of the eager context under
+    them (it swaps the gRPC server's worker cache, clears the context's kernel and
+    device caches, its default executor and step container, drops the lost worker's
+    devices), then blocks until that worker answers again; TensorFlow notes in
+    ``WorkerPreemptionHandler.stop`` that the thread "touches eager context which is a
+    process-wide singleton". The client of ``test_async_training_goes_on_without_a_lost_
+    worker`` died with SIGSEGV after the worker was killed, once in a CI run. A
+    ``tfpart worker`` that comes back is a new process the run does not use.
+
+    Does nothing if TensorFlow's coordinator has no such thread (another version).
+
+    >>> without_cluster_recovery(object())  # no such thread: nothing to stop
+    """
+    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+    thread = getattr(handler, "_preemption_handler_thread", None)
+    if thread is None or not hasattr(handler, "_should_preemption_thread_run"):
+        return
+    handler._should_preemption_thread_run = False
+    with handler._cluster_update_lock:
+        handler._cluster_due_for_update_or_finish.set()  # the thread wakes and ends
+    thread.join(timeout=30)
+    handler._cluster_due_for_update_or_finish.clear()
+    # wait_on_failure asserts the thread runs; a failed worker's thread then waits on
+    # _worker_up_cond, which nothing notifies (TensorFlow wakes it after an hour)
+    handler._should_preemption_thread_run = True
 
 
 class Piece:
@@ -140,16 +178,23 @@ class ServerState:
         return [np.concatenate([piece.w.numpy() for piece in pieces])
                 for pieces in self.pieces]
 
-    def checkpoint(self, names):
-        """A ``tf.train.Checkpoint`` of the weights and states, by their signature
-        names; a weight cut into pieces is saved whole, as TensorFlow saves a
-        ``ShardedVariable``."""
-        from tensorflow.python.distribute.sharded_variable import ShardedVariable
-
-        whole = {name: pieces[0].w if len(pieces) == 1
-                 else ShardedVariable([piece.w for piece in pieces], name=name)
-                 for name, pieces in zip(names, self.pieces)}
-        return tensorflow().train.Checkpoint(**whole, **self.states)
+    def saved(self, names):
+        """What a checkpoint holds, as ``(named, optimizer)``: each a dict of a name and
+        the variables whose values, joined along their first axis, are saved under it.
+        ``named``: the weights (a weight cut into pieces saved whole, so a run may
+        resume on another number of servers) and states, by their signature names;
+        ``optimizer``: what a resumed run needs besides, each weight's velocity
+        (``w000_velocity``) and mean square (``w000_ms``) and DDC-ASGD's running mean
+        freshness. The update count is the checkpoint's number; the workers' copies
+        ``w_bak`` and read counts are written afresh by every read, so are not saved."""
+        named = {name: [piece.w for piece in pieces] for name, pieces in zip(names, self.pieces)}
+        named.update({name: [state] for name, state in self.states.items()})
+        optimizer = {f"{name}_{kind}": [getattr(piece, attribute) for piece in pieces]
+                     for kind, attribute in (("velocity", "velocity"), ("ms", "ms"))
+                     for name, pieces in zip(names, self.pieces)
+                     if getattr(pieces[0], attribute) is not None}
+        optimizer["mean_freshness"] = [self.mean_freshness]
+        return named, optimizer
 
 
 class AsyncTrainer:
@@ -182,10 +227,14 @@ class AsyncTrainer:
         The servers apply no more updates than this. The coordinator reruns a lost
         worker's call whole, though some of its updates may already have been applied;
         the updates beyond the total are then counted but change nothing.
+    start : int
+        Updates already made (a resumed run, its state restored from a checkpoint):
+        the servers count on from there, and each worker skips the batches it would
+        have drawn by then had the workers shared the updates evenly.
     """
 
     def __init__(self, cluster, model_dir, initial, states, data, mode, hyper, batch_size,
-                 seed=0, min_shard_bytes=MIN_SHARD_BYTES, max_updates=None):
+                 seed=0, min_shard_bytes=MIN_SHARD_BYTES, max_updates=None, start=0):
         tf = tensorflow()
         self.strategy, self.coordinator = coordinator_of(cluster)
         self.model = tf.saved_model.load(str(model_dir))
@@ -198,7 +247,9 @@ class AsyncTrainer:
             min_shard_bytes=min_shard_bytes)
         self.state = ServerState(self.strategy, initial, self.placement, servers,
                                  self.workers, mode, states)
-        self._batches = _batches_fn(data, batch_size, self.workers, seed)
+        self.start = start
+        self._batches = _batches_fn(data, batch_size, self.workers, seed,
+                                    skip=start // self.workers)
         self.iterator = self._new_iterator()
         self.max_updates = max_updates or np.iinfo(np.int64).max  # the servers' limit
         self.state.limit.assign(self.max_updates)
@@ -218,16 +269,16 @@ class AsyncTrainer:
 
     def warm_up(self, updates=1):
         """Run a call of ``updates`` updates on each worker that changes nothing, then
-        start the counts and the workers' batches afresh: the first call of a function
-        on a worker builds its parts there and on the servers (about two seconds for
-        the digits benchmark's, XLA's compile of the update included), a cost paid once,
-        like sync's compile."""
+        start the counts (at ``start``) and the workers' batches afresh: the first call
+        of a function on a worker builds its parts there and on the servers (about two
+        seconds for the digits benchmark's, XLA's compile of the update included), a
+        cost paid once, like sync's compile."""
         tf = tensorflow()
         self.state.limit.assign(0)
         for _ in range(self.workers):  # one each: every worker is idle at the start
             self.schedule(updates)
         self.coordinator.join()
-        self.state.updates.assign(0)
+        self.state.updates.assign(self.start)
         self.state.read_at.assign(tf.zeros_like(self.state.read_at))
         self.state.limit.assign(self.max_updates)
         self.iterator = self._new_iterator()
@@ -249,8 +300,9 @@ class AsyncTrainer:
         """Updates the servers have applied."""
         return int(min(self.state.updates.numpy(), self.max_updates))
 
-    def checkpoint(self):
-        return self.state.checkpoint(self.names)
+    def saved(self):
+        """The variables a checkpoint holds (:meth:`ServerState.saved`)."""
+        return self.state.saved(self.names)
 
     def join(self):
         self.coordinator.join()
@@ -437,9 +489,10 @@ def sample_orders(samples, workers, seed, epochs=8):
                      for _ in range(workers)])
 
 
-def _batches_fn(data, batch_size, workers, seed):
+def _batches_fn(data, batch_size, workers, seed, skip=0):
     """A dataset function for the coordinator: worker k's mini-batches are consecutive
-    runs of ``batch_size`` samples in its order (:func:`sample_orders`), repeated."""
+    runs of ``batch_size`` samples in its order (:func:`sample_orders`), repeated, the
+    first ``skip`` left out."""
     tf = tensorflow()
     x, y = data
     orders = sample_orders(len(x), workers, seed)
@@ -448,7 +501,7 @@ def _batches_fn(data, batch_size, workers, seed):
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         order = tf.gather(tf.constant(orders), worker)
         return (tf.data.Dataset.from_tensor_slices(order).repeat()
-                .batch(batch_size, drop_remainder=True)
+                .batch(batch_size, drop_remainder=True).skip(skip)
                 .map(lambda i: (tf.gather(x, i), tf.gather(y, i))))
 
     return dataset_fn

@@ -478,8 +478,9 @@ def cmd_run(args):
 
 def cmd_train(args):
     _check_inputs(models=[args.model], cluster=args.cluster, files=[args.data])
-    if os.path.exists(args.output) and not args.force:
-        raise OutputError(args.output, "already exists (use --force to replace it)")
+    from tfpart.trainer import check_output
+
+    check_output(args.output, [args.model, args.data, args.cluster])  # before TensorFlow
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 
@@ -497,7 +498,7 @@ def cmd_train(args):
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"{args.mode} updates", total=args.steps, text="starting")
         result = train(args.model, args.cluster, args.data, args.output, options,
-                       force=args.force, progress=lambda done, total, text: bar.update(
+                       restart=args.restart, progress=lambda done, total, text: bar.update(
                            task, completed=done, text=text))
     summary = result.summary
     accuracy = summary["final_accuracy"]
@@ -508,8 +509,13 @@ def cmd_train(args):
         if worker != "-1":
             console.print(f"  worker {worker}: {delays['updates']} updates, delay mean "
                           f"{delays['mean']:.2f}, p95 {delays['p95']:.0f}, max {delays['max']}")
+    if result.resumed == args.steps:
+        console.print(f"Nothing to do: {args.output} holds all {args.steps} updates "
+                      "(--restart trains again)")
+    elif result.resumed is not None:
+        console.print(f"Resumed at update {result.resumed} from its checkpoint")
     console.print(f"Wrote {args.output} (updates.csv, evaluations.csv, train.json, "
-                  "plan.json, checkpoint/)")
+                  "plan.json, run.json, checkpoint/)")
     sys.stdout.flush()
     user_stderr().flush()
     os._exit(0)  # the coordinator's threads and cluster connection would hold the exit
@@ -618,7 +624,8 @@ def build_parser():
     train_.add_argument("--cluster", required=True, help="cluster.json whose running "
                         "`tfpart worker` tasks train (a 'ps' job for the asynchronous modes)")
     train_.add_argument("--data", required=True, help=".npz with the step's inputs x and y")
-    train_.add_argument("-o", "--output", required=True, help="output directory")
+    train_.add_argument("-o", "--output", required=True, help="output folder; if it holds "
+                        "a run of tfpart train, training resumes from its latest checkpoint")
     train_.add_argument("--mode", default="dc-asgd",
                         choices=("sync", "async", "dc-asgd", "ddc-asgd"))
     train_.add_argument("--steps", type=int, default=200, help="updates to run")
@@ -643,7 +650,9 @@ def build_parser():
                         "(default 256 KiB, as TensorFlow's MinSizePartitioner) is "
                         "cut along its first axis over the ps tasks (0: every weight over "
                         "every ps task)")
-    train_.add_argument("--force", action="store_true", help="replace the output")
+    train_.add_argument("--restart", "--force", action="store_true",
+                        help="start over: empty the output (a tfpart train output) instead "
+                        "of resuming from its latest checkpoint (--force: the same)")
     train_.set_defaults(run=cmd_train)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")

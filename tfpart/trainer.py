@@ -28,7 +28,27 @@ gets:
   compiled model is ``compiled/``; for the asynchronous modes, the parameter server
   of each weight or piece of one, and ``context.pieces`` the pieces' rows);
 - ``checkpoint/``: the weights, by the ``weights`` signature's names
-  (:func:`trained_weights`).
+  (:func:`trained_weights`), and under ``optimizer`` the rest of the training state
+  (``sync``: every other variable of the compiled step, the optimizer's slots and
+  iteration count among them; the asynchronous modes: the servers' velocities, mean
+  squares and running mean freshness); the checkpoint's number is its update count;
+- ``run.json``: what the run depends on (options, the data's and the model's SHA-256,
+  the number of workers and servers) and the updates it was resumed at.
+
+Output folder and resuming. ``out`` is tfpart's: it carries the marker of
+:mod:`tfpart.output_folders`, and an existing folder without it (but an empty one) is
+refused, as is an ``out`` that is, lies in or holds an input. Rerun on an existing
+output, training resumes from its latest checkpoint (``restart=True`` empties it and
+starts over) with the same options, refused in one line naming the first that differs;
+``updates.csv`` and ``evaluations.csv`` go on from the checkpoint's update, and the
+wall clock from its time. ``sync`` draws the batch of update ``k`` as a pure function
+of the seed and ``k`` (:func:`sync_batches`) and restores every variable of the step,
+so a resumed run ends with the weights of one never stopped. The asynchronous modes
+restore the servers' state and count, each worker skipping the batches it would have
+drawn by then (:class:`tfpart.async_training.AsyncTrainer`); the updates whose results
+died with the client are rows with no loss, as a lost worker's are. A run that fails
+before its first checkpoint after update 0 leaves no output (a folder it created is
+removed).
 
 Example (not run here: it needs running ``tfpart worker`` tasks)::
 
@@ -40,7 +60,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
+import hashlib
+import io
 import json
+import math
 import re
 import shutil
 import statistics
@@ -58,10 +82,21 @@ from rewriters.tf_import import tensorflow
 from tfpart.cluster import load_cluster
 from tfpart.delay_compensation import ASYNC_MODES, Hyper
 from tfpart.errors import ModelError, OutputError, TfpartError
+from tfpart.output_folders import MARKER, check_inputs_outside, create_output_folder, \
+    empty_output_folder, is_tfpart_output, os_errors, write_file_atomically, write_marker
 
 MODES = ("sync", *ASYNC_MODES)
 SIGNATURES = ("gradients", "predict", "weights")
 WEIGHT_OR_STATE = re.compile(r"^[ws]\d{3}/")  # checkpoint keys of w000…, s000…
+RUN_FILE = "run.json"
+UPDATE_FIELDS = ("update", "worker", "loss", "delay", "wall_s")
+EVALUATION_FIELDS = ("update", "wall_s", "loss", "accuracy")
+# options that change neither the batches nor the updates: free to differ on resuming
+RESCHEDULING = ("eval_every", "updates_per_call")
+FLAGS = {"mode": "--mode", "steps": "--steps", "batch_size": "--batch-size",
+         "learning_rate": "--lr", "momentum": "--momentum", "lambda0": "--lambda0",
+         "eval_fraction": "--eval-fraction", "seed": "--seed",
+         "min_shard_bytes": "--min-shard-bytes"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +127,8 @@ class TrainResult:
     updates: list = field(default_factory=list)  # dicts: update, worker, loss, delay, wall_s
     evaluations: list = field(default_factory=list)  # dicts: update, wall_s, loss, accuracy
     summary: dict = field(default_factory=dict)
+    resumed_at: list = field(default_factory=list)  # updates it was resumed at, in order
+    resumed: int | None = None  # the update this call went on from (None: from the start)
 
 
 def load_data(path, signature, fraction, seed):
@@ -194,33 +231,49 @@ class _SyncRun:
         if not workers:
             raise TfpartError(cluster.source, "has no 'worker' job in its 'cluster' block")
         self.batch = options.batch_size * workers
+        # force: a resumed run compiles again over the compile it wrote before
         result = compile_model(model_dir, cluster.source, out / "compiled",
                                batch_size=self.batch, signature="train_step",
-                               algorithm="data_parallel", options={"replicas": workers})
+                               algorithm="data_parallel", options={"replicas": workers},
+                               force=True)
         shutil.copy(out / "compiled" / "plan.json", out / "plan.json")
         self.plan = result.plan
         _, _, directory, _ = stack.enter_context(runnable(out / "compiled", cluster, True))
-        compiled = load(directory)
+        self.compiled = load(directory)
         self.model = tensorflow().saved_model.load(str(model_dir))  # after connecting
-        self.step = compiled.signatures["train_step"]
+        self.step = self.compiled.signatures["train_step"]
         self.variables = {
-            f"{prefix}{i:03d}": compiled.variables_by_op[name]
+            f"{prefix}{i:03d}": self.compiled.variables_by_op[name]
             for prefix, signature in (("w", "weights"), ("s", "states"))
             if signature in self.model.signatures
             for i, name in enumerate(weight_variable_ops(model_dir, signature))}
-        self.data, self.options = train_data, options
-        self._warm_up(compiled)
+        self.data, self.options, self.start = train_data, options, 0
 
-    def _warm_up(self, compiled):
-        """One step on the first batch, its changes undone (every variable of the
-        compiled model, optimizer state and replicas' copies included): the first
-        call builds the step's parts on the workers (about 0.4 s for the digits
-        benchmark's), a cost paid once, like the compile."""
+    def _everything(self):
+        """Every variable of the compiled step, once, by a name: the model's own by op
+        name (the optimizer's slots and iteration count among them), each replica's
+        copies (``replica1/…``) and the collective-ordering tokens."""
         tf = tensorflow()
-        everything = [v for v in tf.nest.flatten(
-            [getattr(compiled, name, {}) for name in ("variables_by_op", "replica_variables",
-                                                       "collective_tokens")])
-            if isinstance(v, tf.Variable)]
+        found = dict(self.compiled.variables_by_op)
+        for r, copies in enumerate(getattr(self.compiled, "replica_variables", ()), 1):
+            found.update({f"replica{r}/{name}": v for name, v in copies.items()})
+        found.update({f"token/{device}": v for device, v in
+                      getattr(self.compiled, "collective_tokens", {}).items()})
+        seen, once = set(), {}
+        for name, variable in found.items():
+            if isinstance(variable, tf.Variable) and id(variable) not in seen:
+                seen.add(id(variable))
+                once[name] = variable
+        return once
+
+    def prepare(self, start):
+        """Go on from update ``start`` (the variables restored), after a warm-up: one
+        step on the first batch, its changes undone (every variable of the compiled
+        model, optimizer state and replicas' copies included). The first call builds
+        the step's parts on the workers (about 0.4 s for the digits benchmark's), a
+        cost paid once, like the compile."""
+        self.start = start
+        everything = list(self._everything().values())
         before = [v.numpy() for v in everything]
         x, y = self.data
         self.step(x=x[:self.batch], y=y[:self.batch])
@@ -228,37 +281,32 @@ class _SyncRun:
             variable.assign(value)
 
     def results(self):
-        from tfpart.async_training import sample_orders
-
         x, y = self.data
-        steps, batch = self.options.steps, self.batch
-        order = sample_orders(len(x), 1, self.options.seed, -(-steps * batch // len(x)))[0]
-        for start in range(0, steps * batch, batch):
-            take = order[start:start + batch]
+        for take in sync_batches(len(x), self.batch, self.options.seed, self.start,
+                                 self.options.steps):
             yield float(self.step(x=x[take], y=y[take])["loss"]), -1, 0
 
     def weights(self):
         return {name: v.numpy() for name, v in self.variables.items()}
 
-    def checkpoint(self):
-        return tensorflow().train.Checkpoint(**self.variables)
+    def saved(self):
+        """What a checkpoint holds (as :class:`Snapshot` takes it): the weights and
+        states by name, and every other variable of the step under ``optimizer``."""
+        named = {id(v) for v in self.variables.values()}
+        return ({name: [v] for name, v in self.variables.items()},
+                {name: [v] for name, v in self._everything().items() if id(v) not in named})
 
 
 class _AsyncRun:
-    def __init__(self, model_dir, initial, cluster, out, train_data, options):
+    def __init__(self, model_dir, initial, cluster, out, train_data, options, start):
         from tfpart.async_training import AsyncTrainer
         from tfpart.plan import Plan
 
         self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
                                     options.hyper(), options.batch_size, options.seed,
-                                    options.min_shard_bytes, options.steps)
+                                    options.min_shard_bytes, options.steps, start=start)
         self.model = self.trainer.model
-        self.per_call = options.updates_per_call
-        whole, rest = divmod(options.steps, self.per_call)
-        self.calls = [self.per_call] * whole + [rest] * (rest > 0)
-        for count in set(self.calls):  # before the clock starts, as sync's compile
-            self.trainer.trace(count)
-            self.trainer.warm_up(count)
+        self.options = options
         placement = self.trainer.placement
         self.plan = Plan(assignment=piece_devices(placement), algorithm="ps_shards",
                          options=dataclasses.asdict(options),
@@ -267,6 +315,16 @@ class _AsyncRun:
                                              for name, shards in placement.items()
                                              if len(shards) > 1}})
         self.plan.save(out / "plan.json")
+
+    def prepare(self, start):
+        """Trace and warm up each call size before the clock starts, as sync's
+        compile; the servers then count on from ``start`` (the state restored)."""
+        self.per_call = self.options.updates_per_call
+        whole, rest = divmod(self.options.steps - start, self.per_call)
+        self.calls = [self.per_call] * whole + [rest] * (rest > 0)
+        for count in set(self.calls):
+            self.trainer.trace(count)
+            self.trainer.warm_up(count)
 
     def results(self):
         """Results in the order scheduled, keeping calls queued (so a long run neither
@@ -300,20 +358,301 @@ class _AsyncRun:
         """Updates the servers have applied (some beyond the results fetched)."""
         return self.trainer.updates()
 
-    def checkpoint(self):
-        return self.trainer.checkpoint()
+    def saved(self):
+        return self.trainer.saved()
 
 
-def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, force=False,
-          progress=None):
-    """Train ``model_dir``'s weights on ``cluster_file``'s tasks; see the module doc.
+class Snapshot:
+    """The training state copied into variables of this process, and a checkpoint of
+    those copies: ``named`` and ``optimizer`` (``{name: variables}``, the variables'
+    values joined along their first axis saved under the name) as a run's
+    :meth:`saved` gives them.
 
-    ``progress(done, total, text)`` is called after every update, when given.
+    Why copies: variables on several tasks are saved by a ``tf.function`` that
+    TensorFlow traces, registers on every task of the cluster and removes again at
+    each save, from the evaluating thread while the workers run; after a worker is
+    lost every registration and removal also fails towards it. A checkpoint of this
+    process's own variables is written here, with no function, and does not depend
+    on how the variables are cut over the servers.
     """
 
-    from tfpart.servers import cluster_errors
+    def __init__(self, named, optimizer):
+        tf = tensorflow()
+        self.sources = {**{("", k): v for k, v in named.items()},
+                        **{("optimizer", k): v for k, v in optimizer.items()}}
+        self.copies = {key: tf.Variable(_joined(variables), name=key[1].replace("/", "_"))
+                       for key, variables in self.sources.items()}
+        self.checkpoint = tf.train.Checkpoint(
+            **{k: v for (group, k), v in self.copies.items() if not group},
+            optimizer={k: v for (group, k), v in self.copies.items() if group})
 
-    tf = tensorflow()
+    def take(self):
+        """Copy the state now."""
+        for key, variables in self.sources.items():
+            self.copies[key].assign(_joined(variables))
+
+    def restore(self, prefix):
+        """Read the checkpoint ``prefix`` and write it into the run's variables."""
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
+        for key, variables in self.sources.items():
+            value = self.copies[key].numpy()
+            parts = [value] if len(variables) == 1 else \
+                np.split(value, np.cumsum([v.shape[0] for v in variables])[:-1])
+            for variable, part in zip(variables, parts):
+                variable.assign(part)
+
+
+def _joined(variables):
+    return variables[0].numpy() if len(variables) == 1 else \
+        np.concatenate([v.numpy() for v in variables])
+
+
+def sync_batches(samples, batch, seed, first, last):
+    """The sample indices of sync's updates ``first`` … ``last - 1`` (counting from 0):
+    update ``k`` takes samples ``k * batch`` … ``(k + 1) * batch - 1`` of a stream of
+    seeded permutations of the samples, one per epoch. A pure function of the seed and
+    the update's number, so a resumed run draws the batches an uninterrupted one would.
+
+    >>> [b.tolist() for b in sync_batches(5, 2, seed=0, first=0, last=4)]
+    [[2, 4], [3, 0], [1, 4], [1, 2]]
+    >>> [b.tolist() for b in sync_batches(5, 2, seed=0, first=2, last=4)]  # resumed at 2
+    [[1, 4], [1, 2]]
+    """
+    from tfpart.async_training import sample_orders
+
+    order = sample_orders(samples, 1, seed, -(-last * batch // samples))[0]
+    for start in range(first * batch, last * batch, batch):
+        yield order[start:start + batch]
+
+
+def check_output(out, inputs):
+    """Before anything is loaded: OutputError unless ``out`` may be ``tfpart train``'s
+    output: absent, empty, or an output of ``tfpart train`` (its marker), and no input
+    is it, lies in it or holds it.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / "thesis").mkdir(); _ = (root / "thesis" / "notes.txt").write_text("x")
+    >>> check_output(root / "thesis", [root / "model"])
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.OutputError: ...: exists and was not written by tfpart train (it has no .tfpart-output): remove it yourself or choose another -o
+    """
+    check_inputs_outside(out, inputs)
+    out = Path(out)
+    if out.is_symlink():
+        raise OutputError(out, "is a symbolic link; give the folder it points to, or "
+                          "another -o")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputError(out, "exists and is not a folder")
+    if is_tfpart_output(out, "train") or not any(out.iterdir()):
+        return
+    if is_tfpart_output(out):
+        raise OutputError(out, "is the output of another tfpart command, not of tfpart "
+                          "train: choose another -o")
+    raise OutputError(out, f"exists and was not written by tfpart train (it has no "
+                      f"{MARKER}): remove it yourself or choose another -o")
+
+
+def run_identity(options, data_file, model_dir, cluster):
+    """What a run's updates depend on, for ``run.json``: the options (but
+    :data:`RESCHEDULING`'s), the data's and the model's SHA-256, and the numbers of
+    workers and servers."""
+    jobs = cluster.tf_cluster or {}
+    return {"options": {key: value for key, value in dataclasses.asdict(options).items()
+                        if key not in RESCHEDULING},
+            "data_sha256": _sha256([data_file]),
+            "model_sha256": _sha256([Path(model_dir) / "saved_model.pb",
+                                     Path(model_dir) / "variables" / "variables.index"]),
+            "workers": len(jobs.get("worker", ())), "ps": len(jobs.get("ps", ()))}
+
+
+def _sha256(paths):
+    """SHA-256 of the files' bytes one after the other (a missing one counts empty).
+    A SavedModel's ``variables.index`` holds a checksum of every variable's bytes."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if Path(path).is_file():
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def identity_difference(saved, now, data_file, model_dir):
+    """How the run ``now`` differs from the checkpointed run ``saved`` (both
+    :func:`run_identity`), in words; None if it does not.
+
+    >>> saved = {"options": {"seed": 3, "mode": "sync"}, "data_sha256": "a"}
+    >>> identity_difference(saved, {"options": {"seed": 4, "mode": "sync"},
+    ...                             "data_sha256": "a"}, "d.npz", "m/")
+    'its checkpointed run had --seed 3, not 4'
+    >>> identity_difference(saved, {**saved, "data_sha256": "b"}, "d.npz", "m/")
+    'd.npz has changed since its checkpointed run (another SHA-256)'
+    """
+    before, after = saved.get("options", {}), now["options"]
+    for key in after:
+        if key in before and before[key] != after[key]:
+            return (f"its checkpointed run had {FLAGS.get(key, key)} {before[key]}, "
+                    f"not {after[key]}")
+    if saved.get("data_sha256") != now["data_sha256"]:
+        return f"{data_file} has changed since its checkpointed run (another SHA-256)"
+    if "model_sha256" in now and saved.get("model_sha256") != now["model_sha256"]:
+        return f"the model {model_dir} has changed since its checkpointed run"
+    for key, job in (("workers", "worker"), ("ps", "ps")):
+        if key in now and saved.get(key) != now[key]:
+            return f"its checkpointed run had {saved.get(key)} {job} tasks, not {now[key]}"
+    return None
+
+
+def checkpointed_update(out):
+    """The update count of ``out``'s latest checkpoint (its number), or None; read
+    from the state file ``tf.train.CheckpointManager`` writes (without TensorFlow).
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> (out / "checkpoint").mkdir()
+    >>> _ = (out / "checkpoint" / "checkpoint").write_text('model_checkpoint_path: "ckpt-40"')
+    >>> checkpointed_update(out) is None  # no ckpt-40.index: not written whole
+    True
+    >>> _ = (out / "checkpoint" / "ckpt-40.index").write_bytes(b"")
+    >>> checkpointed_update(out)
+    40
+    """
+    folder = Path(out) / "checkpoint"
+    try:
+        text = (folder / "checkpoint").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^model_checkpoint_path:\s*"(?:[^"]*/)?(ckpt-(\d+))"', text, re.M)
+    if match is None or not (folder / f"{match.group(1)}.index").is_file():
+        return None
+    return int(match.group(2))
+
+
+@contextmanager
+def training_output(out, identity, restart, describe):
+    """Context manager: take ``out`` (checked by :func:`check_output`) for this run;
+    yields the update to resume at (None: from the start, the folder empty but for
+    the marker and ``run.json``). A run that resumes from a checkpoint whose options
+    differ is refused (``describe(saved)``: the difference in words, or None). If the
+    block fails before a checkpoint beyond update 0 exists, what the run wrote is
+    removed: the folder if the run created it. Another ``tfpart train`` on the same
+    folder is refused while this one runs."""
+    out = Path(out)
+    created = marked = False
+    if not out.exists():
+        create_output_folder(out, "train")
+        created = True
+    elif not is_tfpart_output(out, "train"):  # an empty folder
+        with os_errors(out):
+            write_marker(out, "train")
+        marked = True
+    with _locked(out):
+        start = None
+        try:
+            saved = _read_json(out / RUN_FILE)
+            at = checkpointed_update(out) if saved else None
+            if at is not None and not restart:
+                difference = describe(saved)
+                if difference:
+                    raise OutputError(out, f"cannot resume: {difference}; give the same "
+                                      "options, or --restart to start over")
+                start = at
+                if at < saved.get("options", {}).get("steps", math.inf):  # else: done
+                    saved["resumed_at"] = [*saved.get("resumed_at", []), at]
+                    write_file_atomically(out / RUN_FILE, json.dumps(saved, indent=1))
+            else:
+                empty_output_folder(out, "train")
+                write_file_atomically(out / RUN_FILE, json.dumps(identity, indent=1))
+            yield start
+        except BaseException:
+            if start is None and not checkpointed_update(out):
+                if created:
+                    shutil.rmtree(out, ignore_errors=True)
+                else:
+                    empty_output_folder(out, "train")
+                    if marked:
+                        (out / MARKER).unlink(missing_ok=True)
+            raise
+
+
+@contextmanager
+def _locked(out):
+    """Hold an exclusive lock on ``out``'s marker while the block runs (released by
+    the kernel if the process dies)."""
+    with os_errors(out, "lock"):
+        handle = open(Path(out) / MARKER)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(out, "is being written by another tfpart train; wait for it "
+                              "or choose another -o") from None
+        yield
+    finally:
+        handle.close()
+
+
+def _read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_rows(path, fields):
+    """The rows of a CSV that ``train`` wrote, with their types back (``""``: None);
+    a row cut short (the process killed while writing it) is left out.
+
+    >>> import tempfile
+    >>> path = tempfile.mktemp(suffix=".csv")
+    >>> _ = open(path, "w").write("update,worker,loss,delay,wall_s\\n1,0,0.5,,0.1\\n2,1,0.")
+    >>> read_rows(path, UPDATE_FIELDS)
+    [{'update': 1, 'worker': 0, 'loss': 0.5, 'delay': None, 'wall_s': 0.1}]
+    """
+    kinds = {"update": int, "worker": int, "delay": int}
+    found = []
+    try:
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                try:
+                    found.append({key: None if row[key] in ("", None)
+                                  else kinds.get(key, float)(row[key]) for key in fields})
+                except (KeyError, ValueError):
+                    break
+    except OSError:
+        return []
+    if found and any(found[-1][key] is None for key in ("update", "wall_s")):
+        found.pop()
+    return found
+
+
+def continued_rows(updates, evaluations, start):
+    """The rows of the run so far that a run resumed at update ``start`` keeps:
+    ``start`` update rows (the updates whose results died with the client, if any,
+    with no loss, worker or delay) and the evaluations up to ``start``; and the wall
+    seconds to go on from.
+
+    >>> rows = [{"update": k, "worker": 0, "loss": 1.0, "delay": 0, "wall_s": k / 10}
+    ...         for k in (1, 2, 3)]
+    >>> kept, evals, wall = continued_rows(rows, [{"update": 0, "wall_s": 0.0}], 4)
+    >>> [r["update"] for r in kept], kept[-1]["worker"], wall
+    ([1, 2, 3, 4], None, 0.3)
+    """
+    kept = [row for row in updates if row["update"] <= start][:start]
+    evaluations = [row for row in evaluations if row["update"] <= start]
+    at = [row["wall_s"] for row in evaluations if row["update"] == start]
+    wall = at[0] if at else max([row["wall_s"] for row in kept[-1:] + evaluations[-1:]],
+                                default=0.0)
+    kept += [{"update": k, "worker": None, "loss": math.nan, "delay": None, "wall_s": wall}
+             for k in range(len(kept) + 1, start + 1)]
+    return kept, evaluations, wall
+
+
+def _check_options(options):
     if options.mode not in MODES:
         raise TfpartError("", f"unknown mode {options.mode!r}; one of {', '.join(MODES)}")
     if min(options.steps, options.batch_size, options.eval_every,
@@ -326,6 +665,22 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
     if not 0 < options.eval_fraction < 1:
         raise TfpartError("", f"--eval-fraction must be between 0 and 1, not "
                           f"{options.eval_fraction}")
+
+
+def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, restart=False,
+          force=False, progress=None):
+    """Train ``model_dir``'s weights on ``cluster_file``'s tasks; see the module doc.
+
+    An existing output of ``tfpart train`` is resumed from its latest checkpoint, or
+    emptied first with ``restart`` (``force`` is the same). ``progress(done, total,
+    text)`` is called after every update, when given, and once at the start.
+    """
+    from tfpart.servers import cluster_errors
+
+    tf = tensorflow()
+    _check_options(options)
+    out = Path(out)
+    check_output(out, [model_dir, data_file, cluster_file])
     cluster = load_cluster(cluster_file)
     model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
     train_data, held = load_data(data_file, model.signatures["gradients"],
@@ -336,66 +691,133 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, fo
         ps_devices(cluster)
         initial = [{k: v.numpy() for k, v in sorted(model.signatures[name]().items())}
                    if name in model.signatures else {} for name in ("weights", "states")]
-    out = Path(out)
-    if out.exists():
-        if not force:
-            raise OutputError(out, "already exists (use --force to replace it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    identity = run_identity(options, data_file, model_dir, cluster)
     result = TrainResult(out=out, options=options)
-    with ExitStack() as stack, cluster_errors(cluster):
-        run = _SyncRun(model_dir, cluster, out, train_data, options, stack) \
-            if options.mode == "sync" else \
-            _AsyncRun(model_dir, initial, cluster, out, train_data, options)
-        manager = tf.train.CheckpointManager(run.checkpoint(), str(out / "checkpoint"),
-                                             max_to_keep=1)
-        clock = Stopwatch()
+    with training_output(out, identity, restart or force, lambda saved: identity_difference(
+            saved, identity, data_file, model_dir)) as resumed:
+        start = resumed or 0
+        if resumed is not None:
+            result.updates, result.evaluations, wall = continued_rows(
+                read_rows(out / "updates.csv", UPDATE_FIELDS),
+                read_rows(out / "evaluations.csv", EVALUATION_FIELDS), start)
+            result.resumed = start
+            result.resumed_at = json.loads((out / RUN_FILE).read_text()).get("resumed_at", [])
+        if start >= options.steps:  # done before: its summary again
+            if not result.evaluations or result.evaluations[-1]["update"] != start:
+                raise OutputError(out, "has its last checkpoint but not its evaluation; "
+                                  "--restart to train again")
+            return _finish(result, _plan_of(out))
+        with ExitStack() as stack, cluster_errors(cluster):
+            run = _SyncRun(model_dir, cluster, out, train_data, options, stack) \
+                if options.mode == "sync" else \
+                _AsyncRun(model_dir, initial, cluster, out, train_data, options, start)
+            snapshot = Snapshot(*run.saved())
+            manager = tf.train.CheckpointManager(snapshot.checkpoint, str(out / "checkpoint"),
+                                                 max_to_keep=1)
+            if resumed is not None:
+                snapshot.restore(str(out / "checkpoint" / f"ckpt-{start}"))
+                _write_csv(out / "evaluations.csv", result.evaluations, EVALUATION_FIELDS)
+            run.prepare(start)
+            updates_log = stack.enter_context(_UpdatesLog(out / "updates.csv",
+                                                          result.updates))
+            clock = Stopwatch(offset=wall if resumed is not None else 0.0)
+            lock = threading.Lock()  # the asynchronous modes evaluate from a thread
 
-        def evaluation(applied):
-            if result.evaluations and result.evaluations[-1]["update"] == applied:
-                return  # already evaluated at this count
-            wall_s = clock()
-            loss, accuracy = evaluate(run.model, run.weights(), held)
-            result.evaluations.append({"update": applied, "wall_s": wall_s,
-                                       "loss": loss, "accuracy": accuracy})
-            manager.save(checkpoint_number=applied)
-            _write_csv(out / "evaluations.csv", result.evaluations)
+            def evaluation(applied):
+                with lock:
+                    if result.evaluations and result.evaluations[-1]["update"] == applied:
+                        return  # already evaluated at this count
+                    wall_s = clock()
+                    loss, accuracy = evaluate(run.model, run.weights(), held)
+                    result.evaluations.append({"update": applied, "wall_s": wall_s,
+                                               "loss": loss, "accuracy": accuracy})
+                    snapshot.take()
+                    # the evaluations first: a checkpoint always has its row
+                    _write_csv(out / "evaluations.csv", result.evaluations,
+                               EVALUATION_FIELDS)
+                    manager.save(checkpoint_number=applied)
 
-        with clock.paused():
-            evaluation(0)
-        synchronous = options.mode == "sync"
-        with nullcontext() if synchronous else evaluated_alongside(
-                run.applied, evaluation, options.eval_every):
-            for done, (loss, worker, delay) in enumerate(run.results(), 1):
-                result.updates.append({"update": done, "worker": worker, "loss": loss,
-                                       "delay": delay, "wall_s": clock()})
-                if synchronous and (done % options.eval_every == 0 or done == options.steps):
-                    with clock.paused():  # sync's evaluations hold up its training
-                        evaluation(done)
-                if progress:
-                    accuracy = result.evaluations[-1]["accuracy"]
-                    progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy " + (
-                        "-" if accuracy is None else f"{accuracy:.3f}"))
-        if not synchronous:
-            evaluation(run.applied())
-    _write_csv(out / "updates.csv", result.updates)
-    result.summary = _summary(result, run.plan)
-    (out / "train.json").write_text(json.dumps(result.summary, indent=1))
+            with clock.paused():
+                evaluation(start)
+            if progress:
+                progress(start, options.steps, "starting" if resumed is None else
+                         f"resumed at update {start}")
+            synchronous = options.mode == "sync"
+            with nullcontext() if synchronous else evaluated_alongside(
+                    run.applied, evaluation, options.eval_every, first=start):
+                for done, (loss, worker, delay) in enumerate(run.results(), start + 1):
+                    updates_log.add({"update": done, "worker": worker, "loss": loss,
+                                     "delay": delay, "wall_s": clock()})
+                    if synchronous and (done % options.eval_every == 0
+                                        or done == options.steps):
+                        updates_log.flush()  # the rows up to a checkpoint are on disk
+                        with clock.paused():  # sync's evaluations hold up its training
+                            evaluation(done)
+                    if progress:
+                        accuracy = result.evaluations[-1]["accuracy"]
+                        progress(done, options.steps, f"loss {loss:.4f}, held-out accuracy "
+                                 + ("-" if accuracy is None else f"{accuracy:.3f}"))
+            if not synchronous:
+                evaluation(run.applied())
+    return _finish(result, run.plan)
+
+
+def _finish(result, plan):
+    _write_csv(result.out / "updates.csv", result.updates, UPDATE_FIELDS)
+    result.summary = _summary(result, plan)
+    write_file_atomically(result.out / "train.json", json.dumps(result.summary, indent=1))
     return result
 
 
-class Stopwatch:
-    """Seconds since it was made, less the time spent in its :meth:`paused` blocks.
+def _plan_of(out):
+    from tfpart.plan import Plan
 
-    >>> clock = Stopwatch()
+    return Plan.load(Path(out) / "plan.json")
+
+
+class _UpdatesLog:
+    """``updates.csv`` written as the rows come (``rows``: those of the run so far,
+    written first), so that a run killed mid-way leaves the rows up to its last
+    checkpoint: flushed at each of sync's evaluations, every ``every_s`` seconds (the
+    asynchronous modes evaluate from a thread) and at the end."""
+
+    def __init__(self, path, rows, every_s=0.5):
+        self.path, self.rows = Path(path), rows
+        self.every_s, self.flushed = every_s, time.monotonic()
+        _write_csv(self.path, rows, UPDATE_FIELDS)
+
+    def __enter__(self):
+        with os_errors(self.path):
+            self.handle = open(self.path, "a", newline="")
+        self.writer = csv.DictWriter(self.handle, fieldnames=UPDATE_FIELDS)
+        return self
+
+    def add(self, row):
+        self.rows.append(row)
+        self.writer.writerow(row)
+        if time.monotonic() - self.flushed > self.every_s:
+            self.flush()
+
+    def flush(self):
+        self.handle.flush()
+        self.flushed = time.monotonic()
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+class Stopwatch:
+    """Seconds since it was made (plus ``offset``: a resumed run's time so far), less
+    the time spent in its :meth:`paused` blocks.
+
+    >>> clock = Stopwatch(offset=10.0)
     >>> with clock.paused():
     ...     time.sleep(0.05)
-    >>> clock() < 0.05
+    >>> 10.0 <= clock() < 10.05
     True
     """
 
-    def __init__(self):
-        self.start, self.excluded = time.perf_counter(), 0.0
+    def __init__(self, offset=0.0):
+        self.start, self.excluded = time.perf_counter() - offset, 0.0
 
     def __call__(self):
         return time.perf_counter() - self.start - self.excluded
@@ -410,9 +832,10 @@ class Stopwatch:
 
 
 @contextmanager
-def evaluated_alongside(applied, evaluation, every, poll_s=0.02):
+def evaluated_alongside(applied, evaluation, every, poll_s=0.02, first=0):
     """While the block runs, call ``evaluation(count)`` from a thread each time
-    ``applied()`` (the servers' update count) reaches the next multiple of ``every``.
+    ``applied()`` (the servers' update count) reaches the next multiple of ``every``
+    after ``first``.
 
     Asynchronous results come back in the order their calls were scheduled, so a slow
     worker's call holds back the results behind it while the servers go on updating:
@@ -430,7 +853,7 @@ def evaluated_alongside(applied, evaluation, every, poll_s=0.02):
     stop, failures = threading.Event(), []
 
     def watch():
-        due = every
+        due = (first // every + 1) * every
         try:
             while not stop.wait(poll_s):
                 count = applied()
@@ -484,14 +907,16 @@ def _summary(result, plan):
     last = result.evaluations[-1]
     return {"options": dataclasses.asdict(result.options), "updates": len(result.updates),
             "wall_s": result.updates[-1]["wall_s"], "final_loss": last["loss"],
-            "final_accuracy": last["accuracy"],
+            "final_accuracy": last["accuracy"], "resumed_at": result.resumed_at,
             "delays": delays_by_worker(result.updates),
             "variables": {name: device for name, device in plan.assignment.items()
                           if result.options.mode != "sync"}}
 
 
-def _write_csv(path, rows):
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+def _write_csv(path, rows, fields):
+    """Write ``rows`` whole, through a temporary file (a reader never sees half)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_file_atomically(path, text.getvalue())

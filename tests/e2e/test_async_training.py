@@ -15,6 +15,7 @@ from examples.models import blobs, export_classifier_step
 from tfpart.local_workers import LocalWorkers
 
 ROOT = Path(__file__).resolve().parents[2]
+START_S = 180  # a task's start-up: TensorFlow's import takes a minute on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +25,13 @@ def model_and_data(tmp_path_factory):
     return model, blobs(directory / "blobs.npz")
 
 
-def tfpart_train(model, cluster, data, out, *extra, wait=True):
+def tfpart_train(model, cluster, data, out, *extra, wait=True, log=None):
     """Run ``tfpart train``; TensorFlow's log (with the full error behind a one-line
-    message) goes to ``train.log`` beside ``out``, for :func:`failure`."""
+    message) goes to ``log`` (default: ``train.log`` beside ``out``), for
+    :func:`failure`."""
     command = [sys.executable, "-m", "tfpart.cli", "train", str(model), "--cluster",
                str(cluster), "--data", str(data), "-o", str(out), *map(str, extra)]
-    env = {**os.environ, "TFPART_TF_LOG": str(Path(out).parent / "train.log")}
+    env = {**os.environ, "TFPART_TF_LOG": str(log or Path(out).parent / "train.log")}
     if not wait:
         return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
@@ -103,7 +105,7 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
-    with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
+    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
         for mode in ("async", "dc-asgd", "ddc-asgd"):
             out = tmp_path / mode
             cut = mode == "ddc-asgd"
@@ -147,7 +149,7 @@ def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.05, 0.0, seed=3)
     out = tmp_path / "sync"
-    with LocalWorkers(1, tmp_path, pin=False) as workers:
+    with LocalWorkers(1, tmp_path, pin=False, timeout=START_S) as workers:
         run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 20,
                            "--batch-size", 8, "--seed", 3, "--eval-every", 10)
     assert run.returncode == 0, failure(run.stderr, out.parent)
@@ -168,7 +170,7 @@ def test_batch_norm_statistics_train_on_the_servers(tmp_path):
     data = blobs(tmp_path / "blobs.npz")
     expected = sgd_by_hand(model, data, 12, 8, 0.1, 0.5, seed=3)
     assert sum(name.startswith("s") for name in expected) == 2  # the moving mean, variance
-    with LocalWorkers(1, tmp_path, ps=2, pin=False) as workers:
+    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
         got = assert_trains_like_sgd(model, data, workers, tmp_path / "run", "dc-asgd",
                                      expected, 12)
     import tensorflow as tf
@@ -187,12 +189,12 @@ def wait_for_evaluations(out, count, process, timeout=120):
     raise AssertionError(f"no {count} evaluations within {timeout} s")
 
 
-def killed_mid_run(model, data, tmp_path, workers, kill, *options, wait=120):
+def killed_mid_run(model, data, tmp_path, workers, kill, *options, wait=300):
     """Run ``tfpart train`` on ``workers`` local workers and one ps; after three
     evaluations call ``kill(workers)``. Returns (return code, stderr, output folder,
     evaluations written when the task was killed)."""
     out = tmp_path / "run"
-    with LocalWorkers(workers, tmp_path, ps=1, pin=False) as tasks:
+    with LocalWorkers(workers, tmp_path, ps=1, pin=False, timeout=START_S) as tasks:
         process = tfpart_train(model, tasks.path, data, out, *options, wait=False)
         wait_for_evaluations(out, 3, process, timeout=wait)
         kill(tasks)
@@ -236,7 +238,7 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
     model = export_constant_gradient_step(tmp_path / "model", width)
     np.savez(tmp_path / "ones.npz", x=np.ones((1024, width), np.float32),
              y=np.zeros(1024, np.int32))
-    with LocalWorkers(3, tmp_path, ps=ps, pin=False) as workers:
+    with LocalWorkers(3, tmp_path, ps=ps, pin=False, timeout=START_S) as workers:
         run = tfpart_train(model, workers.path, tmp_path / "ones.npz", tmp_path / "out",
                            "--mode", mode, "--steps", steps, "--batch-size", 256,
                            "--lr", lr, "--momentum", 0, "--lambda0", 0,
@@ -302,7 +304,7 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
 
     model, data = model_and_data
     out = tmp_path / "run"
-    with LocalWorkers(2, tmp_path, ps=1, pin=False) as workers:
+    with LocalWorkers(2, tmp_path, ps=1, pin=False, timeout=START_S) as workers:
         run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 60,
                            "--batch-size", 16, "--eval-every", 30)
     assert run.returncode == 0, failure(run.stderr, out.parent)
