@@ -63,6 +63,7 @@ from costmodel.simulate import start_first_priority
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
+from partitioner.validate import kernel_problem
 from tfpart.errors import PlacementError
 from tfpart.plan import REDUCTIONS, Plan
 
@@ -97,8 +98,8 @@ def partition(cost, options=DataParallelOptions()):
     time_on = cost.compute[per_replica].sum(axis=0)
     eligible = [int(d) for d in np.argsort(time_on, kind="stable") if everything[d]]
     if not eligible:
-        raise PlacementError("", "no device can run every op, so no device can hold a "
-                             "replica")
+        raise PlacementError("", kernel_problem(cost) or "no device can run every op, "
+                             "so no device can hold a replica")
     wanted = options.replicas
     if wanted is not None and not 1 <= wanted <= min(len(eligible), options.batch_size):
         raise PlacementError("", f"cannot make {wanted} replicas: {len(eligible)} devices "

@@ -14,6 +14,9 @@ Mechanism only; the policy is the Plan. The rewritten proto carries
 * ``SavedVariable.device`` for every variable (those the signature does not read on
   the plan's host device, ``plan.context["unread_variables"]["device"]``), and the
   top-level ``VarHandleOp``s on the same devices;
+* ``SavedResource.device`` for every resource (a hash table: the plan's device of its
+  op, else the host device), the functions that create and fill it when the model
+  is loaded wholly on that device, and its top-level op on it too;
 * ``_class`` colocation attributes only where both ends share a device.
 
 As a pass of :mod:`rewriters.passes` it is :func:`placement_pass`, run for plans
@@ -30,7 +33,8 @@ from collections import Counter
 
 from rewriters.functions import (body_functions, callee, library_index,
                                  split_input, topological_nodes)
-from rewriters.reader import choose_signature, signature_call, variable_op_name
+from rewriters.captures import capture_kind, capture_op_name, resource_functions
+from rewriters.reader import choose_signature, signature_call
 from rewriters.savedmodel_io import SavedModelParts
 from tfpart.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
 
@@ -82,14 +86,16 @@ def place_devices(proto, plan, default_device=None):
     writer.place_planned(root, "")
 
     objects = meta.object_graph_def
-    variable_device = {}
+    variable_device = {}  # node id -> device, of variables and resources
     host = plan.context.get("unread_variables", {}).get("device", default_device)
     for node_id, node in enumerate(objects.nodes):
-        if node.HasField("variable"):
-            name = variable_op_name(node_id, node.variable)
-            device = plan.assignment.get(name, host)
-            node.variable.device = device
+        if node.HasField("variable") or node.HasField("resource"):
+            device = plan.assignment.get(capture_op_name(node_id, node), host)
+            getattr(node, capture_kind(node)).device = device
             variable_device[node_id] = device
+        if node.HasField("resource"):  # made and filled where it lives, when loaded
+            for fname in resource_functions(objects, node_id):
+                writer.place_uniform(fname, device)
     for fname in sorted(objects.concrete_functions):
         if fname in writer.functions:
             bound = objects.concrete_functions[fname].bound_inputs
@@ -113,7 +119,7 @@ def _top_level_variable_devices(meta, objects, variable_device, functions):
             captured = list(node.input)[len(node.input) - len(bound):] if bound else []
             for text, node_id in zip(captured, bound):
                 source = split_input(text)[0]
-                if nodes.get(source) is not None and nodes[source].op == "VarHandleOp":
+                if nodes.get(source) is not None and node_id in variable_device:
                     devices[source] = variable_device[node_id]
     return devices
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rewriters.captures import add_capture, resource_bytes
 from rewriters.fusion import fusion_groups
 from rewriters.functions import (body_functions, callee,
                                  library_index, split_input, topological_nodes)
@@ -44,6 +45,8 @@ class ModelInfo:
     batch_size: int
     inputs: dict  # signature input name -> (shape at batch size, dtype)
     variable_ops: dict = field(default_factory=dict)  # object-graph node id -> op name
+    # the other captures (constants, resources, assets): node id -> rewriters.captures.Capture
+    captures: dict = field(default_factory=dict)
     signatures: list = field(default_factory=list)
     fusion_groups: list = field(default_factory=list)  # lists of ops run as one kernel
     unread_variables: dict = field(default_factory=dict)  # node id -> (op name, bytes)
@@ -121,18 +124,21 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
             placeholder.name, tuple(shape),
             tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
         arg_sources.append(f"{placeholder.name}:0")
-    for node_id in bound:
-        variable = objects.nodes[node_id].variable
-        name = variable_op_name(node_id, variable)
-        _add_variable_node(flat, name, variable)
-        variable_ops[node_id] = name
-        arg_sources.append(f"{name}:0")
+    call_data = [t for t in call.input if not t.startswith("^")]
+    captures = {}
+    for k, node_id in enumerate(bound):
+        capture = add_capture(flat, meta, node_id, call_data[n_inputs + k], path)
+        captures[node_id] = capture
+        if capture.kind == "variable":
+            variable_ops[node_id] = capture.op_name
+        arg_sources.append(f"{capture.op_name}:0")
     outputs = _Inliner(flat, functions).inline(root, "", arg_sources, [])
     for node in flat.node:
         node.attr.pop("_output_shapes", None)
     info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
                      inputs={k: (shape, dtype) for k, (_, shape, dtype) in inputs.items()},
                      variable_ops=variable_ops,
+                     captures={i: c for i, c in captures.items() if c.kind != "variable"},
                      signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
     return FlatSignature(graph_def=flat, inputs=inputs, outputs=outputs,
                          variable_ops=variable_ops, info=info)
@@ -190,8 +196,8 @@ def read_model(proto, path="", batch_size=None, signature=None):
     objects = meta.object_graph_def
     graph = import_flat(flat, path)
     with graph.as_default():
-        opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
-                              library_index(meta.graph_def.library))
+        opgraph = _to_opgraph(graph, _capture_bytes(meta, flat, path),
+                              flat.info.batch_size, library_index(meta.graph_def.library))
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
     _merge_colocation_groups(opgraph, flat.info.fusion_groups)
     _merge_colocation_groups(opgraph, optimizer_slot_groups(
@@ -308,14 +314,6 @@ def _variable_bytes(variable):
     return tensor_bytes(shape, dtypes.as_dtype(variable.dtype).name)
 
 
-def _add_variable_node(flat, name, variable):
-    node = flat.node.add(name=name, op="VarHandleOp")
-    node.attr["dtype"].type = variable.dtype
-    node.attr["shape"].shape.CopyFrom(variable.shape)
-    node.attr["shared_name"].s = name.encode()
-    node.attr["container"].s = b""
-
-
 class _Inliner:
     """Copies function bodies into one flat GraphDef, call sites becoming name prefixes."""
 
@@ -427,10 +425,22 @@ def _sliced(op):
     return {"sliced": {"input": index, "axis": axis, "producer": op.inputs[index].op.name}}
 
 
-def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
+def _capture_bytes(meta, flat, path):
+    """Persistent bytes of each captured variable and resource, by flat op name."""
+    objects = meta.object_graph_def
+    owned = {name: _variable_bytes(objects.nodes[node_id].variable)
+             for node_id, name in flat.variable_ops.items()}
+    owned.update({capture.op_name: resource_bytes(meta, node_id, path or None)
+                  for node_id, capture in flat.info.captures.items()
+                  if capture.kind == "resource"})
+    return owned
+
+
+def _to_opgraph(graph, owned, batch_size, functions):
+    """The OpGraph of ``graph``; ``owned`` gives the persistent bytes of the ops that
+    own state (variables, resources), which also name their colocation groups."""
     opgraph = OpGraph()
     groups = UnionFind()
-    variables = {name: node_id for node_id, name in variable_ops.items()}
     body_cost = _BodyCost(functions, batch_size)
     for op in graph.get_operations():
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
@@ -442,10 +452,7 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
         bytes_accessed = (sum(tensor_bytes(s, t.dtype.name) for s, t in zip(in_shapes, op.inputs))
                           + sum(tensor_bytes(s, d) for s, d in outputs))
-        param_bytes = 0
-        if op.name in variables:
-            variable = objects.nodes[variables[op.name]].variable
-            param_bytes = _variable_bytes(variable)
+        param_bytes = owned.get(op.name, 0)
         host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
         opgraph.add_op(op.name, op_type=op.type, outputs=outputs, input_shapes=tuple(in_shapes),
                        flops=float(flops),
@@ -469,7 +476,7 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
         members.setdefault(groups.find(name), []).append(name)
     for group in members.values():
         # Name a group after its variable when it has one, else its first op.
-        label = min(group, key=lambda n: (n not in variables, n))
+        label = min(group, key=lambda n: (n not in owned, n))
         for name in group:
             opgraph.ops[name]["colocation"] = label
     return opgraph

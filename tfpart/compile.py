@@ -20,6 +20,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
+from partitioner.validate import check_kernels
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, model_errors
 from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
@@ -142,6 +143,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     pipeline = pipeline or microbatches is not None or schedule is not None
     cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
                      tf32=tf32)
+    try:
+        check_kernels(cost)
+    except PlacementError as exc:
+        raise PlacementError(cluster.source, exc.problem) from None
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
