@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
+from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops, table_ops
 from costmodel.simulate import start_first_priority
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
@@ -144,5 +144,6 @@ def _plan(cost, devices, shares, pinned, shared, options, reduce):
         options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
         microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
         replicas={"devices": [names[d] for d in devices], "fractions": fractions,
-                  "pinned": [] if all_reduce else sorted(pinned), "reduce": reduce},
+                  "pinned": sorted((table_ops(graph) - shared) if all_reduce else pinned),
+                  "reduce": reduce},
         predicted=figures.predicted, lower_bound=figures.lower_bound)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.pipeline import (PIPELINE_COPY, pinned_ops, pipeline_replicas_graph,
-                                replica_finishes, scaled_graph, shared_ops)
+                                replica_finishes, scaled_graph, shared_ops, table_ops)
 from costmodel.roofline import CostModel
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
@@ -136,8 +136,9 @@ def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
     """The checked plan of the replicas with the gradients reduced by ``reduce``."""
     graph = cost.graph
     all_reduce = reduce == "all_reduce"
-    shared, pinned = shared_ops(graph), set() if all_reduce else pinned_ops(graph)
-    maps = _device_maps(graph, groups, staged["position"], set() if all_reduce
+    shared = shared_ops(graph)
+    pinned = table_ops(graph) - shared if all_reduce else pinned_ops(graph)
+    maps = _device_maps(graph, groups, staged["position"], table_ops(graph) if all_reduce
                         else shared | pinned)
     _check_kernels(cost, maps)
     figures = make_plan(*_replicated(cost, fractions, maps, staged, per_replica, all_reduce),

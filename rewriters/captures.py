@@ -41,6 +41,7 @@ from rewriters.functions import split_input
 from tfpart.errors import ModelError
 
 KINDS = ("variable", "constant", "resource", "asset")
+HANDLE_KINDS = ("resource", "asset")  # captures a rebuilt model must take from the original
 # Functions of a resource object that create, fill and free it (run when it is loaded).
 RESOURCE_FUNCTIONS = ("_create_resource", "_initialize", "_destroy_resource")
 
@@ -214,5 +215,72 @@ def resource_functions(objects, node_id):
     return names
 
 
-__all__ = ["Capture", "KINDS", "add_capture", "capture_kind", "capture_op_name",
-           "resource_bytes", "resource_functions"]
+def object_paths(objects):
+    """Each object's shortest path from the root (``root.child.grandchild``), by node
+    id, as :func:`tf.__internal__.saved_model.load_partial` names them.
+
+    >>> from tensorflow.core.protobuf import saved_object_graph_pb2
+    >>> graph = saved_object_graph_pb2.SavedObjectGraph()
+    >>> root, table, _ = graph.nodes.add(), graph.nodes.add(), graph.nodes.add()
+    >>> _ = root.children.add(local_name="lookup", node_id=1)
+    >>> _ = table.children.add(local_name="_initialize", node_id=2)
+    >>> object_paths(graph)
+    {0: 'root', 1: 'root.lookup', 2: 'root.lookup._initialize'}
+    """
+    paths, queue = {0: "root"}, [0]
+    while queue:
+        node_id = queue.pop(0)
+        for child in objects.nodes[node_id].children:
+            if child.node_id not in paths and "." not in child.local_name:
+                paths[child.node_id] = f"{paths[node_id]}.{child.local_name}"
+                queue.append(child.node_id)
+    return paths
+
+
+def load_captured(model_dir, meta, captures, path=""):
+    """The loaded resources and assets of ``captures`` (node id -> :class:`Capture`),
+    by flat op name, for a new function to capture in their place: a table loaded
+    this way is made and filled by the model's own functions, and saved with them.
+
+    Raises
+    ------
+    tfpart.errors.ModelError
+        If an object cannot be reached from the root, or the model not loaded.
+    """
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    wanted = {node_id: capture for node_id, capture in captures.items()
+              if capture.kind in HANDLE_KINDS}
+    if not wanted:
+        return {}
+    paths = object_paths(meta.object_graph_def)
+    unreachable = sorted(set(wanted) - set(paths))
+    if unreachable:
+        raise ModelError(path, f"captured {wanted[unreachable[0]].kind} {unreachable[0]} "
+                         "cannot be reached from the model's root object by name")
+    try:
+        # the whole model: a partial load would miss what the tables' functions capture
+        root = tf.saved_model.load(str(model_dir))
+        found = {}
+        for node_id, capture in wanted.items():
+            obj = root
+            for name in paths[node_id].split(".")[1:]:
+                obj = tf.train.TrackableView(obj).children(obj)[name]
+            found[capture.op_name] = obj
+    except Exception as exc:  # noqa: BLE001 - TensorFlow raises several kinds here
+        raise ModelError(path, f"cannot load the captured tables and assets: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
+    return found
+
+
+def captured_tensor(obj):
+    """The tensor a function captures for a loaded resource (its handle) or asset (its
+    path)."""
+    return obj.resource_handle if hasattr(obj, "resource_handle") else obj.asset_path
+
+
+__all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
+           "captured_tensor", "load_captured", "object_paths", "resource_bytes",
+           "resource_functions"]

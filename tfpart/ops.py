@@ -62,11 +62,13 @@ WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 VARIABLE_OPS = {"VarHandleOp", "VariableV2"}  # the variables themselves
 # Lookup tables (Keras StringLookup, IntegerLookup, TextVectorization) and their ops:
 # TensorFlow registers their kernels for the CPU only.
-TABLE_OPS = {"HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
-             "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
-             "MutableDenseHashTable", "MutableDenseHashTableV2", "AnonymousHashTable",
-             "AnonymousMutableHashTable", "AnonymousMutableHashTableOfTensors",
-             "AnonymousMutableDenseHashTable", "LookupTableFind", "LookupTableFindV2",
+TABLE_CREATORS = {"HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+                  "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
+                  "MutableDenseHashTable", "MutableDenseHashTableV2", "AnonymousHashTable",
+                  "AnonymousMutableHashTable", "AnonymousMutableHashTableOfTensors",
+                  "AnonymousMutableDenseHashTable"}
+TABLE_OPS = TABLE_CREATORS | {
+             "LookupTableFind", "LookupTableFindV2",
              "LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2",
              "LookupTableImport", "LookupTableImportV2", "LookupTableExport",
              "LookupTableExportV2", "LookupTableSize", "LookupTableSizeV2",
@@ -82,6 +84,8 @@ HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
                  "RaggedTensorToVariant", "RaggedTensorFromVariant", "RaggedGather",
                  "RaggedRange", "RaggedCross", "RaggedBincount", "SparseBincount",
                  *TABLE_OPS}
+# Ops that own state which every micro-batch and replica shares: variables and tables.
+STATE_OPS = VARIABLE_OPS | TABLE_CREATORS
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
 
