@@ -29,7 +29,7 @@ from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
-from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
+from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS, RESOURCE_WRITE_OPS
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
@@ -51,6 +51,7 @@ class ModelInfo:
     fusion_groups: list = field(default_factory=list)  # lists of ops run as one kernel
     unread_variables: dict = field(default_factory=dict)  # node id -> (op name, bytes)
     training: bool = False  # the signature updates variables from the batch
+    format: str = "tf2"  # "tf1": a MetaGraphDef with signatures and no object graph
     nonlinear: list = field(default_factory=list)  # ops making samples depend on the batch
 
 
@@ -95,7 +96,12 @@ class FlatSignature:
 
 
 def flatten_signature(proto, path="", batch_size=None, signature=None):
-    """Inline one signature of a SavedModel proto into a :class:`FlatSignature`."""
+    """Inline one signature of a SavedModel proto into a :class:`FlatSignature` (of a
+    TF1 SavedModel: :func:`rewriters.tf1_reader.flatten_tf1_signature`)."""
+    from rewriters.tf1_reader import flatten_tf1_signature, is_tf1
+
+    if is_tf1(proto):
+        return flatten_tf1_signature(proto, path, batch_size, signature)
     tf = tensorflow()
     meta = proto.meta_graphs[0]
     signature = choose_signature(meta, signature, path)
@@ -106,7 +112,7 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
         if root in objects.concrete_functions else []
     n_inputs = len(functions[root].signature.input_arg) - len(bound)
     if batch_size is None:
-        batch_size = _signature_batch(meta.signature_def[signature]) or 1
+        batch_size = signature_batch(meta.signature_def[signature]) or 1
 
     flat = tf.compat.v1.GraphDef()
     flat.library.CopyFrom(meta.graph_def.library)
@@ -190,17 +196,23 @@ def read_model(proto, path="", batch_size=None, signature=None):
         Size of unknown leading dimensions; default from the signature, else 1.
     signature : str, optional
         Signature to read; default ``serving_default`` or the first one.
+
+    A TF1 SavedModel is read by :func:`rewriters.tf1_reader.read_tf1_model`.
     """
+    from rewriters.tf1_reader import is_tf1, read_tf1_model
+
+    if is_tf1(proto):
+        return read_tf1_model(proto, path, batch_size, signature)
     flat = flatten_signature(proto, path, batch_size, signature)
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
     graph = import_flat(flat, path)
     with graph.as_default():
-        opgraph = _to_opgraph(graph, _capture_bytes(meta, flat, path),
+        opgraph = opgraph_of(graph, _capture_bytes(meta, flat, path),
                               flat.info.batch_size, library_index(meta.graph_def.library))
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
-    _merge_colocation_groups(opgraph, flat.info.fusion_groups)
-    _merge_colocation_groups(opgraph, optimizer_slot_groups(
+    merge_colocation_groups(opgraph, flat.info.fusion_groups)
+    merge_colocation_groups(opgraph, optimizer_slot_groups(
         opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
     if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
         _mark_phases(opgraph, flat.info, proto, path, signature)
@@ -285,7 +297,7 @@ def optimizer_slot_groups(opgraph, variables, inputs):
     return groups
 
 
-def _merge_colocation_groups(opgraph, groups):
+def merge_colocation_groups(opgraph, groups):
     """Merge the colocation groups of ops that must run on one device (one fused
     kernel, a variable with its optimizer slots)."""
     labels = UnionFind()
@@ -299,7 +311,7 @@ def _merge_colocation_groups(opgraph, groups):
         attrs["colocation"] = new_label.get(attrs["colocation"], attrs["colocation"])
 
 
-def _signature_batch(signature_def):
+def signature_batch(signature_def):
     for tensor in signature_def.inputs.values():
         dims = tensor.tensor_shape.dim
         if dims and dims[0].size > 0:
@@ -436,7 +448,7 @@ def _capture_bytes(meta, flat, path):
     return owned
 
 
-def _to_opgraph(graph, owned, batch_size, functions):
+def opgraph_of(graph, owned, batch_size, functions):
     """The OpGraph of ``graph``; ``owned`` gives the persistent bytes of the ops that
     own state (variables, resources), which also name their colocation groups."""
     opgraph = OpGraph()
@@ -461,9 +473,11 @@ def _to_opgraph(graph, owned, batch_size, functions):
                        stateful=bool(op.op_def.is_stateful) if op.op_def else False,
                        **_sliced(op))
         for k, tensor in enumerate(op.inputs):
+            if tensor.op.type in LOOP_BACK_OPS:
+                continue  # a v1 while loop's back edge: the loop is one unit, no cycle
             nbytes = tensor_bytes(in_shapes[k], tensor.dtype.name)
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
-            if tensor.dtype.name == "resource":
+            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref"):
                 groups.union(op.name, tensor.op.name)
         for dep in op.control_inputs:
             opgraph.add_edge(dep.name, op.name, control=True)
@@ -521,5 +535,6 @@ class _BodyCost:
         return sum(per_body) if loops else max(per_body)
 
 
-__all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat", "read_model",
+__all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat",
+           "merge_colocation_groups", "opgraph_of", "read_model", "signature_batch",
            "variable_op_name"]

@@ -88,6 +88,11 @@ HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
 STATE_OPS = VARIABLE_OPS | TABLE_CREATORS
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
+# tf.compat.v1.while_loop (control flow v1): a cycle entered by Enter, closed by
+# NextIteration's back edge, left by Exit.
+LOOP_ENTRY_OPS = {"Enter", "RefEnter"}
+LOOP_EXIT_OPS = {"Exit", "RefExit"}
+LOOP_BACK_OPS = {"NextIteration", "RefNextIteration"}
 
 
 def op_class(op_type):
