@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rewriters.functions import body_functions, callee, library_index, split_input, \
-    topological_nodes
+from rewriters.functions import body_functions, callee, inlined_callee, library_index, \
+    split_input, topological_nodes
 from tfpart.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
 
 
@@ -55,7 +55,7 @@ class FunctionWriter:
         devices, callees = {}, {}
         for node in self.functions[fname].node_def:
             name = prefix + node.name
-            target = callee(node, self.functions)
+            target = inlined_callee(node, self.functions)
             if target is not None:
                 child = self.place_planned(target, f"{name}/")
                 callees[node.name] = {target: child}

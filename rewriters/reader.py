@@ -4,7 +4,8 @@ One signature is read (``serving_default`` unless named). Its function and every
 function it calls are inlined into one flat graph whose op names carry the call site
 (``StatefulPartitionedCall/model/dense/MatMul``), the same names TensorFlow's own
 function inlining gives them at run time. Control-flow ops (``While``, ``If``, ``Case``)
-stay single ops. The signature's captured variables become ``VarHandleOp`` ops named
+stay single ops, and so do calls of functions TensorFlow must compile whole with XLA
+(:func:`rewriters.functions.inlined_callee`). The signature's captured variables become ``VarHandleOp`` ops named
 ``variables/<object id>/<variable name>``. The flat graph is imported into a
 ``tf.Graph`` with the inputs fixed at the compile batch size, so TensorFlow's shape
 inference gives every tensor a concrete shape, hence FLOPs and bytes.
@@ -22,14 +23,15 @@ from dataclasses import dataclass, field
 
 from rewriters.captures import add_capture, resource_bytes
 from rewriters.fusion import fusion_groups
-from rewriters.functions import (body_functions, callee,
+from rewriters.functions import (body_functions, callee, inlined_callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
-from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS, RESOURCE_WRITE_OPS
+from tfpart.ops import (CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS,
+                        RESOURCE_WRITE_OPS)
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
@@ -376,7 +378,7 @@ class _Inliner:
 
         for node in nodes:
             inputs = [t for text in node.input for t in resolve(text)]
-            target = callee(node, self.functions)
+            target = inlined_callee(node, self.functions)
             if target is not None:
                 data = [t for t in inputs if not t.startswith("^")]
                 control = [t for t in inputs if t.startswith("^")]
@@ -458,7 +460,7 @@ def opgraph_of(graph, owned, batch_size, functions):
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
         outputs = [(_concrete(t.shape, batch_size), t.dtype.name) for t in op.outputs]
         dtypes = {t.dtype.name for t in list(op.inputs) + list(op.outputs)}
-        if op.type in CONTROL_FLOW_OPS:
+        if op.type in CONTROL_FLOW_OPS or op.type in CALL_OPS:  # kept whole
             flops = body_cost.flops(op, in_shapes)
         else:
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
@@ -497,8 +499,8 @@ def opgraph_of(graph, owned, batch_size, functions):
 
 
 class _BodyCost:
-    """FLOPs of a control-flow op: its bodies' ops at the op's input shapes (one trip of a
-    loop, the costlier branch of a conditional)."""
+    """FLOPs of a control-flow op or a call kept whole: its bodies' ops at the op's input
+    shapes (one trip of a loop, the costlier branch of a conditional)."""
 
     def __init__(self, functions, batch_size):
         self.functions = functions
