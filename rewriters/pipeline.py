@@ -182,7 +182,11 @@ def _save_pipelined(model_dir, proto, plan, staging):
     except (ValueError, TypeError, tf.errors.OpError) as exc:
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
-    tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete})
+    # Custom gradients (Keras's swish) are not saved: in a process that exported the
+    # model, their registered functions capture tensors of the exporter's graph, which
+    # saving refuses; the step's gradients are ops of the graph already.
+    tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete},
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return device_of
 
 
