@@ -92,7 +92,8 @@ def place_devices(proto, plan, default_device=None):
             variable_device[node_id] = device
         if node.HasField("resource"):  # made and filled where it lives, when loaded
             for fname in resource_functions(objects, node_id):
-                writer.place_uniform(fname, device)
+                if fname in writer.functions:
+                    writer.place_uniform(fname, device)
     for fname in sorted(objects.concrete_functions):
         if fname in writer.functions:
             bound = objects.concrete_functions[fname].bound_inputs

@@ -76,7 +76,7 @@ def place_tf1_devices(proto, plan, default_device=None):
         for node in nodes:
             node.device = devices[node.name]
             retarget(node, {body: writer.place_uniform(body, node.device)
-                            for body in body_functions(node)})
+                            for body in body_functions(node) if body in writer.functions})
         drop_split_colocation(nodes, devices)
     return new
 
