@@ -36,7 +36,7 @@ import numpy as np
 from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
 from tfpart.graph import OpGraph
-from tfpart.ops import VARIABLE_OPS, WEIGHT_OPS
+from tfpart.ops import STATE_OPS, TABLE_CREATORS, WEIGHT_OPS
 from tfpart.plan import all_reduces, device_stand_ins, replica_device
 
 
@@ -217,10 +217,26 @@ def _phase(attrs):
 
 
 def shared_ops(graph):
-    """The ops every micro-batch or replica shares: the variables and a training step's
-    update ops (which run once, on the whole batch's gradients)."""
+    """The ops every micro-batch or replica shares: the variables, the tables and a
+    training step's update ops (which run once, on the whole batch's gradients)."""
     return {op for op, attrs in graph.ops.items()
-            if attrs["op_type"] in VARIABLE_OPS or _phase(attrs) == "update"}
+            if attrs["op_type"] in STATE_OPS or _phase(attrs) == "update"}
+
+
+def table_ops(graph):
+    """The ops colocated with a table (the table, its lookups): one table serves every
+    replica, even replicas that keep their own copy of the variables, so these run
+    where it is.
+
+    >>> g = OpGraph()
+    >>> g.add_op("table", op_type="HashTableV2"); g.add_op("find", colocation="table")
+    >>> g.add_op("w", op_type="VarHandleOp"); g.add_op("read", colocation="w")
+    >>> sorted(table_ops(g))
+    ['find', 'table']
+    """
+    tables = {attrs["colocation"] for attrs in graph.ops.values()
+              if attrs["op_type"] in TABLE_CREATORS}
+    return {op for op, attrs in graph.ops.items() if attrs["colocation"] in tables}
 
 
 def pinned_ops(graph):
@@ -432,7 +448,8 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     """Data-parallel replicas that each keep a copy of the variables, for the
     simulator: replica ``r`` runs a copy of every op (named ``rep<r>/<op>``), its
     per-sample ops costed for ``fractions[r]`` of the batch, on device index
-    ``replica_devices[r]``; each tensor a per-sample op (not one of the ``pinned``
+    ``replica_devices[r]`` (but the :func:`table_ops`, on the first replica's, where the
+    one table is); each tensor a per-sample op (not one of the ``pinned``
     variable readers) sends the update is all-reduced: an op ``rep<r>/allreduce/<op>``
     per replica that receives ``2 / k`` of the tensor from each other replica, the
     volume each device of a ring all-reduce over ``k`` replicas sends, and feeds
@@ -455,6 +472,7 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     4000000.0
     """
     shared = shared_ops(graph)
+    tables = table_ops(graph)
     replicated, placement = OpGraph(), {}
     count = len(fractions)
     gradients = reduced_tensors(graph, pinned) if count > 1 else {}
@@ -463,7 +481,7 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
         for op, attrs in scaled.ops.items():
             replicated.add_op(f"rep{r}/{op}", **dict(
                 attrs, colocation=f"rep{r}/{attrs['colocation']}"))
-            placement[f"rep{r}/{op}"] = device
+            placement[f"rep{r}/{op}"] = replica_devices[0] if op in tables else device
         for src, dst, edge in scaled.edges():
             if not (src in gradients and dst in shared):
                 replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)

@@ -38,7 +38,7 @@ import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 from costmodel.splits import split_cost
-from tfpart.ops import VARIABLE_OPS
+from tfpart.ops import STATE_OPS
 
 
 @dataclass
@@ -138,7 +138,7 @@ def start_first_priority(cost):
     rank = upward_rank(cost)
     graph = cost.graph
     at_start = [i for i, op in enumerate(cost.ops) if all(
-        graph.ops[p]["op_type"] in VARIABLE_OPS for p in graph.predecessors(op))]
+        graph.ops[p]["op_type"] in STATE_OPS for p in graph.predecessors(op))]
     rank[at_start] += rank.max()
     return rank
 

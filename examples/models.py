@@ -316,3 +316,139 @@ def blobs(path, samples=600, features=16, classes=4, seed=0):
     x = centres[y] + rng.normal(0, 1.0, (samples, features))
     np.savez(path, x=x.astype(np.float32), y=y.astype(np.int32))
     return path
+
+
+# -- the model zoo: models users bring that an earlier reader could not read -------------
+
+def export_efficientnet_b0(path, size=32):
+    """Keras EfficientNetB0 (random weights) at ``size`` x ``size``: its ``Rescaling`` and
+    ``Normalization`` layers are constants the exported function captures."""
+    import keras
+
+    keras.utils.set_random_seed(8)
+    keras.applications.EfficientNetB0(weights=None, input_shape=(size, size, 3),
+                                      classes=10).export(str(path), verbose=False)
+    return path
+
+
+def export_convnext_tiny(path, size=32):
+    """Keras ConvNeXtTiny (random weights) at ``size`` x ``size``: captured
+    ``Normalization`` constants, and depthwise convolutions Keras compiles with XLA."""
+    import keras
+
+    keras.utils.set_random_seed(9)
+    keras.applications.ConvNeXtTiny(weights=None, input_shape=(size, size, 3),
+                                    classes=10).export(str(path), verbose=False)
+    return path
+
+
+def export_text_vectorization(path, length=8):
+    """Strings in, through a ``TextVectorization`` layer (a hash table of its adapted
+    vocabulary, ragged splits), an embedding and a dense layer."""
+    import keras
+
+    keras.utils.set_random_seed(10)
+    vectorize = keras.layers.TextVectorization(max_tokens=40, output_sequence_length=length)
+    vectorize.adapt(["the cat sat on the mat", "a dog ran far", "hello world the end"])
+    text = keras.Input((), dtype="string", name="text")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(40, 8)(vectorize(text)))
+    keras.Model(text, keras.layers.Dense(3)(x)).export(str(path), verbose=False)
+    return path
+
+
+def export_preprocessing(path):
+    """Every other Keras preprocessing layer on three inputs: ``StringLookup`` (its
+    vocabulary an asset file), ``Hashing`` and ``CategoryEncoding`` on strings,
+    ``IntegerLookup`` on ids, ``Discretization``, ``Normalization`` and ``Rescaling`` on
+    numbers, then a dense layer."""
+    import keras
+
+    keras.utils.set_random_seed(11)
+    vocabulary = path.parent / "vocabulary.txt"
+    vocabulary.write_text("red\ngreen\nblue\n")
+    word = keras.Input((1,), dtype="string", name="word")
+    ident = keras.Input((1,), dtype="int64", name="ident")
+    number = keras.Input((2,), dtype="float32", name="number")
+    encoded = [
+        keras.layers.StringLookup(vocabulary=str(vocabulary), output_mode="one_hot")(word),
+        keras.layers.CategoryEncoding(num_tokens=5, output_mode="one_hot")(
+            keras.layers.Hashing(num_bins=5)(word)),
+        keras.layers.IntegerLookup(vocabulary=[3, 5, 7], output_mode="one_hot")(ident),
+        keras.layers.CategoryEncoding(num_tokens=3, output_mode="multi_hot")(
+            keras.layers.Discretization(bin_boundaries=[-0.5, 0.5])(number)),
+        keras.layers.Rescaling(0.5)(keras.layers.Normalization(mean=[0.1, 0.2],
+                                                               variance=[1.0, 4.0])(number))]
+    flat = keras.layers.Concatenate()([keras.layers.Flatten()(keras.ops.cast(e, "float32"))
+                                       for e in encoded])
+    keras.Model([word, ident, number], keras.layers.Dense(2)(flat)).export(str(path),
+                                                                           verbose=False)
+    return path
+
+
+def export_captured_constant(path):
+    """A ``tf.Module`` whose function uses a ``tf.constant`` it captured."""
+    import numpy as np
+    import tensorflow as tf
+
+    class Scaled(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4))
+            self.scale = tf.constant(np.arange(4, dtype=np.float32) + 0.5)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"y": tf.matmul(x, self.w) * self.scale}
+
+    module = Scaled()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path
+
+
+def export_tf1(path, resource=True, control_flow_v1=False):
+    """A TF1 SavedModel (``tf.compat.v1.saved_model.Builder``): two dense layers of
+    ``resource`` or legacy ref variables, a ``tf.compat.v1.cond`` and a
+    ``tf.compat.v1.while_loop`` (control flow v1's Switch/Merge/Enter ops with
+    ``control_flow_v1``), and a ``saver_def``."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = not control_flow_v1
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="x")
+            init = tf.compat.v1.random_normal_initializer(seed=12)
+            w1 = tf.compat.v1.get_variable("w1", [8, 16], initializer=init,
+                                           use_resource=resource)
+            b1 = tf.compat.v1.get_variable("b1", [16], initializer=tf.compat.v1.ones_initializer(),
+                                           use_resource=resource)
+            w2 = tf.compat.v1.get_variable("w2", [16, 16], initializer=init,
+                                           use_resource=resource)
+            hidden = tf.nn.relu(tf.matmul(x, w1) + b1)
+            gated = tf.compat.v1.cond(tf.reduce_sum(hidden) > 0, lambda: hidden * 2.0,
+                                      lambda: hidden - 1.0)
+            _, out = tf.compat.v1.while_loop(lambda i, h: i < 3,
+                                             lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w2))),
+                                             [tf.constant(0), gated])
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                builder = tf.compat.v1.saved_model.Builder(str(path))
+                builder.add_meta_graph_and_variables(
+                    session, ["serve"], signature_def_map={
+                        "serving_default": tf.compat.v1.saved_model.predict_signature_def(
+                            {"x": x}, {"gated": gated, "y": out})})
+                builder.save()
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was_v2
+    return path
+
+
+def export_tf1_resource(path):
+    return export_tf1(path, resource=True)
+
+
+def export_tf1_ref(path):
+    """Legacy ref variables (``VariableV2``) and control flow v1."""
+    return export_tf1(path, resource=False, control_flow_v1=True)

@@ -58,11 +58,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops
+from costmodel.pipeline import pinned_ops, replicas_cost, shared_ops, table_ops
 from costmodel.simulate import start_first_priority
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
+from partitioner.validate import kernel_problem
 from tfpart.errors import PlacementError
 from tfpart.plan import REDUCTIONS, Plan
 
@@ -97,8 +98,8 @@ def partition(cost, options=DataParallelOptions()):
     time_on = cost.compute[per_replica].sum(axis=0)
     eligible = [int(d) for d in np.argsort(time_on, kind="stable") if everything[d]]
     if not eligible:
-        raise PlacementError("", "no device can run every op, so no device can hold a "
-                             "replica")
+        raise PlacementError("", kernel_problem(cost) or "no device can run every op, "
+                             "so no device can hold a replica")
     wanted = options.replicas
     if wanted is not None and not 1 <= wanted <= min(len(eligible), options.batch_size):
         raise PlacementError("", f"cannot make {wanted} replicas: {len(eligible)} devices "
@@ -143,5 +144,6 @@ def _plan(cost, devices, shares, pinned, shared, options, reduce):
         options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
         microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
         replicas={"devices": [names[d] for d in devices], "fractions": fractions,
-                  "pinned": [] if all_reduce else sorted(pinned), "reduce": reduce},
+                  "pinned": sorted((table_ops(graph) - shared) if all_reduce else pinned),
+                  "reduce": reduce},
         predicted=figures.predicted, lower_bound=figures.lower_bound)

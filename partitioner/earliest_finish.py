@@ -71,6 +71,7 @@ from costmodel.simulate import simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
+from partitioner.validate import kernel_problem
 from tfpart.errors import PlacementError
 
 
@@ -166,7 +167,8 @@ def _list_schedule_error(cost, failure):
     op, roomiest, free, need, unplaced = failure
     name = cost.ops[int(op)]
     if roomiest < 0:
-        return PlacementError("", f"no device can run every op colocated with {name} "
+        return PlacementError("", kernel_problem(cost, name) or
+                              f"no device can run every op colocated with {name} "
                               f"({cost.graph.ops[name]['op_type']})")
     why = (f"the roomiest device that can run it, "
            f"{cost.cluster.devices[int(roomiest)].name}, has {free / 1e6:.1f} MB left"

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.pipeline import (PIPELINE_COPY, pinned_ops, pipeline_replicas_graph,
-                                replica_finishes, scaled_graph, shared_ops)
+                                replica_finishes, scaled_graph, shared_ops, table_ops)
 from costmodel.roofline import CostModel
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
@@ -103,6 +103,18 @@ def _device_maps(graph, groups, position, on_first):
             for group in groups]
 
 
+def _check_kernels(cost, maps):
+    """PlacementError unless every replica's device for each op has its kernel (a
+    string op stays off a group of accelerators only)."""
+    for r, device_of in enumerate(maps):
+        for op, device in device_of.items():
+            if not np.isfinite(cost.compute[cost.index[op], device]):
+                name = cost.cluster.device_names[device]
+                raise PlacementError("", f"replica {r + 1} would run {op} "
+                                     f"({cost.graph.ops[op]['op_type']}) on {name}, which "
+                                     "has no kernel for it")
+
+
 def _shares(cost, groups, staged, batch_size):
     """Each replica's fraction of the batch, by its simulated speed (shares start
     equal), and the micro-batches per replica (no more than the smallest share)."""
@@ -111,6 +123,7 @@ def _shares(cost, groups, staged, batch_size):
     per_replica = min(staged["microbatches"], batch_size // count)
     maps = _device_maps(cost.graph, groups, staged["position"],
                         shared | pinned_ops(cost.graph))
+    _check_kernels(cost, maps)
     finishes = replica_finishes(*_replicated(cost, fractions, maps, staged, per_replica),
                                 count, shared, PIPELINE_COPY)
     shares = proportional_shares(batch_size, [f / t for f, t in zip(fractions, finishes)])
@@ -123,9 +136,11 @@ def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
     """The checked plan of the replicas with the gradients reduced by ``reduce``."""
     graph = cost.graph
     all_reduce = reduce == "all_reduce"
-    shared, pinned = shared_ops(graph), set() if all_reduce else pinned_ops(graph)
-    maps = _device_maps(graph, groups, staged["position"], set() if all_reduce
+    shared = shared_ops(graph)
+    pinned = table_ops(graph) - shared if all_reduce else pinned_ops(graph)
+    maps = _device_maps(graph, groups, staged["position"], table_ops(graph) if all_reduce
                         else shared | pinned)
+    _check_kernels(cost, maps)
     figures = make_plan(*_replicated(cost, fractions, maps, staged, per_replica, all_reduce),
                         "hybrid", options or PipelineOptions())
     names = cost.cluster.device_names

@@ -5,7 +5,8 @@ proportion to its speed, as Moreno-Álvarez et al. do for convolution filters: e
 device first gets the whole part of its exact share, then the units still unassigned
 go one each to the largest remainders (Hamilton's method). Shares then sum to the
 total, each is within one of its exact proportion, and a faster device never gets
-less than a slower one. A device whose share comes out zero takes no part.
+less than a slower one. A device whose share comes out zero takes no part, and so does
+one of speed zero (it cannot run the work at all).
 
 References
 ----------
@@ -20,6 +21,8 @@ Examples
 [5, 2]
 >>> proportional_shares(2, [5.0, 1.0, 1.0])  # the slow ones take no part
 [2, 0, 0]
+>>> proportional_shares(4, [5146.2, 0.0])  # a device that cannot run it takes none
+[4, 0]
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ def proportional_shares(total, speeds):
     total : int
         Units to share (samples of a batch, filters of a layer), at least 0.
     speeds : sequence of float
-        Positive relative speeds, one per device.
+        Relative speeds, one per device: finite, not negative, at least one positive
+        (a device of speed 0 gets no share).
 
     Returns
     -------
@@ -45,10 +49,12 @@ def proportional_shares(total, speeds):
     Raises
     ------
     ValueError
-        If ``total`` is negative or a speed is not positive and finite.
+        If ``total`` is negative, a speed is negative or not finite, or none is
+        positive.
     """
     speeds = np.asarray(speeds, dtype=float)
-    if total < 0 or len(speeds) == 0 or not np.all(np.isfinite(speeds) & (speeds > 0)):
+    if total < 0 or len(speeds) == 0 or not np.all(np.isfinite(speeds) & (speeds >= 0)) \
+            or not np.any(speeds > 0):
         raise ValueError(f"cannot share {total} units among speeds {speeds.tolist()}")
     exact = total * speeds / speeds.sum()
     shares = np.floor(exact).astype(np.int64)

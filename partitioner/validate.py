@@ -17,8 +17,12 @@ tfpart.errors.PlacementError: colocation group 'a' is split over 2 devices: a, b
 """
 from __future__ import annotations
 
+import numpy as np
+
 from costmodel.memory import device_memory
 from tfpart.errors import PlacementError
+
+HOST_KIND = "cpu"  # the device kind that runs host-only ops (strings, hash tables)
 
 
 def check_plan(plan, graph, cluster, memory=None):
@@ -78,3 +82,69 @@ def check_memory(graph, assignment, cluster, used=None):
         if used[device.name] > device.memory:
             raise PlacementError("", f"{device.name} needs {used[device.name] / 1e6:.1f} MB"
                                  f" but has {device.memory / 1e6:.1f} MB")
+
+
+def check_kernels(cost):
+    """Raise PlacementError if some colocation group has no device of the cluster that
+    can run all its ops (:func:`kernel_problem` says which and why)."""
+    problem = kernel_problem(cost)
+    if problem:
+        raise PlacementError("", problem)
+
+
+def kernel_problem(cost, op=None):
+    """Why no device of ``cost``'s cluster can run the colocation group of ``op`` (by
+    default: of the first such group), in one line naming an op; None if every group
+    has a device.
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel import CostModel
+    >>> g = OpGraph()
+    >>> g.add_op("tokens", op_type="Placeholder", allowed_kinds=frozenset({"cpu"}))
+    >>> g.add_op("lower", op_type="StringLower", colocation="tokens",
+    ...          allowed_kinds=frozenset({"cpu"}))
+    >>> print(kernel_problem(CostModel(g, cluster_of_devices(["T4", "T4"]))))
+    no device can run lower (StringLower): it has a kernel only on cpu devices (string, hash-table and other host ops run on a host CPU: add one to the cluster, kind cpu)
+    >>> kernel_problem(CostModel(g, cluster_of_devices(["T4", "cpu"]))) is None
+    True
+    """
+    graph = cost.graph
+    runs = np.isfinite(cost.compute)
+    groups = graph.colocation_groups()
+    wanted = [graph.ops[op]["colocation"]] if op is not None else list(groups)
+    for label in wanted:
+        members = groups[label]
+        rows = runs[[cost.index[m] for m in members]]
+        if rows.all(axis=0).any():
+            continue
+        alone = sorted(m for m, row in zip(members, rows) if not row.any())
+        if alone:
+            return f"no device can run {_op_text(graph, alone[0])}: " + \
+                _kernels_text(graph, alone[0], cost.cluster)
+        first = max(members, key=lambda m: (len(members) - runs[cost.index[m]].sum(), m))
+        other = next(m for m in members
+                     if not (runs[cost.index[m]] & runs[cost.index[first]]).any())
+        return (f"no device can run both {_op_text(graph, first)} and "
+                f"{_op_text(graph, other)}, which must share one device (they use one "
+                f"variable or resource, or run as one kernel): {_op_text(graph, first)} "
+                + _kernels_text(graph, first, cost.cluster).removeprefix("it "))
+    return None
+
+
+def _op_text(graph, op):
+    return f"{op} ({graph.ops[op]['op_type']})"
+
+
+def _kernels_text(graph, op, cluster):
+    allowed = graph.ops[op]["allowed_kinds"]
+    if allowed is None:
+        return "it has no cost on any device of the cluster"
+    text = f"it has a kernel only on {', '.join(sorted(allowed))} devices"
+    kinds = {d.kind.name for d in cluster.devices}
+    if HOST_KIND in allowed and HOST_KIND not in kinds:
+        text += (" (string, hash-table and other host ops run on a host CPU: add one to "
+                 f"the cluster, kind {HOST_KIND})")
+    return text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from tfpart.ops import CALL_OPS
 
+KEPT_WHOLE = ("_XlaMustCompile",)  # function attrs that keep a call one op
+
 
 def library_index(library):
     """Function name -> FunctionDef."""
@@ -21,6 +23,30 @@ def callee(node, functions):
     if node.op in functions:
         return node.op
     return None
+
+
+def inlined_callee(node, functions):
+    """The function a call node runs if the reader inlines it, else None: a function
+    TensorFlow must compile whole with XLA (Keras 3 compiles grouped convolutions so,
+    which TensorFlow's CPU kernels cannot run) stays one op, as a control-flow op does.
+
+    >>> from tensorflow.core.framework import function_pb2, node_def_pb2
+    >>> f = function_pb2.FunctionDef(); f.signature.name = "conv"
+    >>> call = node_def_pb2.NodeDef(name="c", op="StatefulPartitionedCall")
+    >>> call.attr["f"].func.name = "conv"
+    >>> inlined_callee(call, {"conv": f})
+    'conv'
+    >>> f.attr["_XlaMustCompile"].b = True
+    >>> inlined_callee(call, {"conv": f}) is None
+    True
+    """
+    target = callee(node, functions)
+    if target is None or target not in functions:
+        return target
+    attrs = [functions[target].attr, node.attr]
+    if any(a[key].b for a in attrs for key in KEPT_WHOLE if key in a):
+        return None
+    return target
 
 
 def body_functions(node):

@@ -12,14 +12,16 @@ pass               runs for                    does
 pipeline stages    plans with stages or        one SavedModel running the stages over
                    filter splits               micro-batches, with the split ops in
                                                slices (:mod:`rewriters.pipeline`)
-device placement   the other plans             the plan's device on every op and
-                                               variable (:mod:`rewriters.placement`)
+device placement   the other plans of TF2      the plan's device on every op and
+                   SavedModels                 variable (:mod:`rewriters.placement`)
+device placement   the other plans of TF1      the plan's device on every node of the
+(TF1)              SavedModels                 graph (:mod:`rewriters.tf1_placement`)
 =================  ==========================  ========================================
 
 Examples
 --------
 >>> [rewriter.name for rewriter in REWRITERS]
-['pipeline stages', 'device placement']
+['pipeline stages', 'device placement', 'device placement (TF1)']
 >>> from tfpart.plan import Plan
 >>> [r.name for r in REWRITERS if r.applies(Plan(assignment={"a": "/device:CPU:0"}))]
 ['device placement']
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from rewriters.pipeline import pipeline_pass
 from rewriters.placement import placement_pass
+from rewriters.tf1_placement import tf1_placement_pass
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,16 @@ class Rewriter:
     rewrite: typing.Callable
 
 
+def _tf1(plan):
+    return plan.context.get("format") == "tf1"
+
+
 REWRITERS = (
     Rewriter("pipeline stages", lambda plan: plan.reimported, pipeline_pass),
-    Rewriter("device placement", lambda plan: not plan.reimported, placement_pass),
+    Rewriter("device placement", lambda plan: not plan.reimported and not _tf1(plan),
+             placement_pass),
+    Rewriter("device placement (TF1)", lambda plan: not plan.reimported and _tf1(plan),
+             tf1_placement_pass),
 )
 
 

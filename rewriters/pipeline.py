@@ -38,6 +38,7 @@ import re
 import zlib
 from pathlib import Path
 
+from rewriters.captures import HANDLE_KINDS, captured_tensor, load_captured, object_paths
 from rewriters.channel_split import split_channels
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
@@ -119,10 +120,25 @@ def pipeline_pass(model, plan, workdir):
     target = Path(workdir) / "pipelined"
     device_of = _save_pipelined(model.directory, model.proto, plan, target)
     proto = read_saved_model(target)
-    for obj in proto.meta_graphs[0].object_graph_def.nodes:
+    objects = proto.meta_graphs[0].object_graph_def
+    for obj in objects.nodes:
         if obj.HasField("variable") and obj.variable.name in device_of:
             obj.variable.device = device_of[obj.variable.name]
+    resources = _resource_devices(model.proto, plan)
+    for node_id, path in object_paths(objects).items():
+        name = path.removeprefix("root.tfpart_resources.")
+        if name != path and name.isdigit() and objects.nodes[node_id].HasField("resource"):
+            objects.nodes[node_id].resource.device = resources[int(name)]
     return SavedModelParts(proto, target)
+
+
+def _resource_devices(proto, plan):
+    """The planned device of each table the pipelined model captures, in the order of
+    its ``tfpart_resources`` (sorted by op name; assets have none)."""
+    flat = flatten_signature(proto, "", plan.context.get("batch_size"),
+                             plan.context.get("signature"))
+    names = sorted(c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS)
+    return [plan.assignment.get(name, "") for name in names]
 
 
 def _save_pipelined(model_dir, proto, plan, staging):
@@ -151,19 +167,26 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module = tf.Module()
     module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
                               for name in sorted(values)}
+    captured = load_captured(model_dir, meta, flat.info.captures, model_dir)
+    # saved with the model: loading it makes and fills each table on its device
+    module.tfpart_resources = [captured[name] for name in sorted(captured)]
     device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
     if all_reduces(plan.replicas):
         device_of.update(_add_replica_copies(module, plan, values))
     pipeline = _PipelineBody(flat, plan, regions, pieces,
                              [module.variables_by_op, *getattr(module, "replica_variables", [])],
-                             getattr(module, "collective_tokens", None), outputs)
+                             getattr(module, "collective_tokens", None), outputs, captured)
     module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
     try:
         concrete = module.serve.get_concrete_function()
     except (ValueError, TypeError, tf.errors.OpError) as exc:
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
-    tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete})
+    # Custom gradients (Keras's swish) are not saved: in a process that exported the
+    # model, their registered functions capture tensors of the exporter's graph, which
+    # saving refuses; the step's gradients are ops of the graph already.
+    tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete},
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return device_of
 
 
@@ -218,11 +241,13 @@ class _PipelineBody:
     micro-batch weighted by its share of the batch, and imports the update once.
     """
 
-    def __init__(self, flat, plan, regions, pieces, variables, tokens, outputs):
+    def __init__(self, flat, plan, regions, pieces, variables, tokens, outputs, captured):
         """``variables``: a dict (op name -> ``tf.Variable``) per copy of the variables
         (one, or one per replica of an all-reducing plan); ``tokens``: per device of a
-        replica, a resource on it that orders its collectives (None without)."""
+        replica, a resource on it that orders its collectives (None without);
+        ``captured``: the loaded tables and assets, by op name (every copy shares them)."""
         self.flat, self.plan, self.regions = flat, plan, regions
+        self.captured = captured
         self.pieces, self.variables, self.outputs = pieces, variables, outputs
         self.tokens = tokens
         self.stages = sorted({k for k, phase in pieces if phase != UPDATE})
@@ -241,7 +266,10 @@ class _PipelineBody:
         graph = tf.compat.v1.get_default_graph()
         m_count = self.plan.microbatches
         keys = sorted(self.flat.inputs)
-        handles = [{f"{name}:0": graph.capture(var.handle) for name, var in copy.items()}
+        shared = {f"{name}:0": graph.capture(captured_tensor(obj))
+                  for name, obj in self.captured.items()}
+        handles = [{**shared, **{f"{name}:0": graph.capture(var.handle)
+                                 for name, var in copy.items()}}
                    for copy in self.variables]
         first_device = self.device[self.stages[0]]
         with tf.device(first_device):
@@ -586,9 +614,11 @@ def _piece_graphs(flat, assignment, stage_of, phase_of):
     nodes reading nothing else of their piece gated."""
     tf = tensorflow()
     skip = {p for p, _, _ in flat.inputs.values()} | set(flat.variable_ops.values())
+    handles = [c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS]
     pieces = {}
     for node in flat.graph_def.node:
-        if node.name in skip:
+        if node.name in skip or any(node.name == h or node.name.startswith(f"{h}/")
+                                    for h in handles):
             continue
         phase = phase_of[node.name]
         key = (UPDATE, UPDATE) if phase == UPDATE else (stage_of[node.name], phase)

@@ -4,7 +4,8 @@ One signature is read (``serving_default`` unless named). Its function and every
 function it calls are inlined into one flat graph whose op names carry the call site
 (``StatefulPartitionedCall/model/dense/MatMul``), the same names TensorFlow's own
 function inlining gives them at run time. Control-flow ops (``While``, ``If``, ``Case``)
-stay single ops. The signature's captured variables become ``VarHandleOp`` ops named
+stay single ops, and so do calls of functions TensorFlow must compile whole with XLA
+(:func:`rewriters.functions.inlined_callee`). The signature's captured variables become ``VarHandleOp`` ops named
 ``variables/<object id>/<variable name>``. The flat graph is imported into a
 ``tf.Graph`` with the inputs fixed at the compile batch size, so TensorFlow's shape
 inference gives every tensor a concrete shape, hence FLOPs and bytes.
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rewriters.captures import add_capture, resource_bytes
 from rewriters.fusion import fusion_groups
-from rewriters.functions import (body_functions, callee,
+from rewriters.functions import (body_functions, callee, inlined_callee,
                                  library_index, split_input, topological_nodes)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
@@ -30,7 +32,8 @@ from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
 from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
                            check_tensor_sizes)
-from tfpart.ops import CONTROL_FLOW_OPS, HOST_ONLY_OPS, RESOURCE_WRITE_OPS
+from tfpart.ops import (CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS,
+                        RESOURCE_WRITE_OPS)
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
@@ -46,10 +49,13 @@ class ModelInfo:
     batch_size: int
     inputs: dict  # signature input name -> (shape at batch size, dtype)
     variable_ops: dict = field(default_factory=dict)  # object-graph node id -> op name
+    # the other captures (constants, resources, assets): node id -> rewriters.captures.Capture
+    captures: dict = field(default_factory=dict)
     signatures: list = field(default_factory=list)
     fusion_groups: list = field(default_factory=list)  # lists of ops run as one kernel
     unread_variables: dict = field(default_factory=dict)  # node id -> (op name, bytes)
     training: bool = False  # the signature updates variables from the batch
+    format: str = "tf2"  # "tf1": a MetaGraphDef with signatures and no object graph
     nonlinear: list = field(default_factory=list)  # ops making samples depend on the batch
 
 
@@ -94,7 +100,12 @@ class FlatSignature:
 
 
 def flatten_signature(proto, path="", batch_size=None, signature=None):
-    """Inline one signature of a SavedModel proto into a :class:`FlatSignature`."""
+    """Inline one signature of a SavedModel proto into a :class:`FlatSignature` (of a
+    TF1 SavedModel: :func:`rewriters.tf1_reader.flatten_tf1_signature`)."""
+    from rewriters.tf1_reader import flatten_tf1_signature, is_tf1
+
+    if is_tf1(proto):
+        return flatten_tf1_signature(proto, path, batch_size, signature)
     tf = tensorflow()
     meta = proto.meta_graphs[0]
     signature = choose_signature(meta, signature, path)
@@ -105,7 +116,7 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
         if root in objects.concrete_functions else []
     n_inputs = len(functions[root].signature.input_arg) - len(bound)
     if batch_size is None:
-        batch_size = _signature_batch(meta.signature_def[signature]) or 1
+        batch_size = signature_batch(meta.signature_def[signature]) or 1
 
     flat = tf.compat.v1.GraphDef()
     flat.library.CopyFrom(meta.graph_def.library)
@@ -123,18 +134,21 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
             placeholder.name, tuple(shape),
             tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
         arg_sources.append(f"{placeholder.name}:0")
-    for node_id in bound:
-        variable = objects.nodes[node_id].variable
-        name = variable_op_name(node_id, variable)
-        _add_variable_node(flat, name, variable)
-        variable_ops[node_id] = name
-        arg_sources.append(f"{name}:0")
+    call_data = [t for t in call.input if not t.startswith("^")]
+    captures = {}
+    for k, node_id in enumerate(bound):
+        capture = add_capture(flat, meta, node_id, call_data[n_inputs + k], path)
+        captures[node_id] = capture
+        if capture.kind == "variable":
+            variable_ops[node_id] = capture.op_name
+        arg_sources.append(f"{capture.op_name}:0")
     outputs = _Inliner(flat, functions, path).inline(root, "", arg_sources, [])
     for node in flat.node:
         node.attr.pop("_output_shapes", None)
     info = ModelInfo(signature=signature, root_function=root, batch_size=batch_size,
                      inputs={k: (shape, dtype) for k, (_, shape, dtype) in inputs.items()},
                      variable_ops=variable_ops,
+                     captures={i: c for i, c in captures.items() if c.kind != "variable"},
                      signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
     return FlatSignature(graph_def=flat, inputs=inputs, outputs=outputs,
                          variable_ops=variable_ops, info=info)
@@ -186,20 +200,26 @@ def read_model(proto, path="", batch_size=None, signature=None):
         Size of unknown leading dimensions; default from the signature, else 1.
     signature : str, optional
         Signature to read; default ``serving_default`` or the first one.
+
+    A TF1 SavedModel is read by :func:`rewriters.tf1_reader.read_tf1_model`.
     """
     if batch_size is not None:
         check_batch_size(batch_size, path)
+    from rewriters.tf1_reader import is_tf1, read_tf1_model
+
+    if is_tf1(proto):
+        return read_tf1_model(proto, path, batch_size, signature)
     flat = flatten_signature(proto, path, batch_size, signature)
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
     graph = import_flat(flat, path)
     with graph.as_default():
-        opgraph = _to_opgraph(graph, objects, flat.variable_ops, flat.info.batch_size,
-                              library_index(meta.graph_def.library))
+        opgraph = opgraph_of(graph, _capture_bytes(meta, flat, path),
+                              flat.info.batch_size, library_index(meta.graph_def.library))
     check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
     flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
-    _merge_colocation_groups(opgraph, flat.info.fusion_groups)
-    _merge_colocation_groups(opgraph, optimizer_slot_groups(
+    merge_colocation_groups(opgraph, flat.info.fusion_groups)
+    merge_colocation_groups(opgraph, optimizer_slot_groups(
         opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
     if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
         _mark_phases(opgraph, flat.info, proto, path, signature)
@@ -284,7 +304,7 @@ def optimizer_slot_groups(opgraph, variables, inputs):
     return groups
 
 
-def _merge_colocation_groups(opgraph, groups):
+def merge_colocation_groups(opgraph, groups):
     """Merge the colocation groups of ops that must run on one device (one fused
     kernel, a variable with its optimizer slots)."""
     labels = UnionFind()
@@ -298,7 +318,7 @@ def _merge_colocation_groups(opgraph, groups):
         attrs["colocation"] = new_label.get(attrs["colocation"], attrs["colocation"])
 
 
-def _signature_batch(signature_def):
+def signature_batch(signature_def):
     for tensor in signature_def.inputs.values():
         dims = tensor.tensor_shape.dim
         if dims and dims[0].size > 0:
@@ -311,14 +331,6 @@ def _variable_bytes(variable):
 
     shape = tuple(max(d.size, 1) for d in variable.shape.dim)
     return tensor_bytes(shape, dtypes.as_dtype(variable.dtype).name)
-
-
-def _add_variable_node(flat, name, variable):
-    node = flat.node.add(name=name, op="VarHandleOp")
-    node.attr["dtype"].type = variable.dtype
-    node.attr["shape"].shape.CopyFrom(variable.shape)
-    node.attr["shared_name"].s = name.encode()
-    node.attr["container"].s = b""
 
 
 class _Inliner:
@@ -378,7 +390,7 @@ class _Inliner:
 
         for node in nodes:
             inputs = [t for text in node.input for t in resolve(text)]
-            target = callee(node, self.functions)
+            target = inlined_callee(node, self.functions)
             if target is not None:
                 data = [t for t in inputs if not t.startswith("^")]
                 control = [t for t in inputs if t.startswith("^")]
@@ -492,25 +504,34 @@ def _sliced(op):
     return {"sliced": {"input": index, "axis": axis, "producer": op.inputs[index].op.name}}
 
 
-def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
+def _capture_bytes(meta, flat, path):
+    """Persistent bytes of each captured variable and resource, by flat op name."""
+    objects = meta.object_graph_def
+    owned = {name: _variable_bytes(objects.nodes[node_id].variable)
+             for node_id, name in flat.variable_ops.items()}
+    owned.update({capture.op_name: resource_bytes(meta, node_id, path or None)
+                  for node_id, capture in flat.info.captures.items()
+                  if capture.kind == "resource"})
+    return owned
+
+
+def opgraph_of(graph, owned, batch_size, functions):
+    """The OpGraph of ``graph``; ``owned`` gives the persistent bytes of the ops that
+    own state (variables, resources), which also name their colocation groups."""
     opgraph = OpGraph()
     groups = UnionFind()
-    variables = {name: node_id for node_id, name in variable_ops.items()}
     body_cost = _BodyCost(functions, batch_size)
     for op in graph.get_operations():
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
         outputs = [(_concrete(t.shape, batch_size), t.dtype.name) for t in op.outputs]
         dtypes = {t.dtype.name for t in list(op.inputs) + list(op.outputs)}
-        if op.type in CONTROL_FLOW_OPS:
+        if op.type in CONTROL_FLOW_OPS or op.type in CALL_OPS:  # kept whole
             flops = body_cost.flops(op, in_shapes)
         else:
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
         bytes_accessed = (sum(tensor_bytes(s, t.dtype.name) for s, t in zip(in_shapes, op.inputs))
                           + sum(tensor_bytes(s, d) for s, d in outputs))
-        param_bytes = 0
-        if op.name in variables:
-            variable = objects.nodes[variables[op.name]].variable
-            param_bytes = _variable_bytes(variable)
+        param_bytes = owned.get(op.name, 0)
         host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
         opgraph.add_op(op.name, op_type=op.type, outputs=outputs, input_shapes=tuple(in_shapes),
                        flops=float(flops),
@@ -519,9 +540,11 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
                        stateful=bool(op.op_def.is_stateful) if op.op_def else False,
                        **_sliced(op))
         for k, tensor in enumerate(op.inputs):
+            if tensor.op.type in LOOP_BACK_OPS:
+                continue  # a v1 while loop's back edge: the loop is one unit, no cycle
             nbytes = tensor_bytes(in_shapes[k], tensor.dtype.name)
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
-            if tensor.dtype.name == "resource":
+            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref"):
                 groups.union(op.name, tensor.op.name)
         for dep in op.control_inputs:
             opgraph.add_edge(dep.name, op.name, control=True)
@@ -534,15 +557,15 @@ def _to_opgraph(graph, objects, variable_ops, batch_size, functions):
         members.setdefault(groups.find(name), []).append(name)
     for group in members.values():
         # Name a group after its variable when it has one, else its first op.
-        label = min(group, key=lambda n: (n not in variables, n))
+        label = min(group, key=lambda n: (n not in owned, n))
         for name in group:
             opgraph.ops[name]["colocation"] = label
     return opgraph
 
 
 class _BodyCost:
-    """FLOPs of a control-flow op: its bodies' ops at the op's input shapes (one trip of a
-    loop, the costlier branch of a conditional)."""
+    """FLOPs of a control-flow op or a call kept whole: its bodies' ops at the op's input
+    shapes (one trip of a loop, the costlier branch of a conditional)."""
 
     def __init__(self, functions, batch_size):
         self.functions = functions
@@ -579,5 +602,6 @@ class _BodyCost:
         return sum(per_body) if loops else max(per_body)
 
 
-__all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat", "read_model",
+__all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat",
+           "merge_colocation_groups", "opgraph_of", "read_model", "signature_batch",
            "variable_op_name"]

@@ -18,8 +18,8 @@ def local_device_map(device_names):
 
 
 def remap_devices(proto, mapping):
-    """A copy of ``proto`` whose node and variable devices are renamed by ``mapping``
-    (names not in it are left alone)."""
+    """A copy of ``proto`` whose node, variable and resource devices are renamed by
+    ``mapping`` (names not in it are left alone)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     new = saved_model_pb2.SavedModel()
@@ -31,6 +31,7 @@ def remap_devices(proto, mapping):
     for node in nodes:
         node.device = mapping.get(node.device, node.device)
     for obj in meta.object_graph_def.nodes:
-        if obj.HasField("variable"):
-            obj.variable.device = mapping.get(obj.variable.device, obj.variable.device)
+        if obj.HasField("variable") or obj.HasField("resource"):  # variables and tables
+            saved = getattr(obj, obj.WhichOneof("kind"))
+            saved.device = mapping.get(saved.device, saved.device)
     return new

@@ -54,9 +54,10 @@ def read_saved_model(path):
     if not proto.meta_graphs:
         raise ModelError(pb, "corrupt or truncated saved_model.pb (no meta graph)")
     meta = proto.meta_graphs[0]
-    if not meta.HasField("object_graph_def") or not meta.object_graph_def.nodes:
-        raise ModelError(pb, "not a TensorFlow 2 SavedModel (no object graph); "
-                         "re-export it with tf.saved_model.save or Keras model.export")
+    tf2 = meta.HasField("object_graph_def") and meta.object_graph_def.nodes
+    if not tf2 and not [k for k in meta.signature_def if not k.startswith("__")]:
+        raise ModelError(pb, "neither a TensorFlow 2 SavedModel (no object graph) nor a "
+                         "TensorFlow 1 one (no signatures)")
     return proto
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
 from rewriters.reader import tensor_shapes
-from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, VARIABLE_OPS
+from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, STATE_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 #: Ops whose outputs depend on their inputs' shapes only (a gradient's seed of ones).
@@ -132,7 +132,7 @@ def classify(ops, batched, outputs):
     phase = {name: (FORWARD if name in forward else BACKWARD) if name in per_micro
              else UPDATE for name in by_name}
     # Variable handles are captured by every region alike; they are not accumulated.
-    computed = per_micro - {n for n, t, *_ in ops if t in VARIABLE_OPS}
+    computed = per_micro - {n for n, t, *_ in ops if t in STATE_OPS}
     boundary = {t for name, _, inputs, _, _ in ops if phase[name] == UPDATE
                 for t in inputs if producer.get(t) in computed}
     boundary |= {t for t in outputs if producer.get(t) in computed}

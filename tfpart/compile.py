@@ -19,6 +19,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
+from partitioner.validate import check_kernels
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, model_errors
 from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
@@ -146,6 +147,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     pipeline = pipeline or microbatches is not None or schedule is not None
     cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
                      tf32=tf32)
+    try:
+        check_kernels(cost)
+    except PlacementError as exc:
+        raise PlacementError(cluster.source, exc.problem) from None
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
@@ -157,6 +162,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
                                          "dimension to split") for name in names[1:]}
         names = names[:1]
+    if info.format == "tf1":
+        refused = [name for name in names if name in REBUILT]
+        failures.update({name: PlacementError(model_dir, TF1_REBUILT) for name in refused})
+        names = [name for name in names if name not in refused]
     for name in names:
         step(f"partitioning {len(graph)} ops into "
              f"{what.get(name, f'a placement with {name}')}")
@@ -175,7 +184,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                     "fusion_groups": info.fusion_groups,
                     "unread_variables": unread_variables(info, cluster),
                     "cluster_file": cluster.source, "devices": cluster.device_names,
-                    "signature": info.signature,
+                    "signature": info.signature, "format": info.format,
                     "batch_size": info.batch_size, "tf32": cost.tf32,
                     "profiles": [str(p) for p in profiles or ()], "inputs": {
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
@@ -190,6 +199,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 # what --strategy auto compares; on equal steps the first (the simplest) wins
 STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split", "hybrid")
+# strategies whose plans the pipeline pass rebuilds as a new TF2 function
+REBUILT = ("pipeline", "data_parallel", "filter_split", "hybrid")
+TF1_REBUILT = ("a TensorFlow 1 SavedModel is compiled to an op placement only (stages, "
+               "replicas and splits rebuild the signature as a TensorFlow 2 function)")
 
 
 def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):

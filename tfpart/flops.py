@@ -80,8 +80,16 @@ def einsum_flops(equation, inputs, outputs):
 
 
 def op_flops(op_type, inputs, outputs, attrs):
-    """FLOPs of one op; shapes are lists of int tuples, attrs plain Python values."""
+    """FLOPs of one op; shapes are lists of int tuples, attrs plain Python values (an
+    empty shape among a matmul's or convolution's operands is one TensorFlow could not
+    infer, as in a ``tf.compat.v1.while_loop``'s body: 0 FLOPs).
+
+    >>> op_flops("MatMul", [(), (3, 3)], [()], {})
+    0
+    """
     if op_type in MATMUL_OPS:
+        if any(not shape for shape in inputs[:3]):
+            return 0
         return matmul_like_flops(op_type, inputs, outputs, attrs)
     if op_type in FREE_OPS or op_type in DATA_MOVEMENT_OPS or not outputs:
         return 0

@@ -60,15 +60,39 @@ RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVaria
 # Where weights come from: variables, their reads, constants.
 WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 VARIABLE_OPS = {"VarHandleOp", "VariableV2"}  # the variables themselves
-# Kernels that exist only on the host CPU (Python callbacks, I/O, strings, tables).
+# Lookup tables (Keras StringLookup, IntegerLookup, TextVectorization) and their ops:
+# TensorFlow registers their kernels for the CPU only.
+TABLE_CREATORS = {"HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+                  "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
+                  "MutableDenseHashTable", "MutableDenseHashTableV2", "AnonymousHashTable",
+                  "AnonymousMutableHashTable", "AnonymousMutableHashTableOfTensors",
+                  "AnonymousMutableDenseHashTable"}
+TABLE_OPS = TABLE_CREATORS | {
+             "LookupTableFind", "LookupTableFindV2",
+             "LookupTableInsert", "LookupTableInsertV2", "LookupTableRemoveV2",
+             "LookupTableImport", "LookupTableImportV2", "LookupTableExport",
+             "LookupTableExportV2", "LookupTableSize", "LookupTableSizeV2",
+             "InitializeTable", "InitializeTableV2", "InitializeTableFromTextFile",
+             "InitializeTableFromTextFileV2", "InitializeTableFromDataset"}
+# Kernels that exist only on the host CPU (Python callbacks, I/O, strings, tables,
+# ragged-tensor conversions). Any op with a string input or output is host-only too.
 HOST_ONLY_OPS = {"PyFunc", "EagerPyFunc", "PyFuncStateless", "PrintV2", "Print",
                  "SaveV2", "RestoreV2", "MergeV2Checkpoints", "ShardedFilename",
                  "ReadFile", "WriteFile", "DecodeJpeg", "DecodePng", "DecodeImage",
                  "EncodeJpeg", "EncodePng", "ParseExample", "ParseExampleV2",
-                 "ParseSingleExample", "HashTableV2", "LookupTableFindV2",
-                 "LookupTableImportV2", "MutableHashTableV2"}
+                 "ParseSingleExample", "RaggedTensorToTensor", "RaggedTensorToSparse",
+                 "RaggedTensorToVariant", "RaggedTensorFromVariant", "RaggedGather",
+                 "RaggedRange", "RaggedCross", "RaggedBincount", "SparseBincount",
+                 *TABLE_OPS}
+# Ops that own state which every micro-batch and replica shares: variables and tables.
+STATE_OPS = VARIABLE_OPS | TABLE_CREATORS
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
 CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase"}
+# tf.compat.v1.while_loop (control flow v1): a cycle entered by Enter, closed by
+# NextIteration's back edge, left by Exit.
+LOOP_ENTRY_OPS = {"Enter", "RefEnter"}
+LOOP_EXIT_OPS = {"Exit", "RefExit"}
+LOOP_BACK_OPS = {"NextIteration", "RefNextIteration"}
 
 
 def op_class(op_type):

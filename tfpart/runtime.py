@@ -31,6 +31,57 @@ def load(path):
         .SAVE_VARIABLE_DEVICES)
     return tf.saved_model.load(str(path), options=options)
 
+class SessionSignature:
+    """One signature of a TF1 SavedModel, run in a ``tf.compat.v1`` session: the loader
+    that honours every node's device, its variables' included (``tf.saved_model.load``
+    lifts a TF1 model's resource variables onto the default device). Called like a TF2
+    signature, with keyword tensors, it returns a dict of numpy arrays.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A TF1 SavedModel (:func:`rewriters.tf1_reader.is_tf1`).
+    signature : str
+    cpus : int
+        Logical CPU devices the session makes (one per cluster device, as
+        :func:`rewriters.remap.local_device_map` maps them).
+    """
+
+    def __init__(self, path, signature, cpus=1):
+        tf = tensorflow()
+        from rewriters.savedmodel_io import read_saved_model
+
+        tags = list(read_saved_model(path).meta_graphs[0].meta_info_def.tags)
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph, config=tf.compat.v1.ConfigProto(
+            device_count={"CPU": max(cpus, 1)}, allow_soft_placement=False))
+        meta = tf.compat.v1.saved_model.load(self.session, tags, str(path))
+        found = meta.signature_def[signature]
+        self.feeds = {key: info.name for key, info in found.inputs.items()}
+        self.fetches = {key: info.name for key, info in found.outputs.items()}
+        specs = {key: tf.TensorSpec(self.graph.get_tensor_by_name(name).shape,
+                                    self.graph.get_tensor_by_name(name).dtype, name=key)
+                 for key, name in self.feeds.items()}
+        self.structured_input_signature = ((), specs)
+
+    def __call__(self, options=None, run_metadata=None, **inputs):
+        feed = {self.feeds[key]: np.asarray(value) for key, value in inputs.items()}
+        return self.session.run(self.fetches, feed, options=options,
+                                run_metadata=run_metadata)
+
+    def run_with_placement(self, inputs):
+        """(outputs, {node: device}, {node: op type}) of one call, from the session's
+        partition graphs (the nodes it really ran, and where)."""
+        tf = tensorflow()
+        options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+        metadata = tf.compat.v1.RunMetadata()
+        outputs = self(options=options, run_metadata=metadata, **inputs)
+        nodes = [node for graph in metadata.partition_graphs for node in graph.node
+                 if not node.op.startswith("_")]
+        return (outputs, {node.name: node.device for node in nodes},
+                {node.name: node.op for node in nodes})
+
+
 def ensure_local_cpus(count):
     """Make at least ``count`` logical CPU devices, if TensorFlow has not started yet."""
     tf = tensorflow()

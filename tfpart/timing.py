@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
-from tfpart.runtime import load, random_inputs, runnable
+from tfpart.runtime import SessionSignature, load, random_inputs, runnable
 from tfpart.servers import cluster_errors
 
 def timed_calls(fn, repeats, warmup=0):
@@ -36,12 +38,14 @@ def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmu
             cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
-        signature = load(local_dir).signatures[plan.context["signature"]]
+        signature = SessionSignature(local_dir, plan.context["signature"], len(
+            plan.context.get("devices") or ())) if plan.context.get("format") == "tf1" \
+            else load(local_dir).signatures[plan.context["signature"]]
         batch = batch_size or plan.context["batch_size"]
         inputs = random_inputs(signature, batch, seed)
 
         times = timed_calls(
-            lambda: [t.numpy() for t in tensorflow().nest.flatten(signature(**inputs))],
+            lambda: [np.asarray(t) for t in tensorflow().nest.flatten(signature(**inputs))],
             repeats, warmup)
     median = statistics.median(times)
     return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,

@@ -12,7 +12,8 @@ import numpy as np
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
 from tfpart.plan import device_stand_ins, replica_device
-from tfpart.runtime import canonical_device, load, random_inputs, runnable, same_device
+from tfpart.runtime import (SessionSignature, canonical_device, load, random_inputs,
+                            runnable, same_device)
 from tfpart.servers import cluster_errors
 from tfpart.splits import part_of
 
@@ -93,11 +94,16 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         with cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
-            compiled = load(local_dir)
-            outputs, placed, op_types = run_with_placement(
-                compiled.signatures[signature], inputs)
+            if plan.context.get("format") == "tf1":  # its variables are ops of the graph
+                outputs, placed, op_types = SessionSignature(
+                    local_dir, signature, len(device_map)).run_with_placement(inputs)
+                variables = []
+            else:
+                compiled = load(local_dir)
+                outputs, placed, op_types = run_with_placement(
+                    compiled.signatures[signature], inputs)
+                variables = _variable_devices(compiled)
             actual = _as_arrays(outputs)
-            variables = _variable_devices(compiled)
     diffs = [float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
              for a, e in zip(actual, expected)]
     equal = len(actual) == len(expected) and all(

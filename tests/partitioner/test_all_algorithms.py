@@ -88,3 +88,50 @@ def test_ilp_infeasible_memory_names_the_binding_limit():
     cluster = cluster_of_devices(["cpu", "cpu"], memory="1MB")
     with pytest.raises(PlacementError, match="big needs 5.0 MB"):
         ilp.partition(CostModel(graph, cluster))
+
+
+@st.composite
+def graphs_with_host_ops(draw):
+    """Random DAGs in which some ops (strings, hash tables) run on a host CPU only,
+    some of them colocated with their first input (a table and its lookups)."""
+    graph = draw(random_dags(min_ops=2, max_ops=10, restricted=True))
+    for op in graph.ops:
+        if draw(st.integers(0, 3)) == 0:
+            graph.ops[op]["allowed_kinds"] = frozenset({"cpu"})
+            inputs = list(graph.in_edges(op))
+            if inputs and draw(st.booleans()):
+                graph.ops[op]["colocation"] = graph.ops[inputs[0]]["colocation"]
+    return graph
+
+
+@settings(max_examples=12, deadline=None)
+@given(graphs_with_host_ops(), random_clusters(min_devices=1, max_devices=5),
+       st.integers(1, 8))
+def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, cluster, batch):
+    """Each strategy of ``--strategy auto`` gives a valid plan, every replica's ops on
+    devices with their kernels, or a PlacementError; nothing else escapes."""
+    import dataclasses
+
+    from partitioner.registry import get
+    from partitioner.validate import kernel_problem
+    from tfpart.compile import STRATEGIES
+    from tfpart.errors import PlacementError
+
+    cost = CostModel(graph, cluster)
+    kind = {d.name: d.kind.name for d in cluster.devices}
+    for name in STRATEGIES:
+        algorithm = get(name)
+        options = algorithm.options()
+        if "batch_size" in {f.name for f in dataclasses.fields(options)}:
+            options = dataclasses.replace(options, batch_size=batch)
+        try:
+            plan = algorithm.partition(cost, options=options)
+        except PlacementError as exc:
+            assert str(exc.problem).strip() and "\n" not in exc.problem
+            continue
+        assert kernel_problem(cost) is None, name
+        check_plan(plan, graph, cluster)
+        for placement in (plan.replicas or {}).get("placements") or ():
+            for op, device in placement.items():
+                allowed = graph.ops[op]["allowed_kinds"]
+                assert allowed is None or kind[device] in allowed, (name, op, device)

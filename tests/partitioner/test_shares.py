@@ -25,8 +25,20 @@ def test_a_faster_device_never_gets_less(total, speeds):
             assert shares[i] >= shares[j]
 
 
-@pytest.mark.parametrize("total, speeds", [(-1, [1.0]), (3, []), (3, [1.0, 0.0]),
-                                           (3, [float("inf")])])
+@given(st.integers(min_value=0, max_value=10_000), speeds,
+       st.lists(st.integers(0, 7), min_size=1, max_size=8))
+def test_a_device_of_speed_zero_gets_no_share(total, speeds, stopped):
+    speeds = [0.0 if i in stopped else s for i, s in enumerate(speeds)]
+    if not any(speeds):
+        return
+    shares = proportional_shares(total, speeds)
+    assert sum(shares) == total
+    assert all(share == 0 for share, speed in zip(shares, speeds) if speed == 0)
+
+
+@pytest.mark.parametrize("total, speeds", [(-1, [1.0]), (3, []), (3, [0.0, 0.0]),
+                                           (3, [1.0, -1.0]), (3, [float("inf")]),
+                                           (3, [float("nan"), 1.0])])
 def test_impossible_requests_are_refused(total, speeds):
     with pytest.raises(ValueError):
         proportional_shares(total, speeds)

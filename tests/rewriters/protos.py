@@ -77,3 +77,58 @@ def variables_of(proto):
     return {obj.variable.name: obj.variable.device
             for obj in proto.meta_graphs[0].object_graph_def.nodes
             if obj.HasField("variable")}
+
+
+TABLE = """
+meta_graphs {
+  graph_def {
+    node { name: "keys" op: "Placeholder" }
+    node { name: "hash_table" op: "HashTableV2" }
+    node { name: "Const" op: "Const" }
+    node { name: "call" op: "StatefulPartitionedCall" input: "keys" input: "hash_table"
+           input: "Const" attr { key: "f" value { func { name: "f" } } } }
+    library {
+      function {
+        signature { name: "f"
+                    input_arg { name: "keys" type: DT_STRING }
+                    input_arg { name: "table" type: DT_RESOURCE }
+                    input_arg { name: "default" type: DT_INT64 }
+                    output_arg { name: "ids" type: DT_INT64 } }
+        node_def { name: "find" op: "LookupTableFindV2" input: "table" input: "keys"
+                   input: "default" }
+        ret { key: "ids" value: "find:values:0" }
+      }
+      function {
+        signature { name: "create" output_arg { name: "handle" type: DT_RESOURCE } }
+        node_def { name: "table" op: "HashTableV2" }
+        ret { key: "handle" value: "table:table_handle:0" }
+      }
+    }
+  }
+  signature_def { key: "serving_default"
+                  value { outputs { key: "ids" value { name: "call:0" } } } }
+  object_graph_def {
+    nodes { children { node_id: 1 local_name: "table" } }
+    nodes { resource { } children { node_id: 3 local_name: "_create_resource" } }
+    nodes { constant { operation: "Const" } }
+    nodes { bare_concrete_function { concrete_function_name: "create" } }
+    concrete_functions { key: "f" value { bound_inputs: 1 bound_inputs: 2 } }
+    concrete_functions { key: "create" value { } }
+  }
+}
+"""
+
+
+def table():
+    """A fresh SavedModel proto of :data:`TABLE`: ``ids = lookup(table, keys)`` in
+    function ``f``, the table (object 1, OpGraph name ``resources/1``) made by function
+    ``create``, its default value a captured constant (object 2)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    return text_format.Parse(TABLE, saved_model_pb2.SavedModel())
+
+
+def resources_of(proto):
+    """``[device]`` of each resource of the object graph, in order."""
+    return [obj.resource.device for obj in proto.meta_graphs[0].object_graph_def.nodes
+            if obj.HasField("resource")]

@@ -1,6 +1,7 @@
 """The placement rewriter on a hand-made proto (tests/rewriters/protos.py)."""
 from rewriters.placement import place_devices
-from tests.rewriters.protos import D0, D1, HOST, nodes_of, two_calls, variables_of
+from tests.rewriters.protos import (D0, D1, HOST, nodes_of, resources_of, table, two_calls,
+                                    variables_of)
 from tfpart.plan import Plan
 
 SPLIT = {"read": D1, "left/relu": D0, "right/relu": D1, "add": D0, "sum": D1,
@@ -60,3 +61,19 @@ def test_the_input_proto_is_not_modified():
     before = original.SerializeToString(deterministic=True)
     place_devices(original, plan_of(SPLIT), default_device=D0)
     assert original.SerializeToString(deterministic=True) == before
+
+
+def test_a_table_lives_where_its_lookups_run_and_is_made_there():
+    plan = plan_of({"resources/1": D1, "find": D1})
+    placed = place_devices(table(), plan, default_device=D0)
+    assert resources_of(placed) == [D1]
+    assert nodes_of(placed, "f")["find"].device == D1
+    assert nodes_of(placed, "create")["table"].device == D1
+    top = {node.name: node.device for node in placed.meta_graphs[0].graph_def.node}
+    assert top["hash_table"] == D1 and top["call"] == D1
+
+
+def test_a_table_the_plan_does_not_name_stays_on_the_host():
+    placed = place_devices(table(), plan_of({"find": D0}), default_device=D0)
+    assert resources_of(placed) == [HOST]
+    assert nodes_of(placed, "create")["table"].device == HOST

@@ -1,7 +1,8 @@
 """The device-remapping rewriter on a hand-made proto (tests/rewriters/protos.py)."""
 from rewriters.placement import place_devices
 from rewriters.remap import local_device_map, remap_devices
-from tests.rewriters.protos import D0, D1, HOST, nodes_of, two_calls, variables_of
+from tests.rewriters.protos import (D0, D1, HOST, nodes_of, resources_of, table, two_calls,
+                                    variables_of)
 from tfpart.plan import Plan
 
 GPU = "/job:worker/replica:0/task:1/device:GPU:0"
@@ -22,3 +23,11 @@ def test_every_node_and_variable_moves_by_the_map_and_others_stay():
 def test_local_map_sends_device_i_to_logical_cpu_i():
     mapping = local_device_map([GPU, D1])
     assert mapping == {GPU: D0, D1: D1}
+
+
+def test_tables_move_by_the_map_too():
+    placed = place_devices(table(), Plan(assignment={"resources/1": GPU, "find": GPU}),
+                           default_device=GPU)
+    remapped = remap_devices(placed, {GPU: D1})
+    assert resources_of(remapped) == [D1]
+    assert nodes_of(remapped, "create")["table"].device == D1
