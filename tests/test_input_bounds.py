@@ -5,7 +5,6 @@ in a subprocess with a timeout and an address-space limit), never a traceback, a
 crash or a hang."""
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -25,12 +24,16 @@ TF_MEMORY = 6 * 2**30  # one that imports TensorFlow (its import maps about 2 GB
 def tfpart(*argv, timeout=60, memory=NO_TF_MEMORY):
     """Run ``python -m tfpart.cli argv`` with a timeout and an address-space limit;
     (exit code, stderr lines, seconds)."""
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
+    # The limit is set by the child itself before it execs the CLI: a ``preexec_fn`` runs
+    # Python between fork and exec, where gRPC's fork handlers (this process has loaded
+    # it) restart a poller thread whose epoll descriptor ``close_fds`` then closes, and
+    # the child aborts.
+    limited = ("import os, resource, sys; m = int(sys.argv[1]); "
+               "resource.setrlimit(resource.RLIMIT_AS, (m, m)); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'tfpart.cli', *sys.argv[2:]])")
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "tfpart.cli", *map(str, argv)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
+    done = subprocess.run([sys.executable, "-c", limited, str(memory), *map(str, argv)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return done.returncode, done.stderr.splitlines(), time.monotonic() - start
 
