@@ -149,8 +149,9 @@ def _plan(cost, groups, pinned, shared, options):
     where = dict(zip(replicated_cost.ops, (names[d] for d in device_of)))
     placements = [{op: where[f"rep{r}/{op}"] for op in cost.graph.ops
                    if op not in shared and op not in pinned} for r in range(len(groups))]
-    return Plan(
-        assignment={op: where.get(op, names[home]) for op in cost.graph.ops}, algorithm="hybrid",
+    return Plan(  # the assignment is the first replica's, as for replicas of a pipeline
+        assignment={op: where.get(op) or placements[0].get(op) or names[home]
+                    for op in cost.graph.ops}, algorithm="hybrid",
         options=figures.options, stages={op: 0 for op in cost.graph.ops if op not in shared},
         microbatches=len(groups),
         schedule="gpipe" if is_training_graph(cost.graph) else None,

@@ -13,7 +13,7 @@ from tfpart.graph import OpGraph
 from tfpart.plan import Plan
 from partitioner.validate import check_plan
 
-PROPERTY = settings(max_examples=60, deadline=None)
+PROPERTY = settings(max_examples=40, deadline=None)
 
 
 @PROPERTY
