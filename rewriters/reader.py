@@ -34,6 +34,7 @@ from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
                            check_tensor_sizes)
 from tfpart.ops import (CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS,
                         RESOURCE_WRITE_OPS)
+from tfpart.phases import timed
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
@@ -188,7 +189,7 @@ def tensor_shapes(proto, path, batch_size, signature=None):
     return shapes, ops, flats[0]
 
 
-def read_model(proto, path="", batch_size=None, signature=None):
+def read_model(proto, path="", batch_size=None, signature=None, timings=None):
     """OpGraph and ModelInfo of one signature of a SavedModel proto.
 
     Parameters
@@ -200,6 +201,9 @@ def read_model(proto, path="", batch_size=None, signature=None):
         Size of unknown leading dimensions; default from the signature, else 1.
     signature : str, optional
         Signature to read; default ``serving_default`` or the first one.
+    timings : dict, optional
+        Gets the seconds of the analysis (Grappler's fusions, colocation groups, a
+        training step's phases) as ``"analyse"`` (:func:`tfpart.phases.timed`).
 
     A TF1 SavedModel is read by :func:`rewriters.tf1_reader.read_tf1_model`.
     """
@@ -208,7 +212,7 @@ def read_model(proto, path="", batch_size=None, signature=None):
     from rewriters.tf1_reader import is_tf1, read_tf1_model
 
     if is_tf1(proto):
-        return read_tf1_model(proto, path, batch_size, signature)
+        return read_tf1_model(proto, path, batch_size, signature, timings)
     flat = flatten_signature(proto, path, batch_size, signature)
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
@@ -217,12 +221,13 @@ def read_model(proto, path="", batch_size=None, signature=None):
         opgraph = opgraph_of(graph, _capture_bytes(meta, flat, path),
                               flat.info.batch_size, library_index(meta.graph_def.library))
     check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
-    flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
-    merge_colocation_groups(opgraph, flat.info.fusion_groups)
-    merge_colocation_groups(opgraph, optimizer_slot_groups(
-        opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
-    if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
-        _mark_phases(opgraph, flat.info, proto, path, signature)
+    with timed(timings, "analyse"):
+        flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
+        merge_colocation_groups(opgraph, flat.info.fusion_groups)
+        merge_colocation_groups(opgraph, optimizer_slot_groups(
+            opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
+        if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
+            _mark_phases(opgraph, flat.info, proto, path, signature)
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),

@@ -31,6 +31,7 @@ from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.graph import UnionFind
 from tfpart.ops import LOOP_BACK_OPS, LOOP_ENTRY_OPS, LOOP_EXIT_OPS, VARIABLE_OPS
+from tfpart.phases import timed
 
 
 def is_tf1(proto):
@@ -111,7 +112,7 @@ def _needed(nodes, outputs, inputs):
     return needed
 
 
-def read_tf1_model(proto, path="", batch_size=None, signature=None):
+def read_tf1_model(proto, path="", batch_size=None, signature=None, timings=None):
     """OpGraph and ModelInfo of one signature of a TF1 SavedModel (see
     :func:`rewriters.reader.read_model`)."""
     from rewriters.fusion import fusion_groups
@@ -125,9 +126,11 @@ def read_tf1_model(proto, path="", batch_size=None, signature=None):
     with graph.as_default():
         opgraph = opgraph_of(graph, owned, flat.info.batch_size,
                              {f.signature.name: f for f in meta.graph_def.library.function})
-    merge_colocation_groups(opgraph, loop_frames(graph) + switch_groups(graph))
-    flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
-    merge_colocation_groups(opgraph, flat.info.fusion_groups)
+    with timed(timings, "analyse"):
+        merge_colocation_groups(opgraph, loop_frames(graph) + switch_groups(graph))
+        flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(),
+                                                flat.outputs)
+        merge_colocation_groups(opgraph, flat.info.fusion_groups)
     read = set(flat.variable_ops)
     for node in meta.graph_def.node:
         if node.op in VARIABLE_OPS and node.name not in read:

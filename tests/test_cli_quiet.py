@@ -104,3 +104,16 @@ def test_successful_compile_prints_no_tensorflow_log(tmp_path, mode):
              or "oneDNN" in line or "absl" in line]
     assert noise == []
     assert "Outputs equal" in done.stdout
+    times = " ".join(done.stdout.split("Time: ")[1].split("Wrote ")[0].split())
+    assert [part.split()[0] for part in times.split(", ")] == [
+        "read", "analyse", "cost", "partition", "rewrite", "write", "verify", "picture",
+        "report"]
+
+
+def test_a_first_run_knows_it_compiles_the_kernels(tmp_path):
+    """With an empty numba cache (a fresh install) the kernels are still to compile,
+    which the CLI says while it partitions."""
+    probe = "from tfpart.compile import kernels_to_compile as k; print(len(k()))"
+    fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, timeout=300)
+    assert int(fresh.stdout) >= 20, fresh.stderr

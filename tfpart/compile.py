@@ -26,7 +26,8 @@ from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_d
                            check_tensors_fit)
 from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
-from tfpart.report import write_report
+from tfpart.phases import timed
+from tfpart.report import placement_section, write_report
 
 REPORT_FILE = "report.html"
 
@@ -133,24 +134,25 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
     check_planned_devices(cluster)
     step = progress or (lambda name: None)
-    timings = {}
-    t0 = time.perf_counter()
+    timings = {"read": 0.0, "analyse": 0.0}
     step("reading the SavedModel")
-    with model_errors(model_dir, "read it"):
+    with timed(timings, "read"), model_errors(model_dir, "read it"):
         proto = read_saved_model(model_dir)
         check_variables(model_dir)
-        graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature)
-    timings["read"] = time.perf_counter() - t0
+        graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
+                                 timings=timings)
+    timings["read"] -= timings["analyse"]
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
 
-    t0 = time.perf_counter()
     pipeline = pipeline or microbatches is not None or schedule is not None
-    cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
-                     tf32=tf32)
+    with timed(timings, "cost"):
+        cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
+                         tf32=tf32)
     try:
         check_kernels(cost)
     except PlacementError as exc:
         raise PlacementError(cluster.source, exc.problem) from None
+    t0 = time.perf_counter()
     names = STRATEGIES if strategy == "auto" and not pipeline else \
         ["pipeline" if pipeline else algorithm]
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
@@ -166,9 +168,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         refused = [name for name in names if name in REBUILT]
         failures.update({name: PlacementError(model_dir, TF1_REBUILT) for name in refused})
         names = [name for name in names if name not in refused]
+    first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
+        if kernels_to_compile() else ""
     for name in names:
         step(f"partitioning {len(graph)} ops into "
-             f"{what.get(name, f'a placement with {name}')}")
+             f"{what.get(name, f'a placement with {name}')}{first_run}")
         try:
             tried[name] = _partition(get_algorithm(name), options if len(names) == 1
                                      else None, cost, proto, model_dir, info, microbatches,
@@ -195,6 +199,31 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
             "refused": {name: failure.problem for name, failure in failures.items()}}
     return plan, graph, info, proto, timings
+
+
+KERNEL_MODULES = ("costmodel.arrays", "costmodel.simulate", "partitioner.earliest_finish",
+                  "partitioner.list_schedules", "partitioner.stage_dp")
+
+
+def kernels_to_compile():
+    """The numba kernels of tfpart (in :data:`KERNEL_MODULES`) with no compiled copy in
+    numba's cache yet: the first compile after install compiles them.
+
+    >>> isinstance(kernels_to_compile(), list)
+    True
+    """
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    missing = []
+    for name in KERNEL_MODULES:
+        for kernel in vars(importlib.import_module(name)).values():
+            cache = getattr(kernel, "_cache", None) if isinstance(kernel, Dispatcher) else None
+            index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+            if index and not Path(index).exists():
+                missing.append(f"{name}.{kernel.py_func.__name__}")
+    return missing
 
 
 # what --strategy auto compares; on equal steps the first (the simplest) wins
@@ -261,26 +290,29 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
     from rewriters.savedmodel_io import SavedModelParts, save
 
     plan, graph, info, proto, timings = planned
-    t0 = time.perf_counter()
     step = progress or (lambda name: None)
     extra = {"plan.json": plan.to_json(Path(out) / "plan.json")}
     reports = []
+    inner = {}  # the phases check_staged runs inside the write
 
     def check_staged(staging):
         """Verify (if asked) and write the report into the output before it moves in."""
-        timings["write"] = time.perf_counter() - t0
         if verify:
             from tfpart.verification import verify as run_and_compare
 
             step("running the original and compiled models")
-            reports.append(run_and_compare(model_dir, staging))
-            timings["verify"] = time.perf_counter() - t0 - timings["write"]
+            with timed(inner, "verify"):
+                reports.append(run_and_compare(model_dir, staging))
+        step("drawing the placement")
+        with timed(inner, "picture"):
+            picture = placement_section(plan, graph)
         step("writing the report")
-        cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
-                         tf32=plan.context.get("tf32"))
-        write_report(plan, graph, cluster, Path(staging) / REPORT_FILE,
-                     verification=reports[0] if reports else None, timings=timings,
-                     cost=cost)
+        with timed(inner, "report"):
+            cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
+                             tf32=plan.context.get("tf32"))
+            write_report(plan, graph, cluster, Path(staging) / REPORT_FILE,
+                         verification=reports[0] if reports else None,
+                         timings={**timings, **inner}, cost=cost, picture=picture)
 
     if verify:  # the pipeline pass starts TensorFlow: make the devices to verify on first
         from tfpart.runtime import ensure_local_cpus
@@ -290,11 +322,16 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
 
     tf = tensorflow()
     with os_errors(out, also=(tf.errors.OpError,)), temporary_folder(out, "rewrite") as workdir:
-        rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan, Path(workdir),
-                                  progress=lambda name: step(f"rewriting: {name}"))
+        with timed(timings, "rewrite"):
+            rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan,
+                                      Path(workdir),
+                                      progress=lambda name: step(f"rewriting: {name}"))
         step("writing the compiled SavedModel")
-        save(rewritten, out, force=force, extra_files=extra, check=check_staged,
-             staging=staging)
+        with timed(timings, "write"):
+            save(rewritten, out, force=force, extra_files=extra, check=check_staged,
+                 staging=staging)
+    timings["write"] -= sum(inner.values())
+    timings.update(inner)
     return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
                          timings=timings, notes=profile_notes(profiles, cluster),
                          verification=reports[0] if reports else None)

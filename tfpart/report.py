@@ -42,10 +42,13 @@ td:first-child, th:first-child { text-align: left; }
 """
 
 
-def write_report(plan, graph, cluster, path, verification=None, timings=None, cost=None):
+def write_report(plan, graph, cluster, path, verification=None, timings=None, cost=None,
+                 picture=None):
     """Write the report of ``plan`` to ``path`` (replaced atomically); return ``path``.
-    ``cost`` is the cost model the plan was made with (default: the roofline's)."""
-    page = report_html(plan, graph, cluster, verification, timings=timings, cost=cost)
+    ``cost`` is the cost model the plan was made with (default: the roofline's),
+    ``picture`` the placement section if already drawn (:func:`placement_section`)."""
+    page = report_html(plan, graph, cluster, verification, timings=timings, cost=cost,
+                       picture=picture)
     path = Path(path)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False,
                                      encoding="utf-8") as staged:
@@ -55,7 +58,8 @@ def write_report(plan, graph, cluster, path, verification=None, timings=None, co
     return path
 
 
-def report_html(plan, graph, cluster, verification=None, timings=None, cost=None):
+def report_html(plan, graph, cluster, verification=None, timings=None, cost=None,
+                picture=None):
     """The report page as a string."""
     from costmodel import CostModel
 
@@ -69,7 +73,7 @@ def report_html(plan, graph, cluster, verification=None, timings=None, cost=None
         "Algorithm": _algorithm(plan),
         "Per-device figures": _devices(plan),
         "Step time and bound": _bound(plan),
-        "Placement": _placement(plan, graph),
+        "Placement": picture or placement_section(plan, graph),
         "Schedule": _schedule(plan, cost),
         "Link traffic": _links(plan),
         "Pipeline": _pipeline(plan),
@@ -148,7 +152,9 @@ def _bound(plan):
     return text + "</p>"
 
 
-def _placement(plan, graph):
+def placement_section(plan, graph):
+    """The report's placement picture: inline SVG where Graphviz's ``dot`` is
+    installed, else its DOT source."""
     import shutil
 
     from tfpart.picture import placement_picture

@@ -1,0 +1,150 @@
+"""Compile time per phase and peak memory, for real models and synthetic graphs.
+
+    python -m benchmarks.compile_time                  # every model, a table
+    python -m benchmarks.compile_time --models example resnet50 --markdown
+
+Each real model (exported by Keras with random weights, once, into ``--work``) is
+compiled with ``tfpart compile`` on the default cluster, without ``--verify``, in a
+fresh process, twice: the first run after an empty numba cache (``first``: the kernels
+compile), the second with the cache (the time a user sees from then on). A row gives
+the phases of the second run (:mod:`tfpart.phases`), its total wall time, the first
+run's wall time and the peak resident memory. The synthetic graphs (random DAGs of
+10k and 100k ops on 8 GPUs, :mod:`benchmarks.synthetic`) time the cost model and the
+greedy partitioner alone, in this process.
+"""
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PHASES = ("read", "analyse", "cost", "partition", "rewrite", "write", "picture", "report")
+
+
+def export_dense_10k(path, layers=1250):
+    """A deep Keras MLP of about 10,000 ops (each Dense layer is MatMul, BiasAdd, Relu
+    and their variable reads)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((32,))
+    x = inputs
+    for _ in range(layers):
+        x = keras.layers.Dense(32, activation="relu")(x)
+    keras.Model(inputs, x).export(str(path), verbose=False)
+    return path
+
+
+def export_application(path, name):
+    """The ``keras.applications`` model ``name`` (random weights, 224 x 224)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    application = getattr(keras.applications, name)
+    application(weights=None, input_shape=(224, 224, 3)).export(str(path), verbose=False)
+    return path
+
+
+APPLICATIONS = {"resnet50": "ResNet50", "nasnet_mobile": "NASNetMobile"}
+
+
+def model_path(name, work):
+    """The SavedModel of ``name``, exported into ``work`` the first time."""
+    from profiles import DEFAULT_MODEL_DIR
+
+    if name == "example":
+        return DEFAULT_MODEL_DIR
+    path = Path(work) / name
+    if not (path / "saved_model.pb").exists():  # in a child: Keras keeps its graphs
+        call = f"export_application({str(path)!r}, {APPLICATIONS[name]!r})" \
+            if name in APPLICATIONS else f"export_{name}({str(path)!r})"
+        subprocess.run([sys.executable, "-c", f"from benchmarks.compile_time import *; {call}"],
+                       check=True, capture_output=True)
+    return path
+
+
+CHILD = """
+import json, resource, sys, time
+start = time.perf_counter()
+from tfpart.compile import compile_model
+result = compile_model(sys.argv[1], sys.argv[2], sys.argv[3], batch_size=1)
+print(json.dumps({"timings": result.timings, "ops": len(result.graph),
+                  "wall": time.perf_counter() - start,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def compile_once(model, out, numba_cache):
+    """Phase times, op count, wall seconds (imports included) and peak MB of one
+    compile of ``model`` in a fresh process."""
+    import os
+
+    from profiles import DEFAULT_CLUSTER_FILE
+
+    done = subprocess.run([sys.executable, "-c", CHILD, str(model), str(DEFAULT_CLUSTER_FILE),
+                           str(out)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(numba_cache),
+                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def model_row(name, work):
+    model = model_path(name, work)
+    with tempfile.TemporaryDirectory() as scratch:
+        first = compile_once(model, Path(scratch) / "first", Path(scratch) / "numba")
+        second = compile_once(model, Path(scratch) / "second", Path(scratch) / "numba")
+    row = {"model": name, "ops": second["ops"]}
+    row.update({phase: f"{second['timings'].get(phase, 0.0):.2f}" for phase in PHASES})
+    row.update({"total s": f"{second['wall']:.1f}", "first run s": f"{first['wall']:.1f}",
+                "peak MB": f"{second['peak_mb']:.0f}"})
+    return row
+
+
+def synthetic_row(ops):
+    from benchmarks.synthetic import random_cluster, random_dag
+    from costmodel import CostModel
+    from partitioner.registry import get
+
+    rng = np.random.default_rng(0)
+    graph, cluster = random_dag(ops, rng, window=50), random_cluster(8, rng)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    cost = CostModel(graph, cluster)
+    costed = time.perf_counter()
+    get("greedy").partition(cost)
+    done = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    row = {"model": f"random DAG {ops // 1000}k (partition only)", "ops": ops}
+    row.update({phase: "" for phase in PHASES})
+    row.update({"cost": f"{costed - start:.2f}", "partition": f"{done - costed:.2f}",
+                "total s": f"{done - start:.1f}", "first run s": "",
+                "peak MB": f"{max(peak, before) / 1024:.0f}"})
+    return row
+
+
+def main(argv=None):
+    from rich.console import Console
+
+    from benchmarks.markdown import show_rows
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["example", "resnet50",
+                                                        "nasnet_mobile", "dense_10k"])
+    parser.add_argument("--synthetic", nargs="*", type=int, default=[10_000, 100_000])
+    parser.add_argument("--work", default=Path(tempfile.gettempdir()) / "tfpart-compile-time")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    rows = [model_row(name, args.work) for name in args.models]
+    rows += [synthetic_row(ops) for ops in args.synthetic]
+    show_rows(Console(), "Compile time per phase (s), default cluster, batch 1", rows,
+              args.markdown)
+
+
+if __name__ == "__main__":
+    main()

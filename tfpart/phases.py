@@ -1,0 +1,25 @@
+"""The seconds each phase of a compile takes (read, analyse, cost, partition, rewrite,
+write, verify, picture, report), shown in the CLI's ``Time:`` line and the report.
+
+>>> timings = {}
+>>> with timed(timings, "read"):
+...     pass
+>>> list(timings), timings["read"] >= 0.0
+(['read'], True)
+>>> with timed(None, "read"):  # nobody asked: nothing recorded
+...     pass
+"""
+import time
+from contextlib import contextmanager
+
+
+@contextmanager
+def timed(timings, phase):
+    """Add the seconds the block takes to ``timings[phase]`` (nothing if ``timings`` is
+    None), also when it raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if timings is not None:
+            timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
