@@ -31,6 +31,7 @@ def export_dense_10k(path, layers=1250):
     and their variable reads)."""
     import keras
 
+    sys.setrecursionlimit(50_000)  # Keras walks a functional model's layers recursively
     keras.utils.set_random_seed(0)
     inputs = keras.Input((32,))
     x = inputs

@@ -74,10 +74,12 @@ def capture_op_name(node_id, obj):
     return f"{kind}s/{node_id}"
 
 
-def add_capture(flat, meta, node_id, source, path=""):
+def add_capture(flat, meta, node_id, source, path="", top=None):
     """Add to the GraphDef ``flat`` the op(s) feeding capture ``node_id`` of ``meta``'s
     object graph; ``source`` is the top-level tensor the signature's call node passes
-    for it. Returns the :class:`Capture`.
+    for it; ``top`` maps the names of ``meta``'s top-level nodes to them (made here if
+    not given: a caller adding many captures makes it once). Returns the
+    :class:`Capture`.
 
     Raises
     ------
@@ -88,7 +90,8 @@ def add_capture(flat, meta, node_id, source, path=""):
     obj = meta.object_graph_def.nodes[node_id]
     kind = capture_kind(obj)
     name = capture_op_name(node_id, obj)
-    top = {node.name: node for node in meta.graph_def.node}
+    if top is None and kind in ("constant", "resource"):
+        top = {node.name: node for node in meta.graph_def.node}
     if kind == "variable":
         _add_variable(flat, name, obj.variable)
     elif kind == "constant":

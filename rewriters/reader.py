@@ -138,7 +138,7 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
     call_data = [t for t in call.input if not t.startswith("^")]
     captures = {}
     for k, node_id in enumerate(bound):
-        capture = add_capture(flat, meta, node_id, call_data[n_inputs + k], path)
+        capture = add_capture(flat, meta, node_id, call_data[n_inputs + k], path, top_nodes)
         captures[node_id] = capture
         if capture.kind == "variable":
             variable_ops[node_id] = capture.op_name

@@ -112,3 +112,25 @@ def test_a_data_parallel_picture_says_every_replica_runs_every_op():
     title = placement_picture(plan, graph).dot.graph_attr["label"]
     assert title.startswith(f"data parallel: all {len(graph)} ops on each of 3 replicas")
     assert "nothing crosses" not in title
+
+
+def test_a_dense_tangle_draws_only_its_heaviest_edges_and_says_so():
+    """Every scope feeding every later one on alternating devices: 780 edges between
+    40 boxes; the picture keeps the 150 heaviest (crossing ones first) and its title
+    counts the rest, so Graphviz lays it out in well under a second."""
+    from tfpart.graph import OpGraph
+
+    graph = OpGraph()
+    names = [f"net/layer{k}/op" for k in range(40)]
+    for name in names:
+        graph.add_op(name)
+    for i, u in enumerate(names):
+        for j in range(i + 1, len(names)):
+            graph.add_edge(u, names[j], bytes=float(1000 * (i + j)))
+    plan = Plan(assignment={name: f"/device:CPU:{k % 2}" for k, name in enumerate(names)})
+    picture = placement_picture(plan, graph)
+    edges = [line for line in picture.dot.source.splitlines() if "->" in line]
+    assert len(edges) == 150 and picture.crossing == 150
+    assert picture.left_out == 780 - 150
+    assert f"the {780 - 150} lightest edges between boxes are not drawn" in \
+        picture.dot.graph_attr["label"]

@@ -1,0 +1,121 @@
+"""Every ``keras.applications`` model compiled with ``--verify``: the model zoo table.
+
+    python -m benchmarks.model_zoo                       # all of them, a table
+    python -m benchmarks.model_zoo --models ResNet50 Xception --cluster gpu --markdown
+
+Each model is built with random weights (``weights=None``, 10 classes) at the smallest
+input its builder accepts among 32 x 32 and 75 x 75, exported with Keras 3's
+``model.export``, and compiled at batch 2 with ``--strategy auto`` and ``--verify`` on
+the default cluster (or the A100 + 2 L4 + CPU cluster mapped onto logical CPUs,
+``--cluster gpu``), each in a fresh process with a time limit. A row gives the ops
+read, the compile's wall time (export excluded), whether the outputs equal the
+original's, the ops found on another device than planned, or the one-line error.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 75}  # their minimum
+
+CHILD = """
+import json, sys
+import keras
+name, size, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+keras.utils.set_random_seed(0)
+getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                  classes=10).export(path, verbose=False)
+"""
+
+COMPILE = """
+import json, sys, time
+from tfpart.compile import compile_model
+from tfpart.errors import TfpartError
+start = time.perf_counter()
+try:
+    result = compile_model(sys.argv[1], sys.argv[2], sys.argv[3], batch_size=2,
+                           strategy="auto", verify=True)
+except TfpartError as exc:
+    print(json.dumps({"error": str(exc)}))
+    sys.exit(0)
+report = result.verification
+print(json.dumps({"ops": len(result.graph), "seconds": time.perf_counter() - start,
+                  "equal": bool(report.outputs_equal), "diff": float(report.max_abs_diff),
+                  "off_plan": len(report.op_mismatches) + len(report.variable_mismatches),
+                  "strategy": result.plan.context.get("strategy", {}).get("chosen")}))
+"""
+
+
+def application_names():
+    import keras
+
+    return sorted(name for name in dir(keras.applications) if name[:1].isupper())
+
+
+def run(code, argv, timeout):
+    """The last JSON line ``code`` prints in a fresh process, or an error row."""
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *map(str, argv)],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    except subprocess.TimeoutExpired:
+        return {"error": f"over the {timeout} s limit"}
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {last[:160]}"}
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
+def zoo_row(name, cluster, work, timeout):
+    size = SIZES.get(name, 32)
+    model = Path(work) / name
+    if not (model / "saved_model.pb").exists():
+        exported = run(CHILD, [name, size, model], timeout)
+        if exported.get("error"):
+            return {"model": name, "input": size, "ops": "", "compile s": "",
+                    "result": f"export failed: {exported['error']}"}
+    with tempfile.TemporaryDirectory() as scratch:
+        began = time.perf_counter()
+        got = run(COMPILE, [model, cluster, Path(scratch) / "out"], timeout)
+        wall = time.perf_counter() - began
+    if got.get("error"):
+        result = got["error"]
+    else:
+        result = (f"{'equal' if got['equal'] else 'DIFFER'} (max diff {got['diff']:.2g}), "
+                  f"{got['off_plan']} off-plan, {got['strategy']}")
+    return {"model": name, "input": size, "ops": got.get("ops", ""),
+            "compile s": f"{got.get('seconds', wall):.1f}", "result": result}
+
+
+def main(argv=None):
+    from rich.console import Console
+
+    from benchmarks.markdown import show_rows
+    from profiles import CLUSTERS_DIR, DEFAULT_CLUSTER_FILE
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=None)
+    parser.add_argument("--cluster", choices=["default", "gpu"], default="default")
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--work", default=Path(tempfile.gettempdir()) / "tfpart-model-zoo")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    cluster = DEFAULT_CLUSTER_FILE if args.cluster == "default" else \
+        CLUSTERS_DIR / "a100_l4_one_host.json"
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    console = Console()
+    rows = []
+    for name in args.models or application_names():
+        rows.append(zoo_row(name, cluster, args.work, args.timeout))
+        console.print(rows[-1])  # a long run shows its progress
+    show_rows(console, f"keras.applications compiled with --verify ({args.cluster} "
+              "cluster, batch 2)", rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
