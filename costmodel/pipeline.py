@@ -206,7 +206,11 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     end = dict(zip(cost.ops, schedule.end))
     finish = [max((end[f"mb{m}/{op}"] for op in graph.ops if f"mb{m}/{op}" in end),
                   default=0.0) for m in range(microbatches)]
-    interval = (finish[-1] - finish[0]) / (microbatches - 1) if microbatches > 1 else finish[0]
+    if not np.isfinite(finish[-1]):  # an op on a device without its kernel: never done
+        interval = np.inf
+    else:
+        interval = (finish[-1] - finish[0]) / (microbatches - 1) if microbatches > 1 \
+            else finish[0]
     return PipelineRun(microbatches=microbatches, batch_time=float(schedule.makespan),
                        first_result=float(finish[0]), interval=float(interval),
                        busy=dict(zip(cluster.device_names, map(float, schedule.busy))))
