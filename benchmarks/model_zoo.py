@@ -23,12 +23,9 @@ from pathlib import Path
 SIZES = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 75}  # their minimum
 
 CHILD = """
-import json, sys
-import keras
-name, size, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-keras.utils.set_random_seed(0)
-getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
-                                  classes=10).export(path, verbose=False)
+import sys
+from examples.models import export_keras_application
+export_keras_application(sys.argv[3], sys.argv[1], int(sys.argv[2]), classes=10)
 """
 
 COMPILE = """

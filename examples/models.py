@@ -320,26 +320,21 @@ def blobs(path, samples=600, features=16, classes=4, seed=0):
 
 # -- the model zoo: models users bring that an earlier reader could not read -------------
 
-def export_efficientnet_b0(path, size=32):
-    """Keras EfficientNetB0 (random weights) at ``size`` x ``size``: its ``Rescaling`` and
-    ``Normalization`` layers are constants the exported function captures."""
+def export_keras_application(path, name, size=224, classes=1000, seed=0):
+    """The ``keras.applications`` model ``name`` with random weights, ``size`` x ``size``
+    inputs and ``classes`` outputs, exported by Keras 3's ``model.export``."""
     import keras
 
-    keras.utils.set_random_seed(8)
-    keras.applications.EfficientNetB0(weights=None, input_shape=(size, size, 3),
-                                      classes=10).export(str(path), verbose=False)
+    keras.utils.set_random_seed(seed)
+    getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                      classes=classes).export(str(path), verbose=False)
     return path
 
 
 def export_convnext_tiny(path, size=32):
     """Keras ConvNeXtTiny (random weights) at ``size`` x ``size``: captured
     ``Normalization`` constants, and depthwise convolutions Keras compiles with XLA."""
-    import keras
-
-    keras.utils.set_random_seed(9)
-    keras.applications.ConvNeXtTiny(weights=None, input_shape=(size, size, 3),
-                                    classes=10).export(str(path), verbose=False)
-    return path
+    return export_keras_application(path, "ConvNeXtTiny", size, classes=10, seed=9)
 
 
 def export_text_vectorization(path, length=8):
