@@ -22,11 +22,13 @@ from __future__ import annotations
 import numpy as np
 import pulp
 
+from partitioner.stage_dp import load_of
 from tfpart.errors import PlacementError
 
 
 def solve_ilp(problem, time_limit=60.0):
-    """The optimal largest stage load of ``problem`` (a StageProblem)."""
+    """The largest stage load of the optimal stages of ``problem`` (a StageProblem),
+    recomputed from the stages the solver chose."""
     n, kinds = problem.n, len(problem.count)
     positions = range(sum(problem.count))
     finite = np.isfinite(problem.time)
@@ -76,4 +78,9 @@ def solve_ilp(problem, time_limit=60.0):
                         else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0))
     if pulp.LpStatus[status] != "Optimal":
         raise PlacementError("stage ILP", f"no optimum found ({pulp.LpStatus[status]})")
-    return float(pulp.value(load))
+    # The solver's own objective can sit up to its tolerances (scaled by the big-M
+    # terms) below the loads its stages really have: report the stages' true loads.
+    stages = [([u for u in range(n) if x[u, p].value() > 0.5],
+               next(k for k in range(kinds) if y[p, k].value() > 0.5)) for p in positions
+              if any(x[u, p].value() > 0.5 for u in range(n))]
+    return max(load_of(problem, units, kind) for units, kind in stages)

@@ -7,7 +7,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from costmodel import CostModel
@@ -53,6 +53,9 @@ def is_convex(preds, units):
 
 @settings(max_examples=40, deadline=None)
 @given(stage_problems())
+@example(StageProblem(preds=[[], []], time=np.array([[0.5, 0.5], [0.0, 0.5]]), size=np.zeros(2),
+                      groups=[], comm=np.zeros((2, 0)), capacity=np.array([4.0, 4.0]),
+                      count=(2, 2)))  # HiGHS once reported 0.499999 for a true 0.5
 def test_dp_is_exact_convex_and_reports_true_loads(problem):
     try:
         solution = solve(problem)
@@ -70,10 +73,12 @@ def test_dp_is_exact_convex_and_reports_true_loads(problem):
         assert is_convex(problem.preds, units)
         assert load == pytest.approx(load_of(problem, units, kind))
     assert solution.max_load == pytest.approx(max(solution.loads))
-    # HiGHS's absolute tolerances (about 1e-7 of the instance's scale) hide smaller loads
+    # The ILP's stages are one feasible answer: the exact DP is never worse. The solver's
+    # tolerances (about 1e-7 of the instance's scale) may leave its stages that much worse.
     scale = max(float(np.max(problem.time, initial=0)), float(np.max(problem.comm, initial=0)))
-    assert solution.max_load == pytest.approx(solve_ilp(problem, time_limit=30), rel=1e-6,
-                                              abs=1e-6 * scale)
+    ilp = solve_ilp(problem, time_limit=30)
+    assert solution.max_load <= ilp + 1e-12 * max(scale, 1.0)
+    assert solution.max_load == pytest.approx(ilp, rel=1e-6, abs=1e-6 * scale)
 
 
 def test_zero_time_units_after_the_last_op_still_get_a_stage():
