@@ -400,11 +400,14 @@ def export_captured_constant(path):
     return path
 
 
-def export_tf1(path, resource=True, control_flow_v1=False):
+def export_tf1(path, resource=True, control_flow_v1=False, per_sample=False):
     """A TF1 SavedModel (``tf.compat.v1.saved_model.Builder``): two dense layers of
     ``resource`` or legacy ref variables, a ``tf.compat.v1.cond`` and a
     ``tf.compat.v1.while_loop`` (control flow v1's Switch/Merge/Enter ops with
-    ``control_flow_v1``), and a ``saver_def``."""
+    ``control_flow_v1``), and a ``saver_def``. The cond tests the batch's sum, unless
+    ``per_sample``: then it tests a weight, so every output row depends on its own
+    input row alone, and an int64 input ``ids`` scales each row by a value looked up in
+    a ``tf.lookup.StaticHashTable`` (filled by the SavedModel's main op)."""
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
 
@@ -422,18 +425,25 @@ def export_tf1(path, resource=True, control_flow_v1=False):
             w2 = tf.compat.v1.get_variable("w2", [16, 16], initializer=init,
                                            use_resource=resource)
             hidden = tf.nn.relu(tf.matmul(x, w1) + b1)
-            gated = tf.compat.v1.cond(tf.reduce_sum(hidden) > 0, lambda: hidden * 2.0,
-                                      lambda: hidden - 1.0)
+            gated = tf.compat.v1.cond(tf.reduce_sum(w2 if per_sample else hidden) > 0,
+                                      lambda: hidden * 2.0, lambda: hidden - 1.0)
             _, out = tf.compat.v1.while_loop(lambda i, h: i < 3,
                                              lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w2))),
                                              [tf.constant(0), gated])
+            inputs, main_op = {"x": x}, None
+            if per_sample:
+                ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+                table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+                    tf.constant([0, 1, 2], tf.int64), tf.constant([0.5, 2.0, 3.0])), -1.0)
+                out = out * table.lookup(ids)[:, None]
+                inputs["ids"], main_op = ids, tf.compat.v1.tables_initializer()
             with tf.compat.v1.Session(graph=graph) as session:
                 session.run(tf.compat.v1.global_variables_initializer())
                 builder = tf.compat.v1.saved_model.Builder(str(path))
                 builder.add_meta_graph_and_variables(
-                    session, ["serve"], signature_def_map={
+                    session, ["serve"], main_op=main_op, signature_def_map={
                         "serving_default": tf.compat.v1.saved_model.predict_signature_def(
-                            {"x": x}, {"gated": gated, "y": out})})
+                            inputs, {"gated": gated, "y": out})})
                 builder.save()
     finally:
         control_flow_util.ENABLE_CONTROL_FLOW_V2 = was_v2
@@ -447,3 +457,9 @@ def export_tf1_resource(path):
 def export_tf1_ref(path):
     """Legacy ref variables (``VariableV2``) and control flow v1."""
     return export_tf1(path, resource=False, control_flow_v1=True)
+
+
+def export_tf1_per_sample(path):
+    """Ref variables, control flow v1 and a lookup table; every row its own (a model
+    micro-batches cannot change)."""
+    return export_tf1(path, resource=False, control_flow_v1=True, per_sample=True)

@@ -11,11 +11,14 @@ pass               runs for                    does
 =================  ==========================  ========================================
 pipeline stages    plans with stages or        one SavedModel running the stages over
                    filter splits               micro-batches, with the split ops in
-                                               slices (:mod:`rewriters.pipeline`)
+                                               slices (:mod:`rewriters.pipeline`); of a
+                                               TF1 SavedModel, its graph with the
+                                               pipelined ops added
 device placement   the other plans of TF2      the plan's device on every op and
                    SavedModels                 variable (:mod:`rewriters.placement`)
-device placement   the other plans of TF1      the plan's device on every node of the
-(TF1)              SavedModels                 graph (:mod:`rewriters.tf1_placement`)
+device placement   every plan of a TF1         the plan's device on every node of the
+(TF1)              SavedModel                  graph the pipeline did not place
+                                               (:mod:`rewriters.tf1_placement`)
 =================  ==========================  ========================================
 
 Examples
@@ -53,8 +56,7 @@ REWRITERS = (
     Rewriter("pipeline stages", lambda plan: plan.reimported, pipeline_pass),
     Rewriter("device placement", lambda plan: not plan.reimported and not _tf1(plan),
              placement_pass),
-    Rewriter("device placement (TF1)", lambda plan: not plan.reimported and _tf1(plan),
-             tf1_placement_pass),
+    Rewriter("device placement (TF1)", _tf1, tf1_placement_pass),
 )
 
 

@@ -43,10 +43,11 @@ from rewriters.channel_split import split_channels
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
+from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.errors import ModelError, PlacementError
-from tfpart.ops import RESOURCE_WRITE_OPS
+from tfpart.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
 from tfpart.plan import all_reduces, device_stand_ins, replica_device, replica_of
 from tfpart.splits import SCOPE as SPLIT_SCOPE
 
@@ -117,6 +118,9 @@ def pipeline_pass(model, plan, workdir):
         If the signature cannot be pipelined (a scalar input, a graph that does not
         trace) or the checkpoint cannot be read.
     """
+    if is_tf1(model.proto):
+        return SavedModelParts(_pipelined_tf1(model.directory, model.proto, plan),
+                               model.directory)
     target = Path(workdir) / "pipelined"
     device_of = _save_pipelined(model.directory, model.proto, plan, target)
     proto = read_saved_model(target)
@@ -130,6 +134,42 @@ def pipeline_pass(model, plan, workdir):
         if name != path and name.isdigit() and objects.nodes[node_id].HasField("resource"):
             objects.nodes[node_id].resource.device = resources[int(name)]
     return SavedModelParts(proto, target)
+
+
+def _pipelined_tf1(model_dir, proto, plan):
+    """A copy of the TF1 SavedModel ``proto`` whose compiled signature runs ``plan``'s
+    stages over micro-batches (an inference signature: a step that writes variables is
+    refused by the compiler). The pipelined ops join the graph beside the original's,
+    which its other signatures still run, and read the same variables and tables: the
+    checkpoint, the saver and the signature's inputs are unchanged; its outputs name
+    the pipelined tensors. Nodes the plan does not place get their devices from
+    :mod:`rewriters.tf1_placement`, the next pass."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    tf = tensorflow()
+    flat = flatten_signature(proto, model_dir, plan.context.get("batch_size"),
+                             plan.context.get("signature"))
+    regions = _forward_only(flat)
+    flat, assignment = _with_splits(flat, plan, regions.phase)
+    shared = {node.name for node in flat.graph_def.node if node.op in STATE_OPS}
+    pieces = _piece_graphs(flat, assignment, _stage_of_every_node(flat, plan),
+                           regions.phase, shared)
+    new = saved_model_pb2.SavedModel()
+    new.CopyFrom(proto)
+    meta = new.meta_graphs[0]
+    signature = meta.signature_def[flat.info.signature]
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(meta.graph_def, name="")
+        bound = {f"{name}:0": graph.get_tensor_by_name(f"{name}:0") for name in shared}
+        body = _PipelineBody(flat, plan, regions, pieces, lambda _: [bound], None,
+                             {key: info.name for key, info in signature.outputs.items()})
+        results = body(*[graph.get_tensor_by_name(f"{flat.inputs[key][0]}:0")
+                         for key in sorted(flat.inputs)])
+    meta.graph_def.CopyFrom(graph.as_graph_def())
+    for key, tensor in results.items():
+        signature.outputs[key].name = tensor.name
+    return new
 
 
 def _resource_devices(proto, plan):
@@ -173,9 +213,16 @@ def _save_pipelined(model_dir, proto, plan, staging):
     device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
     if all_reduces(plan.replicas):
         device_of.update(_add_replica_copies(module, plan, values))
-    pipeline = _PipelineBody(flat, plan, regions, pieces,
-                             [module.variables_by_op, *getattr(module, "replica_variables", [])],
-                             getattr(module, "collective_tokens", None), outputs, captured)
+    copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
+
+    def bind(graph):
+        shared = {f"{name}:0": graph.capture(captured_tensor(obj))
+                  for name, obj in captured.items()}
+        return [{**shared, **{f"{name}:0": graph.capture(var.handle)
+                              for name, var in copy.items()}} for copy in copies]
+
+    pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
+                             getattr(module, "collective_tokens", None), outputs)
     module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
     try:
         concrete = module.serve.get_concrete_function()
@@ -227,6 +274,11 @@ def _regions(proto, model_dir, flat):
                                  "step pipelines only if its writes follow the gradients")
         if regions.is_training:
             return regions
+    return _forward_only(flat)
+
+
+def _forward_only(flat):
+    """The regions of an inference signature: every op forward."""
     return StepRegions(phase={node.name: FORWARD for node in flat.graph_def.node},
                        boundary=set(), data_dependent=set(), batched=set())
 
@@ -241,14 +293,15 @@ class _PipelineBody:
     micro-batch weighted by its share of the batch, and imports the update once.
     """
 
-    def __init__(self, flat, plan, regions, pieces, variables, tokens, outputs, captured):
-        """``variables``: a dict (op name -> ``tf.Variable``) per copy of the variables
-        (one, or one per replica of an all-reducing plan); ``tokens``: per device of a
-        replica, a resource on it that orders its collectives (None without);
-        ``captured``: the loaded tables and assets, by op name (every copy shares them)."""
+    def __init__(self, flat, plan, regions, pieces, bind, tokens, outputs):
+        """``bind(graph)``: per copy of the variables (one, or one per replica of an
+        all-reducing plan), the tensors, by name, that stand in the traced graph for the
+        flat graph's variables and tables; ``tokens``: per device of a replica, a
+        resource on it that orders its collectives (None without); ``outputs``: the
+        signature's output tensors of the flat graph, by key."""
         self.flat, self.plan, self.regions = flat, plan, regions
-        self.captured = captured
-        self.pieces, self.variables, self.outputs = pieces, variables, outputs
+        self.bind = bind
+        self.pieces, self.outputs = pieces, outputs
         self.tokens = tokens
         self.stages = sorted({k for k, phase in pieces if phase != UPDATE})
         self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
@@ -266,11 +319,7 @@ class _PipelineBody:
         graph = tf.compat.v1.get_default_graph()
         m_count = self.plan.microbatches
         keys = sorted(self.flat.inputs)
-        shared = {f"{name}:0": graph.capture(captured_tensor(obj))
-                  for name, obj in self.captured.items()}
-        handles = [{**shared, **{f"{name}:0": graph.capture(var.handle)
-                                 for name, var in copy.items()}}
-                   for copy in self.variables]
+        handles = self.bind(graph)
         first_device = self.device[self.stages[0]]
         with tf.device(first_device):
             rows = tf.shape(args[0])[0]
@@ -473,6 +522,8 @@ class _PipelineBody:
                 elif source.split(":")[0] not in members:
                     tensor = source if ":" in source else f"{source}:0"
                     input_map[tensor] = env[tensor]
+        if any(node.op in LOOP_ENTRY_OPS for node in piece.node):
+            piece = _in_own_loop_frames(piece, prefix)
         names = [node.name for node in piece.node]
         ops = tf.graph_util.import_graph_def(piece, input_map=input_map,
                                              return_elements=names, name=prefix)
@@ -482,6 +533,25 @@ class _PipelineBody:
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _in_own_loop_frames(piece, prefix):
+    """A copy of ``piece`` whose ``tf.compat.v1.while_loop`` frames are named for
+    ``prefix``: TensorFlow's executor joins loops of one frame name into one loop.
+
+    >>> from tensorflow.core.framework import graph_pb2
+    >>> piece = graph_pb2.GraphDef()
+    >>> enter = piece.node.add(name="while/Enter", op="Enter")
+    >>> enter.attr["frame_name"].s = b"while/while_context"
+    >>> _in_own_loop_frames(piece, "tfpart_mb1_stage0").node[0].attr["frame_name"].s
+    b'tfpart_mb1_stage0/while/while_context'
+    """
+    copy = type(piece)()
+    copy.CopyFrom(piece)
+    for node in copy.node:
+        if node.op in LOOP_ENTRY_OPS:
+            node.attr["frame_name"].s = f"{prefix}/".encode() + node.attr["frame_name"].s
+    return copy
 
 
 def _all_reduce_pack(values, shares, device, group_size, keys, token, name, tensors):
@@ -608,12 +678,14 @@ def _with_splits(flat, plan, phase_of):
     return dataclasses.replace(flat, graph_def=graph_def), {**plan.assignment, **added}
 
 
-def _piece_graphs(flat, assignment, stage_of, phase_of):
+def _piece_graphs(flat, assignment, stage_of, phase_of, shared=()):
     """One GraphDef per ``(stage, phase)`` of the per-micro-batch ops, and one
     ``(UPDATE, UPDATE)`` of the update's ops: each node on its planned device, the
-    nodes reading nothing else of their piece gated."""
+    nodes reading nothing else of their piece gated. The inputs' placeholders, the
+    variables and the ``shared`` nodes (state every micro-batch reads) are left out."""
     tf = tensorflow()
-    skip = {p for p, _, _ in flat.inputs.values()} | set(flat.variable_ops.values())
+    skip = {p for p, _, _ in flat.inputs.values()} | set(flat.variable_ops.values()) | \
+        set(shared)
     handles = [c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS]
     pieces = {}
     for node in flat.graph_def.node:

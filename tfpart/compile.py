@@ -24,6 +24,7 @@ from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, model_errors
 from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
                            check_tensors_fit)
+from tfpart.ops import writes_state
 from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.phases import timed
@@ -164,9 +165,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
                                          "dimension to split") for name in names[1:]}
         names = names[:1]
-    if info.format == "tf1":
+    writer = next((op for op, attrs in graph.ops.items() if writes_state(attrs["op_type"])),
+                  None) if info.format == "tf1" else None
+    if writer is not None:
         refused = [name for name in names if name in REBUILT]
-        failures.update({name: PlacementError(model_dir, TF1_REBUILT) for name in refused})
+        failures.update({name: PlacementError(model_dir, f"op {writer} writes a variable or "
+                                              f"a table: {TF1_REBUILT}") for name in refused})
         names = [name for name in names if name not in refused]
     first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
         if kernels_to_compile() else ""
@@ -230,8 +234,8 @@ def kernels_to_compile():
 STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split", "hybrid")
 # strategies whose plans the pipeline pass rebuilds as a new TF2 function
 REBUILT = ("pipeline", "data_parallel", "filter_split", "hybrid")
-TF1_REBUILT = ("a TensorFlow 1 SavedModel is compiled to an op placement only (stages, "
-               "replicas and splits rebuild the signature as a TensorFlow 2 function)")
+TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are built "
+               "for inference signatures (a training step gets an op placement)")
 
 
 def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):

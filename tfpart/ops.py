@@ -57,6 +57,11 @@ RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVaria
                       "ResourceApplyKerasMomentum", "ResourceApplyAdam",
                       "ResourceApplyAdagradV2", "ResourceApplyRMSProp",
                       "ResourceScatterAdd", "ResourceScatterUpdate"}
+# Ops that write a legacy ref variable (TF1's VariableV2); its optimizers' ``Apply*``
+# ops are told by their names (:func:`writes_state`).
+REF_WRITE_OPS = {"Assign", "AssignAdd", "AssignSub", "ScatterUpdate", "ScatterAdd",
+                 "ScatterSub", "ScatterMul", "ScatterDiv", "ScatterNdUpdate", "ScatterNdAdd",
+                 "CountUpTo"}
 # Where weights come from: variables, their reads, constants.
 WEIGHT_OPS = {"VarHandleOp", "ReadVariableOp", "Const", "VariableV2"}
 VARIABLE_OPS = {"VarHandleOp", "VariableV2"}  # the variables themselves
@@ -93,6 +98,19 @@ CONTROL_FLOW_OPS = {"While", "StatelessWhile", "If", "StatelessIf", "Case", "Sta
 LOOP_ENTRY_OPS = {"Enter", "RefEnter"}
 LOOP_EXIT_OPS = {"Exit", "RefExit"}
 LOOP_BACK_OPS = {"NextIteration", "RefNextIteration"}
+
+
+def writes_state(op_type):
+    """Whether ops of ``op_type`` write a variable (through a handle or a ref) or a
+    table.
+
+    >>> writes_state("ApplyAdam"), writes_state("Assign"), writes_state("LookupTableFindV2")
+    (True, True, False)
+    """
+    return (op_type in RESOURCE_WRITE_OPS or op_type in REF_WRITE_OPS
+            or op_type.startswith(("Apply", "SparseApply", "ResourceApply",
+                                   "ResourceSparseApply", "ResourceScatter", "LookupTableInsert",
+                                   "LookupTableRemove", "LookupTableImport", "InitializeTable")))
 
 
 def op_class(op_type):

@@ -4,7 +4,8 @@ verification: a Keras application whose ``Normalization`` layer is a captured co
 are compiled and verified by ``benchmarks/model_zoo.py``),
 Keras preprocessing layers (hash tables, an asset, ragged splits, strings), a
 ``tf.Module`` with a captured ``tf.constant``, and TF1 SavedModels with resource and
-with legacy ref variables. Each compiles with ``--strategy auto`` on the default
+with legacy ref variables (placed, pipelined over micro-batches and replicated, their
+training steps placed only). Each compiles with ``--strategy auto`` on the default
 cluster and on a GPU cluster mapped onto logical CPUs (its CPU takes the host ops):
 outputs equal, every op where the plan put it. A cluster without a CPU is refused in
 one line naming the op.
@@ -80,7 +81,6 @@ def test_tf1_saved_model(variables, cluster, exported, tmp_path):
     out = tmp_path / "out"
     result = compiled(exported(f"tf1_{variables}"), cluster, out)
     assert result.plan.context["format"] == "tf1"
-    assert result.plan.context["strategy"]["chosen"] == "greedy"
     meta = read_saved_model(out).meta_graphs[0]
     assert not meta.object_graph_def.nodes and meta.saver_def.restore_op_name
     devices = {node.name: node.device for node in meta.graph_def.node}
@@ -107,6 +107,96 @@ def test_tf1_output_runs_under_both_loaders(exported, tmp_path):
         signature = meta.signature_def["serving_default"]
         y = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x})
     np.testing.assert_allclose(y, expected, rtol=1e-6)
+
+
+def test_tf1_pipeline_over_microbatches_keeps_the_model_tf1(exported, tmp_path):
+    """Ref variables, a v1 loop (one frame per micro-batch) and a lookup table that
+    every micro-batch shares: stages over 2 micro-batches, equal at several batch sizes
+    under both loaders; the checkpoint, the saver, the inputs and the state ops are the
+    original's."""
+    import numpy as np
+    import tensorflow as tf
+
+    from rewriters.savedmodel_io import read_saved_model
+
+    model, out = exported("tf1_per_sample"), tmp_path / "out"
+    result = compile_model(model, DEFAULT_CLUSTER_FILE, out, batch_size=4, pipeline=True,
+                           microbatches=2, verify=True)
+    assert result.verification.outputs_equal and result.verification.op_mismatches == []
+    assert result.plan.microbatches == 2 and len(set(result.plan.stages.values())) > 1
+    before, after = (read_saved_model(path).meta_graphs[0] for path in (model, out))
+    assert not after.object_graph_def.nodes and after.saver_def == before.saver_def
+    for name in ("variables.index", "variables.data-00000-of-00001"):
+        assert (out / "variables" / name).read_bytes() == \
+            (model / "variables" / name).read_bytes()
+    signature = after.signature_def["serving_default"]
+    assert {k: v.name for k, v in signature.inputs.items()} == \
+        {k: v.name for k, v in before.signature_def["serving_default"].inputs.items()}
+    nodes = {n.name for n in after.graph_def.node}
+    for key, output in signature.outputs.items():
+        assert output.name != before.signature_def["serving_default"].outputs[key].name
+        assert output.name.split(":")[0] in nodes
+    state = [(n.op, n.name) for n in after.graph_def.node if n.op in ("VariableV2", "HashTableV2")]
+    assert sorted(state) == sorted((n.op, n.name) for n in before.graph_def.node
+                                   if n.op in ("VariableV2", "HashTableV2"))
+    frames = {n.attr["frame_name"].s for n in after.graph_def.node
+              if n.op == "Enter" and n.name.startswith("tfpart_mb")}
+    assert len(frames) == 2
+    original = tf.saved_model.load(str(model)).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for rows in (1, 3, 5):
+        x = np.linspace(-1, 1, 8 * rows, dtype=np.float32).reshape(rows, 8)
+        ids = np.arange(rows, dtype=np.int64) % 4  # 3 is not in the table
+        expected = original(x=tf.constant(x), ids=tf.constant(ids))
+        got = compiled(x=tf.constant(x), ids=tf.constant(ids))
+        for key in ("gated", "y"):
+            np.testing.assert_allclose(got[key].numpy(), expected[key].numpy(), rtol=1e-6)
+        with tf.compat.v1.Session(graph=tf.Graph(), config=tf.compat.v1.ConfigProto(
+                device_count={"CPU": 4})) as session:
+            tf.compat.v1.saved_model.load(session, ["serve"], str(out))
+            y = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x,
+                                                          signature.inputs["ids"].name: ids})
+        np.testing.assert_allclose(y, expected["y"].numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "hybrid"])
+def test_tf1_replicas(strategy, exported, tmp_path):
+    result = compile_model(exported("tf1_per_sample"), CLUSTERS["gpu"], tmp_path / "out",
+                           batch_size=6, algorithm=strategy, verify=True)
+    assert result.plan.replicas and result.verification.outputs_equal
+    assert result.verification.op_mismatches == [] and result.verification.ops_checked > 0
+
+
+def test_a_tf1_training_step_is_placed_but_not_pipelined(tmp_path):
+    """A TF1 signature that runs its optimizer: the stages, replicas and splits are
+    refused with the op that writes a variable; ``auto`` keeps the op placement."""
+    import tensorflow as tf
+
+    model = tmp_path / "train"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, 1], use_resource=False)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        with tf.control_dependencies([tf.compat.v1.train.GradientDescentOptimizer(0.1)
+                                      .minimize(loss)]):
+            step_loss = tf.identity(loss)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(str(model))
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "train": tf.compat.v1.saved_model.predict_signature_def(
+                    {"x": x}, {"loss": step_loss})})
+            builder.save()
+    with pytest.raises(PlacementError, match=r"op .*ApplyGradientDescent writes a variable "
+                                             r"or a table: the stages.* inference"):
+        compile_model(model, DEFAULT_CLUSTER_FILE, tmp_path / "out", pipeline=True,
+                      batch_size=4)
+    result = compile_model(model, DEFAULT_CLUSTER_FILE, tmp_path / "auto", batch_size=4,
+                           strategy="auto")
+    strategy = result.plan.context["strategy"]
+    assert strategy["chosen"] == "greedy"
+    assert "writes a variable" in strategy["refused"]["pipeline"]
 
 
 @pytest.mark.parametrize("name, cluster", [("convnext_tiny", "gpu")])
