@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
-from tfpart.errors import OutputError, TfpartError
+from tfpart.errors import OutputError, TfpartError, VerificationError
 from tfpart.output_folders import check_inputs_outside, check_replaceable
 from tfpart.report import replicas_line
 from tfpart.quiet import library_output_captured, user_stderr
@@ -153,8 +153,10 @@ def print_verify(report):
             f"{inverse[device]} -> {device}"
         table.add_row(label, str(count))
     console.print(table)
+    sizes = ", ".join(str(size) for size, _, _ in report.batches)
     console.print(f"Outputs {'equal' if report.outputs_equal else 'DIFFER'} "
-                  f"(max abs difference {report.max_abs_diff:.3g}); "
+                  + (f"at batch sizes {sizes} " if sizes else "")
+                  + f"(max abs difference {report.max_abs_diff:.3g}); "
                   f"{report.ops_checked} ops checked against the plan, "
                   f"{len(report.op_mismatches)} on another device; "
                   f"{len(report.variable_mismatches)} variables misplaced")
@@ -208,7 +210,6 @@ def cmd_compile(args):
         console.print(note)
     if result.verification is not None:
         print_verify(result.verification)
-        return 0 if result.verification.ok else 1
     return 0
 
 
@@ -453,7 +454,9 @@ def cmd_verify(args):
         report = verify(args.model, args.compiled, cluster=cluster, watch=True,
                         batch_size=args.batch_size)
     print_verify(report)
-    return 0 if report.ok else 1
+    if not report.ok:
+        raise VerificationError(args.compiled, report.problem)
+    return 0
 
 
 def cmd_run(args):
@@ -707,8 +710,8 @@ def option_problem(args):
 
 
 def main(argv=None):
-    """Run one command; returns the exit code (0 done, 1 verification found a
-    difference, 2 bad input or a failed run)."""
+    """Run one command; returns the exit code (0 done, 2 bad input, a failed run or a
+    failed verification)."""
     args = build_parser().parse_args(argv)
     problem = option_problem(args)
     if problem:

@@ -21,7 +21,7 @@ from partitioner.registry import get as get_algorithm
 from partitioner.registry import parse_options
 from partitioner.validate import check_kernels
 from tfpart.cluster import load_cluster
-from tfpart.errors import ModelError, PlacementError, model_errors
+from tfpart.errors import ModelError, PlacementError, VerificationError, model_errors
 from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
                            check_tensors_fit)
 from tfpart.ops import writes_state
@@ -270,8 +270,9 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     With ``verify`` the compiled model is run against the original
-    (:func:`tfpart.verification.verify`) before it is moved into place, so an error there
-    leaves no output behind; the report is ``result.verification``."""
+    (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
+    or a failed verification (:class:`~tfpart.errors.VerificationError`), leaves no
+    output behind; the report is ``result.verification``."""
     cluster = load_cluster(cluster_file)
     check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
     # twice the model: the rewriters' working copy and the output
@@ -307,6 +308,8 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
             step("running the original and compiled models")
             with timed(inner, "verify"):
                 reports.append(run_and_compare(model_dir, staging))
+            if not reports[-1].ok:
+                raise VerificationError(out, f"not written: {reports[-1].problem}")
         step("drawing the placement")
         with timed(inner, "picture"):
             picture = placement_section(plan, graph)

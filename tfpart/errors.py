@@ -39,6 +39,11 @@ class PlacementError(TfpartError):
     """No valid placement exists (memory, kernels) or a plan violates a constraint."""
 
 
+class VerificationError(TfpartError):
+    """A compiled model's outputs differ from the original's, or its ops ran elsewhere
+    than planned."""
+
+
 class OutputError(TfpartError):
     """The output location cannot be written (exists without --force, ...)."""
 

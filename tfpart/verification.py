@@ -33,10 +33,36 @@ class VerifyReport:
     variable_mismatches: list = field(default_factory=list)
     device_map: dict = field(default_factory=dict)
     placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
+    batches: list = field(default_factory=list)  # (batch size, max abs difference, equal)
 
     @property
     def ok(self):
         return self.outputs_equal and not self.op_mismatches and not self.variable_mismatches
+
+    @property
+    def problem(self):
+        """What failed, in one line (None if nothing did).
+
+        >>> VerifyReport(9.4, False, {}, 3, batches=[(4, 0.0, True), (5, 9.4, False)]).problem
+        "the compiled model's outputs differ from the original's at batch size 5 (max abs difference 9.4)"
+        >>> VerifyReport(0.0, True, {}, 3, op_mismatches=[("a", "CPU:1", "CPU:0")]).problem
+        'op a ran on CPU:0, not on CPU:1 as planned (1 op elsewhere in all)'
+        """
+        differing = [(b, d) for b, d, equal in self.batches if not equal]
+        if differing or not self.outputs_equal:
+            batch, diff = (differing or [(None, self.max_abs_diff)])[0]
+            return ("the compiled model's outputs differ from the original's"
+                    + (f" at batch size {batch}" if batch is not None else "")
+                    + f" (max abs difference {diff:.3g})")
+        if self.op_mismatches:
+            op, planned, actual = self.op_mismatches[0]
+            count = len(self.op_mismatches)
+            return (f"op {op} ran on {actual}, not on {planned} as planned ({count} op"
+                    f"{'s' if count > 1 else ''} elsewhere in all)")
+        if self.variable_mismatches:
+            name, device = self.variable_mismatches[0]
+            return f"variable {name} was not loaded on {device} as planned"
+        return None
 
 def run_with_placement(fn, inputs):
     """Call ``fn(**inputs)``; return (outputs, {op name: device}, {op name: op type})
@@ -72,9 +98,21 @@ def _variable_devices(obj):
     return sorted((v.name.split(":")[0], v.device) for v in objects
                   if isinstance(v, tf.Variable))
 
+def verify_batch_sizes(batch):
+    """The batch sizes ``verify`` runs: the compile's, 1, and one it did not see (which
+    cuts into micro-batches and replica shares unevenly).
+
+    >>> verify_batch_sizes(4), verify_batch_sizes(1)
+    ([4, 1, 5], [1, 2])
+    """
+    return list(dict.fromkeys([batch, 1, batch + 1]))
+
+
 def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None,
            cluster=None, watch=False):
-    """Run both models on the same random inputs; compare outputs and placement.
+    """Run both models on the same random inputs, at each of
+    :func:`verify_batch_sizes` (of ``batch_size``, default the compile's); compare the
+    outputs, and the placement of the first run against the plan.
 
     Without ``cluster`` the compiled model's devices are mapped onto local logical CPUs
     (one per cluster device). With a :class:`~tfpart.cluster.Cluster` whose ``cluster``
@@ -86,28 +124,27 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     tf = tensorflow()
     with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
         signature = plan.context["signature"]
-        batch = batch_size or plan.context["batch_size"]
+        sizes = verify_batch_sizes(batch_size or plan.context["batch_size"])
         with model_errors(original_dir, "load and run it"):
-            original = tf.saved_model.load(str(original_dir))
-            inputs = random_inputs(original.signatures[signature], batch, seed)
-            expected = _as_arrays(original.signatures[signature](**inputs))
+            original = tf.saved_model.load(str(original_dir)).signatures[signature]
+            inputs = [random_inputs(original, size, seed + k) for k, size in enumerate(sizes)]
+            expected = [_as_arrays(original(**feed)) for feed in inputs]
         with cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
             if plan.context.get("format") == "tf1":  # its variables are ops of the graph
-                outputs, placed, op_types = SessionSignature(
-                    local_dir, signature, len(device_map)).run_with_placement(inputs)
+                compiled = SessionSignature(local_dir, signature, len(device_map))
+                outputs, placed, op_types = compiled.run_with_placement(inputs[0])
                 variables = []
             else:
-                compiled = load(local_dir)
-                outputs, placed, op_types = run_with_placement(
-                    compiled.signatures[signature], inputs)
-                variables = _variable_devices(compiled)
-            actual = _as_arrays(outputs)
-    diffs = [float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
-             for a, e in zip(actual, expected)]
-    equal = len(actual) == len(expected) and all(
-        np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(actual, expected))
+                loaded = load(local_dir)
+                compiled = loaded.signatures[signature]
+                outputs, placed, op_types = run_with_placement(compiled, inputs[0])
+                variables = _variable_devices(loaded)
+            actual = [_as_arrays(outputs)] + [_as_arrays(compiled(**feed))
+                                              for feed in inputs[1:]]
+    batches = [(size, *_compare(a, e, rtol, atol))
+               for size, a, e in zip(sizes, actual, expected)]
     planned = {op: device_map[d] for op, d in plan.assignment.items()}
     runs = [(name, device, op_types[name]) for name, device in placed.items()]
     # each micro-batch's imported copy of the source's ops (a TF1 model's variables and
@@ -124,12 +161,35 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
     variable_mismatches = [pair for pair in Counter(expected_vars) - Counter(
         (n, canonical_device(d)) for n, d in variables)]
-    return VerifyReport(max_abs_diff=max(diffs, default=0.0), outputs_equal=equal,
+    return VerifyReport(max_abs_diff=max(d for _, d, _ in batches),
+                        outputs_equal=all(equal for _, _, equal in batches), batches=batches,
                         ops_per_device=dict(Counter(placed.values())),
                         ops_checked=len(checked), op_mismatches=mismatches,
                         moved_constants=moved_constants,
                         variable_mismatches=variable_mismatches, device_map=device_map,
                         placement=placed)
+
+def _compare(actual, expected, rtol, atol):
+    """(max abs difference, equal) of two lists of output arrays (a difference of
+    ``inf`` for outputs of other shapes or unequal strings).
+
+    >>> _compare([np.ones(2)], [np.ones(3)], 1e-5, 0), _compare([np.array([b"a"])],
+    ...                                                    [np.array([b"a"])], 1e-5, 0)
+    ((inf, False), (0.0, True))
+    """
+    def difference(a, e):
+        if a.shape != e.shape:
+            return float("inf")
+        if a.dtype.kind in "OSU" or e.dtype.kind in "OSU":
+            return 0.0 if np.array_equal(a, e) else float("inf")
+        return float(np.max(np.abs(a.astype(float) - e.astype(float)))) if a.size else 0.0
+
+    diffs = [difference(a, e) for a, e in zip(actual, expected)]
+    equal = len(actual) == len(expected) and all(
+        d == 0.0 or (np.isfinite(d) and np.allclose(a, e, rtol=rtol, atol=atol))
+        for d, a, e in zip(diffs, actual, expected))
+    return max(diffs, default=0.0), equal
+
 
 def _planned_device(plan, planned, device_map):
     """The device an op of the compiled model should run on, by its name (None for

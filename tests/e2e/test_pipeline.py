@@ -116,6 +116,32 @@ def test_a_model_that_mixes_samples_is_not_micro_batched(exported, local_cpus, w
     assert report.outputs_equal and report.op_mismatches == []
 
 
+def test_a_failed_verification_exits_2_and_writes_nothing(exported, local_cpus, write_cluster,
+                                                          tmp_path, capsys, monkeypatch):
+    """A planted mismatch: the batch-mixing check patched to find nothing in a model that
+    branches on its batch's sum, so 4 micro-batches change its outputs. ``compile
+    --verify`` and ``verify`` each say so in one line, exit 2, and no output is left."""
+    import tfpart.compile
+    from tfpart.cli import main
+
+    monkeypatch.setattr(tfpart.compile, "_samples_mixed_by", lambda *args: [])
+    model = exported("cond_module")
+    cluster = write_cluster(dict(local_cluster(3), links=FAST_LINKS))
+    out = tmp_path / "out"
+    command = ["compile", str(model), "--cluster", str(cluster), "--microbatches", "4",
+               "--batch-size", "8", "-o", str(out)]
+    assert main([*command, "--verify"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(out) in err and "not written" in err
+    assert "outputs differ from the original's at batch size" in err
+    assert not out.exists() and not list(tmp_path.glob(".*out*"))
+    assert main(command) == 0
+    assert main(["verify", str(model), str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "Outputs DIFFER" in captured.out
+    assert len(captured.err.strip().splitlines()) == 1 and "outputs differ" in captured.err
+
+
 def test_resnet50_pipelined_on_a_heterogeneous_cluster(exported, local_cpus, tmp_path):
     from profiles import CLUSTERS_DIR
 
