@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -183,6 +183,8 @@ class PipelineRun:
     first_result: float  # when micro-batch 0's outputs are all ready
     interval: float  # steady-state time between micro-batches leaving the pipeline
     busy: dict  # device name -> busy seconds over the batch
+    links: dict = field(default_factory=dict)  # "src -> dst" -> bytes over the batch
+    transfers: int = 0  # tensors copied between devices over the batch
 
     @property
     def bubble_fraction(self):
@@ -199,7 +201,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     its forward and backward tasks in the order of ``schedule`` (:func:`task_order`).
     ``costs`` is a CostModel whose measured profiles and precision policy apply
     (default: the roofline's, the cluster's)."""
-    replicated, placement = _replicate(graph, cluster.device_names, device_of, stage_of,
+    names = cluster.device_names
+    replicated, placement = _replicate(graph, names, device_of, stage_of,
                                        microbatches, schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=False)
@@ -213,7 +216,10 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
             else finish[0]
     return PipelineRun(microbatches=microbatches, batch_time=float(schedule.makespan),
                        first_result=float(finish[0]), interval=float(interval),
-                       busy=dict(zip(cluster.device_names, map(float, schedule.busy))))
+                       busy=dict(zip(cluster.device_names, map(float, schedule.busy))),
+                       links={f"{names[a]} -> {names[b]}": float(n)
+                              for (a, b), n in sorted(schedule.link_bytes.items())},
+                       transfers=len(schedule.transfers))
 
 
 def _phase(attrs):

@@ -109,7 +109,8 @@ def pipeline_plan(cost, options=PipelineOptions()):
         stages=stage_of, microbatches=best.microbatches,
         schedule=schedule if training else None,
         predicted=Predicted(
-            step_time=float(best.batch_time),
+            step_time=float(best.batch_time), links=best.links,
+            bytes_moved=float(sum(best.links.values())), transfers=best.transfers,
             devices={name: DeviceFigures(
                 kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
                 ops=sum(1 for device in device_of.values() if device == d),

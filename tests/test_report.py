@@ -46,3 +46,25 @@ def test_the_report_renders_in_headless_chromium_without_console_errors(compiled
     rendered = re.findall(r"<h2>(.*?)</h2>", dom)
     assert rendered == list(SECTIONS)
     assert "<svg" in dom or "DOT" in dom  # the placement picture, or its source
+
+
+def test_a_pipeline_reports_the_traffic_between_its_stages(tmp_path, capsys):
+    """Regression: a pipeline's report said nothing crosses between devices. The
+    stages' links carry what the simulation moves over the batch; the summary names the
+    fused kernels the model really has."""
+    import json
+
+    out = tmp_path / "out"
+    assert main(["compile", "--pipeline", "--microbatches", "2", "--batch-size", "4",
+                 "-o", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(set(plan["stages"].values())) > 1
+    links = plan["predicted"]["links"]
+    assert links and all(nbytes > 0 for nbytes in links.values())
+    assert plan["predicted"]["bytes_moved"] == pytest.approx(sum(links.values()))
+    page = (out / "report.html").read_text()
+    assert "Nothing crosses" not in page
+    assert all(link.replace(">", "&gt;") in page for link in links)
+    printed = capsys.readouterr().out
+    fused = re.search(r"fused kernels\s+\((.*?)\)\s+are each placed", printed, re.S)
+    assert fused and "Conv2D" in fused.group(1)  # the default model is a CNN

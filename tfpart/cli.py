@@ -112,7 +112,7 @@ def print_plan(result, default_cluster):
     fused = plan.context.get("fusion_groups") or []
     if fused:
         console.print(f"{sum(map(len, fused))} ops in {len(fused)} fused kernels "
-                      "(Conv2D+BiasAdd+Relu, ...) are each placed as one unit")
+                      f"({fusion_kinds(fused, result.graph)}) are each placed as one unit")
     gap = plan.gap
     if plan.context.get("samples_mixed_by"):
         console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
@@ -141,6 +141,26 @@ def print_plan(result, default_cluster):
                   f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
     console.print(f"Wrote {result.out} (with plan.json and report.html)")
+
+
+def fusion_kinds(groups, graph, most=3):
+    """The kinds of the fused kernels ``groups`` (lists of op names of ``graph``), the
+    most common first, as their op types joined by "+".
+
+    >>> from tfpart.graph import OpGraph
+    >>> graph = OpGraph()
+    >>> for name, op_type in [("m", "MatMul"), ("b", "BiasAdd"), ("c", "Conv2D"),
+    ...                       ("d", "BiasAdd"), ("e", "Conv2D"), ("f", "BiasAdd")]:
+    ...     graph.add_op(name, op_type=op_type)
+    >>> fusion_kinds([["m", "b"], ["c", "d"], ["e", "f"]], graph)
+    'Conv2D+BiasAdd ×2, MatMul+BiasAdd'
+    """
+    from collections import Counter
+
+    kinds = Counter("+".join(graph.ops[op]["op_type"] for op in group if op in graph.ops)
+                    for group in groups)
+    shown = [f"{kind} ×{n}" if n > 1 else kind for kind, n in kinds.most_common(most)]
+    return ", ".join(shown) + (", ..." if len(kinds) > most else "")
 
 
 def print_verify(report):
