@@ -144,6 +144,55 @@ def export_cond_module(path):
     return path
 
 
+def export_batch_mixing(path, kind):
+    """A ``tf.Module`` that mixes its batch's samples where no shape shows it (each
+    output has the batch's rows): ``loop_then_mean``, a ``tf.while_loop`` then a
+    ``tf.cond`` on the batch's mean; ``batch_size_loop``, a loop run once per sample
+    (its trip count from ``tf.shape``); ``position``, each row's index in the batch
+    (``tf.range``) added to it; ``per_sample``, none of these (a loop and a cond on a
+    weight)."""
+    import tensorflow as tf
+
+    class Mixing(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.random.stateless_normal([8, 8], seed=[3, 4]) * 0.3)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            def body(i, h):
+                return i + 1, tf.tanh(tf.matmul(h, self.w))
+            trips = tf.shape(x)[0] if kind == "batch_size_loop" else 3
+            _, h = tf.while_loop(lambda i, h: i < trips, body, [tf.constant(0), x])
+            if kind == "position":
+                return h + tf.cast(tf.range(tf.shape(x)[0]), tf.float32)[:, None]
+            if kind in ("loop_then_mean", "per_sample"):
+                statistic = tf.reduce_mean(h) if kind == "loop_then_mean" else \
+                    tf.reduce_sum(self.w)
+                return tf.cond(statistic > 0, lambda: h * 2.0, lambda: h - 1.0)
+            return h
+
+    module = Mixing()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path
+
+
+def export_loop_then_mean(path):
+    return export_batch_mixing(path, "loop_then_mean")
+
+
+def export_batch_size_loop(path):
+    return export_batch_mixing(path, "batch_size_loop")
+
+
+def export_position(path):
+    return export_batch_mixing(path, "position")
+
+
+def export_per_sample(path):
+    return export_batch_mixing(path, "per_sample")
+
+
 def export_inception_v3(path):
     import keras
 

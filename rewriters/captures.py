@@ -284,6 +284,30 @@ def captured_tensor(obj):
     return obj.resource_handle if hasattr(obj, "resource_handle") else obj.asset_path
 
 
+def variable_values(model_dir, proto, flat):
+    """Checkpoint value of every variable the signature reads, by its flat op name."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    prefix = Path(model_dir) / "variables" / "variables"
+    try:  # a truncated file raises IndexError
+        reader = tf.train.load_checkpoint(str(prefix))
+        graph = trackable_object_graph_pb2.TrackableObjectGraph()
+        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+        keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
+                for attr in node.attributes if attr.name == "VARIABLE_VALUE"}
+        missing = sorted(set(flat.variable_ops) - set(keys))
+        if missing:
+            raise ModelError(prefix, f"has no value for variable object {missing[0]}")
+        return {name: reader.get_tensor(keys[node_id])
+                for node_id, name in flat.variable_ops.items()}
+    except (ValueError, IndexError, tf.errors.OpError) as exc:
+        raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
+            from None
+
+
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
            "captured_tensor", "load_captured", "object_paths", "resource_bytes",
-           "resource_functions"]
+           "resource_functions", "variable_values"]

@@ -38,7 +38,8 @@ import re
 import zlib
 from pathlib import Path
 
-from rewriters.captures import HANDLE_KINDS, captured_tensor, load_captured, object_paths
+from rewriters.captures import (HANDLE_KINDS, captured_tensor, load_captured, object_paths,
+                                variable_values)
 from rewriters.channel_split import split_channels
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
@@ -193,7 +194,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
     flat, assignment = _with_splits(flat, plan, regions.phase)
     stage_of = _stage_of_every_node(flat, plan)
     pieces = _piece_graphs(flat, assignment, stage_of, regions.phase)
-    values = _variable_values(model_dir, proto, flat)
+    values = variable_values(model_dir, proto, flat)
     meta = proto.meta_graphs[0]
     outputs = {key: flat.outputs[int(t.name.rsplit(":", 1)[1])] for key, t in
                meta.signature_def[flat.info.signature].outputs.items()}
@@ -713,25 +714,3 @@ def _piece_graphs(flat, assignment, stage_of, phase_of, shared=()):
                 node.input.append(f"^{GATE}")
         graph.library.CopyFrom(private_library(graph.node, flat.graph_def.library))
     return pieces
-
-
-def _variable_values(model_dir, proto, flat):
-    """Checkpoint value of every variable the signature reads, by its flat op name."""
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    tf = tensorflow()
-    prefix = Path(model_dir) / "variables" / "variables"
-    try:  # a truncated file raises IndexError
-        reader = tf.train.load_checkpoint(str(prefix))
-        graph = trackable_object_graph_pb2.TrackableObjectGraph()
-        graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-        keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
-                for attr in node.attributes if attr.name == "VARIABLE_VALUE"}
-        missing = sorted(set(flat.variable_ops) - set(keys))
-        if missing:
-            raise ModelError(prefix, f"has no value for variable object {missing[0]}")
-        return {name: reader.get_tensor(keys[node_id])
-                for node_id, name in flat.variable_ops.items()}
-    except (ValueError, IndexError, tf.errors.OpError) as exc:
-        raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
-            from None

@@ -115,8 +115,9 @@ def print_plan(result, default_cluster):
                       f"({fusion_kinds(fused, result.graph)}) are each placed as one unit")
     gap = plan.gap
     if plan.context.get("samples_mixed_by"):
-        console.print(f"Op {plan.context['samples_mixed_by'][0]} mixes the samples of a "
-                      "batch: the stages run whole batches (no micro-batches)")
+        op, why = plan.context["samples_mixed_by"][0]
+        console.print(f"Op {op} mixes the samples of a batch ({why}): the stages run whole "
+                      "batches (no micro-batches)")
     strategy = plan.context.get("strategy")
     if strategy:
         console.print(strategy_line(strategy))

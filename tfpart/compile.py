@@ -64,21 +64,26 @@ def _check_fits(graph, cluster, source, batch_size=None):
                              f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
 
 
-def _samples_mixed_by(proto, model_dir, info, microbatches):
-    """Ops that mix a batch's samples, which forbid micro-batches (see
-    :mod:`rewriters.batch_check`; in a training step, only reductions over the batch
-    that feed back into per-sample ops, :mod:`rewriters.training_regions`): an error if
-    micro-batches were asked for, else the pipeline keeps whole batches."""
+def _samples_mixed_by(proto, model_dir, info, microbatches, cache):
+    """Ops that mix a batch's samples, which forbid micro-batches and replicas, each
+    with why (see :mod:`rewriters.batch_check`; in a training step, only reductions
+    over the batch that feed back into per-sample ops,
+    :mod:`rewriters.training_regions`): an error if micro-batches were asked for, else
+    the pipeline keeps whole batches. ``cache`` (a dict) keeps the answer for the
+    other strategies."""
     from rewriters.batch_check import batch_mixing_ops
 
     if microbatches == 1:
         return []
-    mixing = info.nonlinear if info.training else \
-        batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
+    if "mixing" not in cache:
+        cache["mixing"] = [(op, "it reduces over the batch and feeds per-sample ops")
+                           for op in info.nonlinear] if info.training else \
+            batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
+    mixing = cache["mixing"]
     if mixing and microbatches is not None:
-        raise ModelError(model_dir, f"op {mixing[0]} mixes the samples of a batch, so "
-                         f"{microbatches} micro-batches would change the outputs; use "
-                         "--microbatches 1 (stages without micro-batches)")
+        raise ModelError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
+                         f"({mixing[0][1]}), so {microbatches} micro-batches would change "
+                         "the outputs; use --microbatches 1 (stages without micro-batches)")
     return mixing
 
 
@@ -159,7 +164,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
             "filter_split": "a placement with filter splits",
             "hybrid": "replicas of a placement or of a pipeline"}
-    tried, failures = {}, {}
+    tried, failures, mixing_cache = {}, {}, {}
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:  # micro-batches and replicas split every input
         failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
@@ -180,9 +185,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         try:
             tried[name] = _partition(get_algorithm(name), options if len(names) == 1
                                      else None, cost, proto, model_dir, info, microbatches,
-                                     schedule)
-        except PlacementError as exc:
-            failures[name] = PlacementError(exc.path or cluster.source, exc.problem)
+                                     schedule, mixing_cache)
+        except (PlacementError, ModelError) as exc:
+            failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
     if not tried:
         raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
@@ -232,22 +237,29 @@ def kernels_to_compile():
 
 # what --strategy auto compares; on equal steps the first (the simplest) wins
 STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split", "hybrid")
-# strategies whose plans the pipeline pass rebuilds as a new TF2 function
+# strategies whose plans the pipeline pass rebuilds
 REBUILT = ("pipeline", "data_parallel", "filter_split", "hybrid")
+REPLICATED = ("data_parallel", "hybrid")  # strategies that split every batch into replicas
 TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are built "
                "for inference signatures (a training step gets an op placement)")
 
 
-def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule):
+def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule,
+               cache):
     """``chosen``'s plan (and the ops that mix a batch's samples, if it uses
-    micro-batches or replicas and some do)."""
+    micro-batches and some do: then it keeps whole batches). Replicas of a batch that
+    some op mixes are refused, naming the op."""
     settings = algorithm_options(chosen.name, options)
     mixing = []
     if chosen.stages:
         fields = {f.name for f in dataclasses.fields(settings)}
         if "microbatches" in fields:
             microbatches = settings.microbatches if microbatches is None else microbatches
-        mixing = _samples_mixed_by(proto, model_dir, info, microbatches)
+        mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache)
+        if mixing and chosen.name in REPLICATED:
+            raise PlacementError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
+                                 f"({mixing[0][1]}), so replicas of it would change the "
+                                 "outputs")
         settings = dataclasses.replace(settings, batch_size=info.batch_size, **{
             key: value for key, value in [
                 ("microbatches", 1 if mixing else microbatches),
