@@ -641,12 +641,18 @@ def continued_rows(updates, evaluations, start):
     >>> kept, evals, wall = continued_rows(rows, [{"update": 0, "wall_s": 0.0}], 4)
     >>> [r["update"] for r in kept], kept[-1]["worker"], wall
     ([1, 2, 3, 4], None, 0.3)
+
+    An asynchronous run's checkpoint can be taken (its evaluation timed) before the
+    client logged the row of its last update: the clock goes on from the later.
+
+    >>> continued_rows(rows, [{"update": 3, "wall_s": 0.25}], 3)[2]
+    0.3
     """
     kept = [row for row in updates if row["update"] <= start][:start]
     evaluations = [row for row in evaluations if row["update"] <= start]
     at = [row["wall_s"] for row in evaluations if row["update"] == start]
-    wall = at[0] if at else max([row["wall_s"] for row in kept[-1:] + evaluations[-1:]],
-                                default=0.0)
+    wall = max([row["wall_s"] for row in kept[-1:]] +
+               (at or [row["wall_s"] for row in evaluations[-1:]]), default=0.0)
     kept += [{"update": k, "worker": None, "loss": math.nan, "delay": None, "wall_s": wall}
              for k in range(len(kept) + 1, start + 1)]
     return kept, evaluations, wall
