@@ -240,41 +240,63 @@ def object_paths(objects):
     return paths
 
 
-def load_captured(model_dir, meta, captures, path=""):
+def load_captured(model_dir, meta, captures, path="", root=None):
     """The loaded resources and assets of ``captures`` (node id -> :class:`Capture`),
     by flat op name, for a new function to capture in their place: a table loaded
     this way is made and filled by the model's own functions, and saved with them.
+    ``root``: the model already loaded (:func:`load_root`).
 
     Raises
     ------
     tfpart.errors.ModelError
         If an object cannot be reached from the root, or the model not loaded.
     """
-    from rewriters.tf_import import tensorflow
-
-    tf = tensorflow()
     wanted = {node_id: capture for node_id, capture in captures.items()
               if capture.kind in HANDLE_KINDS}
     if not wanted:
         return {}
-    paths = object_paths(meta.object_graph_def)
-    unreachable = sorted(set(wanted) - set(paths))
-    if unreachable:
-        raise ModelError(path, f"captured {wanted[unreachable[0]].kind} {unreachable[0]} "
-                         "cannot be reached from the model's root object by name")
+    # the whole model: a partial load would miss what the tables' functions capture
+    root = root if root is not None else load_root(model_dir)
+    found = loaded_objects(root, meta, wanted, path)
+    return {capture.op_name: found[node_id] for node_id, capture in wanted.items()}
+
+
+def load_root(model_dir):
+    """The whole SavedModel ``model_dir`` loaded (``tf.saved_model.load``).
+
+    Raises
+    ------
+    tfpart.errors.ModelError
+        If it does not load.
+    """
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
     try:
-        # the whole model: a partial load would miss what the tables' functions capture
-        root = tf.saved_model.load(str(model_dir))
-        found = {}
-        for node_id, capture in wanted.items():
-            obj = root
-            for name in paths[node_id].split(".")[1:]:
-                obj = tf.train.TrackableView(obj).children(obj)[name]
-            found[capture.op_name] = obj
+        return tf.saved_model.load(str(model_dir))
     except Exception as exc:  # noqa: BLE001 - TensorFlow raises several kinds here
-        raise ModelError(path, f"cannot load the captured tables and assets: "
+        raise ModelError(model_dir, "cannot load the model: "
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                          ) from None
+
+
+def loaded_objects(root, meta, node_ids, path=""):
+    """The objects of the loaded ``root`` that are nodes ``node_ids`` of the object
+    graph of ``meta``, by node id, reached by their names from the root."""
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    paths = object_paths(meta.object_graph_def)
+    unreachable = sorted(set(node_ids) - set(paths))
+    if unreachable:
+        raise ModelError(path, f"captured object {unreachable[0]} cannot be reached from "
+                         "the model's root object by name")
+    found = {}
+    for node_id in node_ids:
+        obj = root
+        for name in paths[node_id].split(".")[1:]:
+            obj = tf.train.TrackableView(obj).children(obj)[name]
+        found[node_id] = obj
     return found
 
 
@@ -309,5 +331,5 @@ def variable_values(model_dir, proto, flat):
 
 
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
-           "captured_tensor", "load_captured", "object_paths", "resource_bytes",
-           "resource_functions", "variable_values"]
+           "captured_tensor", "load_captured", "load_root", "loaded_objects", "object_paths",
+           "resource_bytes", "resource_functions", "variable_values"]

@@ -38,8 +38,8 @@ import re
 import zlib
 from pathlib import Path
 
-from rewriters.captures import (HANDLE_KINDS, captured_tensor, load_captured, object_paths,
-                                variable_values)
+from rewriters.captures import (HANDLE_KINDS, captured_tensor, load_captured, load_root,
+                                loaded_objects, object_paths, variable_values)
 from rewriters.channel_split import split_channels
 from rewriters.functions import private_library
 from rewriters.reader import flatten_signature
@@ -126,9 +126,16 @@ def pipeline_pass(model, plan, workdir):
     device_of = _save_pipelined(model.directory, model.proto, plan, target)
     proto = read_saved_model(target)
     objects = proto.meta_graphs[0].object_graph_def
-    for obj in objects.nodes:
-        if obj.HasField("variable") and obj.variable.name in device_of:
-            obj.variable.device = device_of[obj.variable.name]
+    host = plan.context.get("unread_variables", {}).get("device") or \
+        (plan.context.get("devices") or [""])[0]
+    by_op = next(child.node_id for child in objects.nodes[0].children
+                 if child.local_name == "variables_by_op")
+    planned = {child.node_id: plan.assignment[child.local_name]
+               for child in objects.nodes[by_op].children}
+    for node_id, obj in enumerate(objects.nodes):
+        if obj.HasField("variable"):  # the signature's own, a replica's copy, or unread
+            obj.variable.device = planned.get(node_id) or \
+                device_of.get(obj.variable.name, host)
     resources = _resource_devices(model.proto, plan)
     for node_id, path in object_paths(objects).items():
         name = path.removeprefix("root.tfpart_resources.")
@@ -206,12 +213,16 @@ def _save_pipelined(model_dir, proto, plan, staging):
                                  "a batch dimension on every input")
 
     module = tf.Module()
-    module.variables_by_op = {name: tf.Variable(values[name], name=name.replace("/", "_"))
-                              for name in sorted(values)}
-    captured = load_captured(model_dir, meta, flat.info.captures, model_dir)
+    original = load_root(model_dir)
+    # the original's own variables: every signature and endpoint kept reads them
+    found = loaded_objects(original, meta, flat.variable_ops, model_dir)
+    module.variables_by_op = {flat.variable_ops[node_id]: found[node_id]
+                              for node_id in sorted(found, key=flat.variable_ops.get)}
+    module.tfpart_original = original
+    captured = load_captured(model_dir, meta, flat.info.captures, model_dir, root=original)
     # saved with the model: loading it makes and fills each table on its device
     module.tfpart_resources = [captured[name] for name in sorted(captured)]
-    device_of = {name.replace("/", "_"): plan.assignment[name] for name in values}
+    device_of = {}
     if all_reduces(plan.replicas):
         device_of.update(_add_replica_copies(module, plan, values))
     copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
@@ -224,18 +235,50 @@ def _save_pipelined(model_dir, proto, plan, staging):
 
     pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
                              getattr(module, "collective_tokens", None), outputs)
-    module.serve = tf.function(pipeline, input_signature=specs, autograph=False)
+    module.tfpart_pipelined = tf.function(pipeline, input_signature=specs, autograph=False)
+    for name in kept_endpoints(proto, flat.info.signature)["endpoints"]:
+        setattr(module, name, getattr(original, name))
     try:
-        concrete = module.serve.get_concrete_function()
+        concrete = module.tfpart_pipelined.get_concrete_function()
     except (ValueError, TypeError, tf.errors.OpError) as exc:
         raise ModelError(model_dir, "cannot build the pipelined signature: "
                          f"{str(exc).splitlines()[0]}") from None
     # Custom gradients (Keras's swish) are not saved: in a process that exported the
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already.
-    tf.saved_model.save(module, str(staging), signatures={flat.info.signature: concrete},
+    signatures = {name: original.signatures[name] for name in original.signatures}
+    signatures[flat.info.signature] = concrete
+    tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return device_of
+
+
+def kept_endpoints(proto, signature):
+    """What a pipelined model keeps of the original besides ``signature``: the other
+    signatures and the functions of the root object (Keras's ``serve``, a module's
+    methods, ``__call__``), each running its original graph on the same variables.
+
+    >>> from tensorflow.core.protobuf import saved_model_pb2
+    >>> proto = saved_model_pb2.SavedModel()
+    >>> meta = proto.meta_graphs.add()
+    >>> for key in ("serving_default", "predict", "__saved_model_init_op"):
+    ...     _ = meta.signature_def[key]
+    >>> root, serve = meta.object_graph_def.nodes.add(), meta.object_graph_def.nodes.add()
+    >>> serve.function.concrete_functions.append("f")
+    >>> _ = root.children.add(node_id=1, local_name="serve")
+    >>> kept_endpoints(proto, "serving_default")
+    {'signatures': ['predict'], 'endpoints': ['serve']}
+    """
+    meta = proto.meta_graphs[0]
+    objects = meta.object_graph_def
+    endpoints = [child.local_name for child in objects.nodes[0].children
+                 if objects.nodes[child.node_id].WhichOneof("kind") == "function"
+                 and not child.local_name.startswith("tfpart_")
+                 and child.local_name not in ("variables_by_op", "replica_variables",
+                                              "collective_tokens")] if objects.nodes else []
+    return {"signatures": sorted(k for k in meta.signature_def
+                                 if k != signature and not k.startswith("__")),
+            "endpoints": sorted(endpoints)}
 
 
 def _add_replica_copies(module, plan, values):

@@ -118,6 +118,11 @@ def print_plan(result, default_cluster):
         op, why = plan.context["samples_mixed_by"][0]
         console.print(f"Op {op} mixes the samples of a batch ({why}): the stages run whole "
                       "batches (no micro-batches)")
+    kept = plan.context.get("kept") or {}
+    if kept.get("signatures") or kept.get("endpoints"):
+        console.print("Kept from the original: " + "; ".join(
+            f"{what} {', '.join(kept[what])}" for what in ("signatures", "endpoints")
+            if kept.get(what)) + f" ({kept['runs']})")
     strategy = plan.context.get("strategy")
     if strategy:
         console.print(strategy_line(strategy))
@@ -181,6 +186,10 @@ def print_verify(report):
                   f"{report.ops_checked} ops checked against the plan, "
                   f"{len(report.op_mismatches)} on another device; "
                   f"{len(report.variable_mismatches)} variables misplaced")
+    if report.other_signatures:
+        same = sorted(name for name, (_, equal) in report.other_signatures.items() if equal)
+        console.print(f"Other signatures: {len(same)} of {len(report.other_signatures)} "
+                      f"give the original's outputs ({', '.join(same) or 'none'})")
     if report.moved_constants:
         console.print(f"{len(report.moved_constants)} constants ran beside what Grappler "
                       "folded them into, not where planned (they hold no work)")

@@ -165,6 +165,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             "filter_split": "a placement with filter splits",
             "hybrid": "replicas of a placement or of a pipeline"}
     tried, failures, mixing_cache = {}, {}, {}
+    if len(names) > 1 or get_algorithm(names[0]).stages:
+        # the batch-mixing check runs the model, which starts TensorFlow: let this
+        # process run the plan on logical CPUs afterwards
+        from tfpart.runtime import add_local_cpus
+
+        add_local_cpus(len(cluster))
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:  # micro-batches and replicas split every input
         failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
@@ -203,6 +209,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
+    if plan.reimported:
+        from rewriters.pipeline import kept_endpoints
+
+        plan.context["kept"] = dict(kept_endpoints(proto, info.signature), runs=(
+            "the original graph's nodes, placed by the plan" if info.format == "tf1" else
+            "the original graphs, not pipelined, reading the placed variables"))
     if strategy == "auto" and not pipeline:
         plan.context["strategy"] = {
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
@@ -290,6 +302,10 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     # twice the model: the rewriters' working copy and the output
     check_free_space(out, 2 * folder_bytes(model_dir))
     staging = new_staging_folder(out, force)  # fails on an unwritable output before any work
+    if verify:  # planning may start TensorFlow: make the devices to verify on first
+        from tfpart.runtime import ensure_local_cpus
+
+        ensure_local_cpus(len(cluster))
     with removed_on_failure(staging):
         return _compile_into(staging, model_dir, cluster, out, plan_model(
             model_dir, cluster, batch_size=batch_size, signature=signature,
@@ -333,10 +349,6 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
                          verification=reports[0] if reports else None,
                          timings={**timings, **inner}, cost=cost, picture=picture)
 
-    if verify:  # the pipeline pass starts TensorFlow: make the devices to verify on first
-        from tfpart.runtime import ensure_local_cpus
-
-        ensure_local_cpus(len(cluster))
     from rewriters.tf_import import tensorflow
 
     tf = tensorflow()

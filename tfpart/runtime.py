@@ -83,7 +83,20 @@ class SessionSignature:
 
 
 def ensure_local_cpus(count):
-    """Make at least ``count`` logical CPU devices, if TensorFlow has not started yet."""
+    """Make at least ``count`` logical CPU devices, if TensorFlow has not started yet;
+    an error if fewer exist."""
+    tf = tensorflow()
+    add_local_cpus(count)
+    have = len(tf.config.list_logical_devices("CPU"))
+    if have < count:
+        raise TfpartError("", f"the plan needs {count} devices but only {have} logical CPU "
+                          "devices exist in this process (TensorFlow started before tfpart "
+                          "could add more)")
+
+
+def add_local_cpus(count):
+    """Make at least ``count`` logical CPU devices if TensorFlow has not started yet
+    (then running a plan of ``count`` devices here later needs nothing more)."""
     tf = tensorflow()
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
@@ -93,11 +106,6 @@ def ensure_local_cpus(count):
                 cpu, [tf.config.LogicalDeviceConfiguration()] * count)
     except RuntimeError:
         pass  # already initialised: use what exists
-    have = len(tf.config.list_logical_devices("CPU"))
-    if have < count:
-        raise TfpartError("", f"the plan needs {count} devices but only {have} logical CPU "
-                          "devices exist in this process (TensorFlow started before tfpart "
-                          "could add more)")
 
 def random_inputs(signature_fn, batch_size, seed=0):
     """Random tensors matching a signature's inputs, unknown dims set to batch_size."""

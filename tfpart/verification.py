@@ -34,10 +34,14 @@ class VerifyReport:
     device_map: dict = field(default_factory=dict)
     placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
     batches: list = field(default_factory=list)  # (batch size, max abs difference, equal)
+    # the original's other signatures: name -> (max abs difference, equal)
+    other_signatures: dict = field(default_factory=dict)
 
     @property
     def ok(self):
-        return self.outputs_equal and not self.op_mismatches and not self.variable_mismatches
+        return self.outputs_equal and not self.op_mismatches and \
+            not self.variable_mismatches and all(equal for _, equal in
+                                                 self.other_signatures.values())
 
     @property
     def problem(self):
@@ -62,6 +66,11 @@ class VerifyReport:
         if self.variable_mismatches:
             name, device = self.variable_mismatches[0]
             return f"variable {name} was not loaded on {device} as planned"
+        for name, (diff, equal) in sorted(self.other_signatures.items()):
+            if not equal:
+                return (f"the original's signature {name!r} is missing from the compiled "
+                        "model" if diff is None else f"signature {name!r} gives "
+                        f"other outputs than the original's (max abs difference {diff:.3g})")
         return None
 
 def run_with_placement(fn, inputs):
@@ -126,23 +135,34 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         signature = plan.context["signature"]
         sizes = verify_batch_sizes(batch_size or plan.context["batch_size"])
         with model_errors(original_dir, "load and run it"):
-            original = tf.saved_model.load(str(original_dir)).signatures[signature]
+            signatures = tf.saved_model.load(str(original_dir)).signatures
+            original = signatures[signature]
             inputs = [random_inputs(original, size, seed + k) for k, size in enumerate(sizes)]
             expected = [_as_arrays(original(**feed)) for feed in inputs]
+            others = {name: random_inputs(fn, sizes[0], seed) for name, fn in
+                      signatures.items() if name != signature}
+            expected_others = {name: _as_arrays(signatures[name](**feed))
+                               for name, feed in others.items()}
         with cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
             if plan.context.get("format") == "tf1":  # its variables are ops of the graph
-                compiled = SessionSignature(local_dir, signature, len(device_map))
+                def signature_of(name):
+                    return SessionSignature(local_dir, name, len(device_map))
+                compiled = signature_of(signature)
                 outputs, placed, op_types = compiled.run_with_placement(inputs[0])
                 variables = []
             else:
                 loaded = load(local_dir)
+                signature_of = loaded.signatures.get
                 compiled = loaded.signatures[signature]
                 outputs, placed, op_types = run_with_placement(compiled, inputs[0])
                 variables = _variable_devices(loaded)
             actual = [_as_arrays(outputs)] + [_as_arrays(compiled(**feed))
                                               for feed in inputs[1:]]
+            other_results = {name: _other_signature(signature_of, name, feed,
+                                                    expected_others[name], rtol, atol)
+                             for name, feed in others.items()}
     batches = [(size, *_compare(a, e, rtol, atol))
                for size, a, e in zip(sizes, actual, expected)]
     planned = {op: device_map[d] for op, d in plan.assignment.items()}
@@ -161,13 +181,26 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
     variable_mismatches = [pair for pair in Counter(expected_vars) - Counter(
         (n, canonical_device(d)) for n, d in variables)]
-    return VerifyReport(max_abs_diff=max(d for _, d, _ in batches),
+    return VerifyReport(other_signatures=other_results,
+                        max_abs_diff=max(d for _, d, _ in batches),
                         outputs_equal=all(equal for _, _, equal in batches), batches=batches,
                         ops_per_device=dict(Counter(placed.values())),
                         ops_checked=len(checked), op_mismatches=mismatches,
                         moved_constants=moved_constants,
                         variable_mismatches=variable_mismatches, device_map=device_map,
                         placement=placed)
+
+def _other_signature(signature_of, name, feed, expected, rtol, atol):
+    """(max abs difference, equal) of signature ``name`` of the compiled model on
+    ``feed`` against the original's ``expected`` outputs; (None, False) if it lacks it."""
+    try:
+        function = signature_of(name)
+    except KeyError:
+        function = None
+    if function is None:
+        return None, False
+    return _compare(_as_arrays(function(**feed)), expected, rtol, atol)
+
 
 def _compare(actual, expected, rtol, atol):
     """(max abs difference, equal) of two lists of output arrays (a difference of
