@@ -33,6 +33,33 @@ def export_mlp_module(path):
     return path
 
 
+def export_two_signature_module(path):
+    """A tf.Module with two signatures over one weight, each also a method:
+    ``serving_default`` (``__call__``, a dict of logits) and ``embed`` (``embed``, a
+    bare tensor)."""
+    import tensorflow as tf
+
+    class TwoSignatures(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.random.stateless_normal([16, 16], seed=[7, 8]) * 0.3)
+            self.head = tf.Variable(tf.random.stateless_normal([16, 4], seed=[9, 1]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def embed(self, x):
+            return tf.tanh(tf.matmul(x, self.w))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"logits": tf.matmul(tf.nn.relu(tf.matmul(tf.tanh(tf.matmul(
+                x, self.w)), self.w)), self.head)}
+
+    module = TwoSignatures()
+    tf.saved_model.save(module, str(path), signatures={
+        "serving_default": module.__call__, "embed": module.embed})
+    return path
+
+
 def residual_cnn(seed=0):
     """A small Keras CNN with two residual blocks (the shipped example model)."""
     import keras

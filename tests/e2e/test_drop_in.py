@@ -1,0 +1,80 @@
+"""A compiled model is a drop-in replacement whatever the strategy (issue 36): every
+signature and every method of the original is in the output, with the original's input
+and output structure, and gives the original's results; plan.json says how the ones
+tfpart did not optimise run."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
+from tfpart.compile import compile_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]
+
+STRATEGIES = {"greedy": {}, "pipeline": {"pipeline": True, "microbatches": 2},
+              "data_parallel": {"algorithm": "data_parallel", "options": {"replicas": 2}},
+              "filter_split": {"algorithm": "filter_split"}}
+
+
+def _structure(function):
+    """Input names, shapes and dtypes, and the output structure of a signature."""
+    import tensorflow as tf
+
+    inputs = {k: (s.shape.as_list(), s.dtype.name)
+              for k, s in function.structured_input_signature[1].items()}
+    outputs = tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype.name),
+                                    function.structured_outputs)
+    return inputs, outputs
+
+
+def _assert_drop_in(original_dir, out, calls):
+    import tensorflow as tf
+
+    original, compiled = tf.saved_model.load(str(original_dir)), tf.saved_model.load(str(out))
+    assert sorted(compiled.signatures) == sorted(original.signatures)
+    for name in original.signatures:
+        assert _structure(compiled.signatures[name]) == _structure(original.signatures[name])
+    for call in calls:
+        want, got = call(original), call(compiled)
+        assert tf.nest.map_structure(lambda t: t.shape, got) == \
+            tf.nest.map_structure(lambda t: t.shape, want)
+        for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_a_two_signature_module_keeps_both_and_its_methods(strategy, exported, tmp_path):
+    import tensorflow as tf
+
+    model, out = exported("two_signature_module"), tmp_path / "out"
+    # verified in a process of its own: loading several compiled variants of one model
+    # in one process can run one's functions on another's devices (see README)
+    result = compile_model(model, DEFAULT_CLUSTER_FILE, out, batch_size=4,
+                           **STRATEGIES[strategy])
+    checked = subprocess.run([sys.executable, "-m", "tfpart.cli", "verify", str(model),
+                              str(out)], capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stderr
+    assert "Other signatures: 1 of 1 kept with the original's inputs and outputs (embed)" \
+        in " ".join(checked.stdout.split())
+    x = tf.constant(np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32))
+    _assert_drop_in(model, out, [lambda m: m.signatures["serving_default"](x=x),
+                                 lambda m: m.signatures["embed"](x=x),
+                                 lambda m: m.embed(x), lambda m: m(x)])
+    if result.plan.reimported:
+        kept = json.loads((out / "plan.json").read_text())["context"]["kept"]
+        assert kept["signatures"] == ["embed"] and kept["endpoints"] == ["__call__", "embed"]
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data_parallel"])
+def test_a_keras_model_keeps_serve(strategy, tmp_path):
+    import tensorflow as tf
+
+    out = tmp_path / "out"
+    compile_model(DEFAULT_MODEL_DIR, DEFAULT_CLUSTER_FILE, out, batch_size=4,
+                  **STRATEGIES[strategy])
+    x = tf.constant(np.random.default_rng(2).standard_normal((5, 32, 32, 3)).astype(np.float32))
+    _assert_drop_in(DEFAULT_MODEL_DIR, out, [lambda m: m.serve(x),
+                                             lambda m: m.signatures["serve"](image=x)])
