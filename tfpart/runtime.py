@@ -107,8 +107,11 @@ def add_local_cpus(count):
     except RuntimeError:
         pass  # already initialised: use what exists
 
-def random_inputs(signature_fn, batch_size, seed=0):
-    """Random tensors matching a signature's inputs, unknown dims set to batch_size."""
+def random_inputs(signature_fn, batch_size, seed=0, int_high=None):
+    """Random tensors matching a signature's inputs, unknown dims set to batch_size;
+    an integer input named in ``int_high`` (key -> rows of the table it indexes,
+    :func:`rewriters.input_ranges.integer_input_ranges`) draws ids over all its rows,
+    its last row included, the others 0 or 1."""
     tf = tensorflow()
     rng = np.random.default_rng(seed)
     inputs = {}
@@ -117,7 +120,10 @@ def random_inputs(signature_fn, batch_size, seed=0):
         if spec.dtype.is_floating:
             value = rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
         elif spec.dtype.is_integer:
-            value = rng.integers(0, 2, size=shape).astype(spec.dtype.as_numpy_dtype)
+            high = (int_high or {}).get(name, 2)
+            value = rng.integers(0, high, size=shape).astype(spec.dtype.as_numpy_dtype)
+            if value.size and high > 2:
+                value.flat[0] = high - 1
         elif spec.dtype == tf.bool:
             value = rng.integers(0, 2, size=shape).astype(bool)
         else:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rewriters.input_ranges import integer_input_ranges
+from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
 from tfpart.plan import device_stand_ins, replica_device
@@ -136,7 +138,10 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         with model_errors(original_dir, "load and run it"):
             signatures = tf.saved_model.load(str(original_dir)).signatures
             original = signatures[signature]
-            inputs = [random_inputs(original, size, seed + k) for k, size in enumerate(sizes)]
+            ranges = integer_input_ranges(read_saved_model(original_dir), original_dir,
+                                          signature)
+            inputs = [random_inputs(original, size, seed + k, ranges)
+                      for k, size in enumerate(sizes)]
             expected = [_as_arrays(original(**feed)) for feed in inputs]
         with cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
