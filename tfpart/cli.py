@@ -187,9 +187,10 @@ def print_verify(report):
                   f"{len(report.op_mismatches)} on another device; "
                   f"{len(report.variable_mismatches)} variables misplaced")
     if report.other_signatures:
-        same = sorted(name for name, kept in report.other_signatures.items() if kept)
+        same = sorted(name for name, status in report.other_signatures.items()
+                      if status == "equal")
         console.print(f"Other signatures: {len(same)} of {len(report.other_signatures)} "
-                      "kept with the original's inputs and outputs "
+                      "give the original's outputs on the same inputs "
                       f"({', '.join(same) or 'none'})")
     if report.moved_constants:
         console.print(f"{len(report.moved_constants)} constants ran beside what Grappler "

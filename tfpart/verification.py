@@ -36,13 +36,15 @@ class VerifyReport:
     device_map: dict = field(default_factory=dict)
     placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
     batches: list = field(default_factory=list)  # (batch size, max abs difference, equal)
-    # the original's other signatures: name -> same inputs and outputs (None: missing)
+    # the original's other signatures: name -> "equal", "missing", "other inputs or
+    # outputs" or "other values (max abs difference …)"
     other_signatures: dict = field(default_factory=dict)
 
     @property
     def ok(self):
         return self.outputs_equal and not self.op_mismatches and \
-            not self.variable_mismatches and all(self.other_signatures.values())
+            not self.variable_mismatches and \
+            all(status == "equal" for status in self.other_signatures.values())
 
     @property
     def problem(self):
@@ -67,11 +69,9 @@ class VerifyReport:
         if self.variable_mismatches:
             name, device = self.variable_mismatches[0]
             return f"variable {name} was not loaded on {device} as planned"
-        for name, same in sorted(self.other_signatures.items()):
-            if not same:
-                return (f"the original's signature {name!r} is missing from the compiled "
-                        "model" if same is None else f"signature {name!r} takes or gives "
-                        "other tensors than the original's")
+        for name, status in sorted(self.other_signatures.items()):
+            if status != "equal":
+                return f"the original's signature {name!r} is {status} in the compiled model"
         return None
 
 def run_with_placement(fn, inputs):
@@ -82,6 +82,9 @@ def run_with_placement(fn, inputs):
     ctx = context.context()
     ctx.enable_run_metadata()
     try:
+        # drop what an earlier call left (a function another model instantiated while
+        # no metadata was asked for comes out with the next export)
+        ctx.export_run_metadata()
         outputs = fn(**inputs)
         metadata = ctx.export_run_metadata()
     finally:
@@ -160,7 +163,8 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                 variables = _variable_devices(loaded)
             actual = [_as_arrays(outputs)] + [_as_arrays(compiled(**feed))
                                               for feed in inputs[1:]]
-            other_results = {name: _same_structure(signature_of, name, fn)
+            other_results = {name: _other_signature(signature_of, name, fn, sizes[0], seed,
+                                                    rtol, atol)
                              for name, fn in signatures.items() if name != signature}
     batches = [(size, *_compare(a, e, rtol, atol))
                for size, a, e in zip(sizes, actual, expected)]
@@ -189,24 +193,29 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         variable_mismatches=variable_mismatches, device_map=device_map,
                         placement=placed)
 
-def _same_structure(signature_of, name, original):
-    """Whether the compiled model has signature ``name`` with the ``original``'s input
-    names, shapes and dtypes and output structure (None if it lacks it). They are not
-    run: two models loaded in one process share TensorFlow's functions by name, and a
-    run of one model's other signature can stand in for the next model's function."""
+def _other_signature(signature_of, name, original, batch, seed, rtol, atol):
+    """How signature ``name`` of the compiled model compares with the ``original``'s:
+    its inputs' names, shapes and dtypes and its outputs' structure, then its outputs
+    on the same random inputs ("equal", "missing", "other inputs or outputs", or
+    "other values (max abs difference …)")."""
     tf = tensorflow()
     try:
         compiled = signature_of(name)
     except KeyError:
         compiled = None
     if compiled is None:
-        return None
+        return "missing"
 
     def structure(function):
         return (function.structured_input_signature,
                 tf.nest.map_structure(lambda s: (s.shape.as_list(), s.dtype),
                                       function.structured_outputs))
-    return structure(compiled) == structure(original)
+    if structure(compiled) != structure(original):
+        return "other inputs or outputs"
+    feed = random_inputs(original, batch, seed)
+    diff, equal = _compare(_as_arrays(compiled(**feed)), _as_arrays(original(**feed)),
+                           rtol, atol)
+    return "equal" if equal else f"other values (max abs difference {diff:.3g})"
 
 
 def _compare(actual, expected, rtol, atol):
