@@ -41,7 +41,7 @@ from pathlib import Path
 from rewriters.captures import (HANDLE_KINDS, captured_tensor, load_captured, load_root,
                                 loaded_objects, object_paths, variable_values)
 from rewriters.channel_split import split_channels
-from rewriters.functions import private_library
+from rewriters.functions import body_functions, library_index, private_library
 from rewriters.reader import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
@@ -236,7 +236,8 @@ def _save_pipelined(model_dir, proto, plan, staging):
     pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
                              getattr(module, "collective_tokens", None), outputs)
     module.tfpart_pipelined = tf.function(pipeline, input_signature=specs, autograph=False)
-    for name in kept_endpoints(proto, flat.info.signature)["endpoints"]:
+    kept = kept_endpoints(proto, flat.info.signature)
+    for name in kept["endpoints"]:
         setattr(module, name, getattr(original, name))
     try:
         concrete = module.tfpart_pipelined.get_concrete_function()
@@ -246,7 +247,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
     # Custom gradients (Keras's swish) are not saved: in a process that exported the
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already.
-    signatures = {name: original.signatures[name] for name in original.signatures}
+    signatures = {name: original.signatures[name] for name in kept["signatures"]}
     signatures[flat.info.signature] = concrete
     tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
@@ -256,7 +257,10 @@ def _save_pipelined(model_dir, proto, plan, staging):
 def kept_endpoints(proto, signature):
     """What a pipelined model keeps of the original besides ``signature``: the other
     signatures and the functions of the root object (Keras's ``serve``, a module's
-    methods, ``__call__``), each running its original graph on the same variables.
+    methods, ``__call__``), each running its original graph on the same variables;
+    and, by name with why, those it cannot keep: ones that run XLA-compiled functions
+    (``jit_compile``), which read variables only on their own device while the plan
+    spreads them.
 
     >>> from tensorflow.core.protobuf import saved_model_pb2
     >>> proto = saved_model_pb2.SavedModel()
@@ -267,18 +271,50 @@ def kept_endpoints(proto, signature):
     >>> serve.function.concrete_functions.append("f")
     >>> _ = root.children.add(node_id=1, local_name="serve")
     >>> kept_endpoints(proto, "serving_default")
-    {'signatures': ['predict'], 'endpoints': ['serve']}
+    {'signatures': ['predict'], 'endpoints': ['serve'], 'dropped': {}}
     """
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
-    endpoints = [child.local_name for child in objects.nodes[0].children
-                 if objects.nodes[child.node_id].WhichOneof("kind") == "function"
-                 and not child.local_name.startswith("tfpart_")
-                 and child.local_name not in ("variables_by_op", "replica_variables",
-                                              "collective_tokens")] if objects.nodes else []
-    return {"signatures": sorted(k for k in meta.signature_def
-                                 if k != signature and not k.startswith("__")),
-            "endpoints": sorted(endpoints)}
+    functions = library_index(meta.graph_def.library)
+    children = {child.local_name: objects.nodes[child.node_id]
+                for child in objects.nodes[0].children} if objects.nodes else {}
+    endpoints = {name: list(obj.function.concrete_functions) for name, obj in children.items()
+                 if obj.WhichOneof("kind") == "function" and not name.startswith("tfpart_")
+                 and name not in ("variables_by_op", "replica_variables", "collective_tokens")}
+    signature_functions = {child.local_name: [objects.nodes[child.node_id].bare_concrete_function
+                                              .concrete_function_name]
+                           for child in children["signatures"].children} \
+        if "signatures" in children else {}
+    signatures = [k for k in meta.signature_def if k != signature and not k.startswith("__")]
+    dropped = {}
+    for roots_of, names in ((signature_functions, signatures), (endpoints, endpoints)):
+        for name in names:
+            if any(_runs_xla(root, functions) for root in roots_of.get(name, [])):
+                dropped[name] = ("it runs XLA-compiled code, which reads variables only on "
+                                 "its own device")
+    return {"signatures": sorted(k for k in signatures if k not in dropped),
+            "endpoints": sorted(k for k in endpoints if k not in dropped),
+            "dropped": dropped}
+
+
+def _runs_xla(name, functions, seen=None):
+    """Whether function ``name`` of the library ``functions``, or one it calls, is
+    compiled by XLA (``_XlaMustCompile``)."""
+    seen = set() if seen is None else seen
+    if name in seen or name not in functions:
+        return False
+    seen.add(name)
+    fdef = functions[name]
+    if _xla_compiled(fdef):
+        return True
+    return any(_xla_compiled(node) or _runs_xla(callee, functions, seen)
+               for node in fdef.node_def for callee in [*body_functions(node), node.op])
+
+
+def _xla_compiled(function_or_node):
+    # read without indexing: indexing a proto map adds the key
+    attr = function_or_node.attr.get("_XlaMustCompile")
+    return attr is not None and attr.b
 
 
 def _add_replica_copies(module, plan, values):
