@@ -149,14 +149,16 @@ def test_tf1_pipeline_over_microbatches_keeps_the_model_tf1(exported, tmp_path):
         ids = np.arange(rows, dtype=np.int64) % 4  # 3 is not in the table
         expected = original(x=tf.constant(x), ids=tf.constant(ids))
         got = compiled(x=tf.constant(x), ids=tf.constant(ids))
+        # micro-batches change a matmul's rows, and Eigen's summation order with them
         for key in ("gated", "y"):
-            np.testing.assert_allclose(got[key].numpy(), expected[key].numpy(), rtol=1e-6)
+            np.testing.assert_allclose(got[key].numpy(), expected[key].numpy(), rtol=1e-5,
+                                       atol=1e-6)
         with tf.compat.v1.Session(graph=tf.Graph(), config=tf.compat.v1.ConfigProto(
                 device_count={"CPU": 4})) as session:
             tf.compat.v1.saved_model.load(session, ["serve"], str(out))
             y = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: x,
                                                           signature.inputs["ids"].name: ids})
-        np.testing.assert_allclose(y, expected["y"].numpy(), rtol=1e-6)
+        np.testing.assert_allclose(y, expected["y"].numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "hybrid"])
