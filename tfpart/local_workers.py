@@ -114,8 +114,19 @@ class LocalWorkers:
 
     def freeze(self, task, job="worker", frozen=True):
         """Stop one task with SIGSTOP (as a hung or cut-off host would seem: its kernel
-        still accepts connections), or with ``frozen=False`` let it go on (SIGCONT)."""
-        self.process(task, job).send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+        still accepts connections), or with ``frozen=False`` let it go on (SIGCONT);
+        returns once the kernel shows it stopped or running (signals arrive later)."""
+        process = self.process(task, job)
+        process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no /proc here: the signal alone
+            if (state in "Tt") == frozen:
+                return
+            time.sleep(0.01)
 
     def stop(self):
         for process in self.processes:
