@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rewriters.captures import HANDLE_KINDS, captured_tensor, load_captured, variable_values
+from rewriters.captures import HANDLE_KINDS, load_captured, state_input_map, variable_values
 from rewriters.functions import split_input
 from rewriters.reader import flatten_signature
 from rewriters.tf_import import tensorflow
@@ -61,7 +61,7 @@ PROBE_ROWS = 3  # the longer run's rows; the shorter one has PROBE_ROWS - 1
 OPAQUE_DTYPES = ("resource", "variant")
 
 
-def batch_mixing_ops(proto, path, batch_size=None, signature=None):
+def batch_mixing_ops(proto, path, signature=None):
     """Names of the ops of ``signature`` that mix the samples of a batch (see the
     module docstring), each with why: ``[(op, reason), ...]``, the first in the
     graph's order first.
@@ -75,7 +75,7 @@ def batch_mixing_ops(proto, path, batch_size=None, signature=None):
     flat = flatten_signature(proto, path, PROBE_ROWS, signature)
     runs = _probe_runs(proto, path, flat)
     roles = {name: tensor_role(*values) for name, values in runs.items()}
-    return mixing_ops(_ops(flat), roles, _outputs(proto, flat))
+    return mixing_ops(_ops(flat), roles, flat.outputs_by_key(proto))
 
 
 def tensor_role(full, part):
@@ -165,15 +165,6 @@ def _ops(flat):
             for op in graph.get_operations()]
 
 
-def _outputs(proto, flat):
-    """The signature's output tensors of the flat graph, by key."""
-    meta = proto.meta_graphs[0]
-    sig = meta.signature_def[flat.info.signature]
-    if flat.info.format == "tf1":
-        return {key: info.name for key, info in sig.outputs.items()}
-    return {key: flat.outputs[int(t.name.rsplit(":", 1)[1])] for key, t in sig.outputs.items()}
-
-
 def probe_inputs(flat, rows=PROBE_ROWS, seed=0):
     """Random inputs of ``rows`` rows for the flat signature's inputs, by placeholder:
     floats from a normal distribution, integers 0 or 1, distinct strings per row."""
@@ -260,16 +251,13 @@ def _function_runner(proto, path, flat):
     variables = {name: tf.Variable(value) for name, value in
                  variable_values(path, proto, flat).items()}
     captured = load_captured(path, meta, flat.info.captures, path)
-    handles = [c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS]
-    bound = set(variables) | {p for p, _, _ in flat.inputs.values()}
     graph_def = type(flat.graph_def)()
     graph_def.versions.CopyFrom(flat.graph_def.versions)
     graph_def.library.CopyFrom(flat.graph_def.library)
+    outside = flat.bound_outside()
     for node in flat.graph_def.node:
-        if node.name in bound or any(node.name == h or node.name.startswith(f"{h}/")
-                                     for h in handles):
-            continue
-        graph_def.node.add().CopyFrom(node)
+        if not outside(node.name):
+            graph_def.node.add().CopyFrom(node)
 
     placeholders = sorted(p for p, _, _ in flat.inputs.values())
     specs = {p: tf.TensorSpec([None, *shape[1:]], dtype)
@@ -278,10 +266,7 @@ def _function_runner(proto, path, flat):
     @tf.function(autograph=False, input_signature=[[specs[p] for p in placeholders]])
     def probe(values):
         graph = tf.compat.v1.get_default_graph()
-        input_map = {f"{name}:0": graph.capture(captured_tensor(obj))
-                     for name, obj in captured.items()}
-        input_map.update({f"{name}:0": graph.capture(var.handle)
-                          for name, var in variables.items()})
+        input_map = state_input_map(graph, captured, variables)
         input_map.update({f"{p}:0": value for p, value in zip(placeholders, values)})
         tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="probe")
         return {t.name.removeprefix("probe/"): t for op in graph.get_operations()

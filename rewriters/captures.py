@@ -306,6 +306,15 @@ def captured_tensor(obj):
     return obj.resource_handle if hasattr(obj, "resource_handle") else obj.asset_path
 
 
+def state_input_map(graph, captured, variables):
+    """The input map that binds a flat graph imported into the function ``graph``
+    (a FuncGraph being traced) to loaded state: each table or asset of ``captured``
+    and each ``tf.Variable`` of ``variables``, both by flat op name, captured."""
+    return {**{f"{name}:0": graph.capture(captured_tensor(obj))
+               for name, obj in captured.items()},
+            **{f"{name}:0": graph.capture(var.handle) for name, var in variables.items()}}
+
+
 def variable_values(model_dir, proto, flat):
     """Checkpoint value of every variable the signature reads, by its flat op name."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
@@ -332,4 +341,4 @@ def variable_values(model_dir, proto, flat):
 
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
            "captured_tensor", "load_captured", "load_root", "loaded_objects", "object_paths",
-           "resource_bytes", "resource_functions", "variable_values"]
+           "resource_bytes", "resource_functions", "state_input_map", "variable_values"]

@@ -38,8 +38,8 @@ import re
 import zlib
 from pathlib import Path
 
-from rewriters.captures import (HANDLE_KINDS, captured_tensor, load_captured, load_root,
-                                loaded_objects, object_paths, variable_values)
+from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
+                                object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
 from rewriters.functions import body_functions, library_index, private_library
 from rewriters.reader import flatten_signature
@@ -171,7 +171,7 @@ def _pipelined_tf1(model_dir, proto, plan):
         tf.graph_util.import_graph_def(meta.graph_def, name="")
         bound = {f"{name}:0": graph.get_tensor_by_name(f"{name}:0") for name in shared}
         body = _PipelineBody(flat, plan, regions, pieces, lambda _: [bound], None,
-                             {key: info.name for key, info in signature.outputs.items()})
+                             flat.outputs_by_key(proto))
         results = body(*[graph.get_tensor_by_name(f"{flat.inputs[key][0]}:0")
                          for key in sorted(flat.inputs)])
     meta.graph_def.CopyFrom(graph.as_graph_def())
@@ -201,10 +201,8 @@ def _save_pipelined(model_dir, proto, plan, staging):
     flat, assignment = _with_splits(flat, plan, regions.phase)
     stage_of = _stage_of_every_node(flat, plan)
     pieces = _piece_graphs(flat, assignment, stage_of, regions.phase)
-    values = variable_values(model_dir, proto, flat)
     meta = proto.meta_graphs[0]
-    outputs = {key: flat.outputs[int(t.name.rsplit(":", 1)[1])] for key, t in
-               meta.signature_def[flat.info.signature].outputs.items()}
+    outputs = flat.outputs_by_key(proto)
     specs = [tf.TensorSpec([None, *shape[1:]], dtype, name=key)
              for key, (_, shape, dtype) in sorted(flat.inputs.items())]
     for key, (_, shape, _) in flat.inputs.items():
@@ -224,14 +222,12 @@ def _save_pipelined(model_dir, proto, plan, staging):
     module.tfpart_resources = [captured[name] for name in sorted(captured)]
     device_of = {}
     if all_reduces(plan.replicas):
-        device_of.update(_add_replica_copies(module, plan, values))
+        device_of.update(_add_replica_copies(module, plan,
+                                             variable_values(model_dir, proto, flat)))
     copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
 
     def bind(graph):
-        shared = {f"{name}:0": graph.capture(captured_tensor(obj))
-                  for name, obj in captured.items()}
-        return [{**shared, **{f"{name}:0": graph.capture(var.handle)
-                              for name, var in copy.items()}} for copy in copies]
+        return [state_input_map(graph, captured, copy) for copy in copies]
 
     pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
                              getattr(module, "collective_tokens", None), outputs)
@@ -764,13 +760,10 @@ def _piece_graphs(flat, assignment, stage_of, phase_of, shared=()):
     nodes reading nothing else of their piece gated. The inputs' placeholders, the
     variables and the ``shared`` nodes (state every micro-batch reads) are left out."""
     tf = tensorflow()
-    skip = {p for p, _, _ in flat.inputs.values()} | set(flat.variable_ops.values()) | \
-        set(shared)
-    handles = [c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS]
+    outside = flat.bound_outside()
     pieces = {}
     for node in flat.graph_def.node:
-        if node.name in skip or any(node.name == h or node.name.startswith(f"{h}/")
-                                    for h in handles):
+        if node.name in shared or outside(node.name):
             continue
         phase = phase_of[node.name]
         key = (UPDATE, UPDATE) if phase == UPDATE else (stage_of[node.name], phase)

@@ -99,6 +99,26 @@ class FlatSignature:
     variable_ops: dict  # object-graph node id -> VarHandleOp name
     info: ModelInfo
 
+    def outputs_by_key(self, proto):
+        """The flat tensor of each of the signature's outputs, by its key in ``proto``'s
+        ``signature_def`` (a TF1 signature names the graph's own tensors)."""
+        outputs = proto.meta_graphs[0].signature_def[self.info.signature].outputs
+        if self.info.format == "tf1":
+            return {key: info.name for key, info in outputs.items()}
+        return {key: self.outputs[int(info.name.rsplit(":", 1)[1])]
+                for key, info in outputs.items()}
+
+    def bound_outside(self):
+        """A test of a node's name: whether it is one a rebuilt function binds to
+        tensors of its own instead of importing it (an input's placeholder, a variable,
+        or any node of a captured table or asset)."""
+        from rewriters.captures import HANDLE_KINDS
+
+        names = set(self.variable_ops.values()) | {p for p, _, _ in self.inputs.values()}
+        handles = {c.op_name for c in self.info.captures.values() if c.kind in HANDLE_KINDS}
+        prefixes = tuple(f"{h}/" for h in handles)
+        return lambda name: name in names or name in handles or name.startswith(prefixes)
+
 
 def flatten_signature(proto, path="", batch_size=None, signature=None):
     """Inline one signature of a SavedModel proto into a :class:`FlatSignature` (of a

@@ -78,7 +78,7 @@ def _samples_mixed_by(proto, model_dir, info, microbatches, cache):
     if "mixing" not in cache:
         cache["mixing"] = [(op, "it reduces over the batch and feeds per-sample ops")
                            for op in info.nonlinear] if info.training else \
-            batch_mixing_ops(proto, model_dir, info.batch_size, info.signature)
+            batch_mixing_ops(proto, model_dir, info.signature)
     mixing = cache["mixing"]
     if mixing and microbatches is not None:
         raise ModelError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "

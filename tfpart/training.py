@@ -169,10 +169,10 @@ def weight_variable_ops(model_dir, signature="weights"):
     proto = read_saved_model(model_dir)
     flat = flatten_signature(proto, model_dir, None, signature)
     nodes = {node.name: node for node in flat.graph_def.node}
-    outputs = proto.meta_graphs[0].signature_def[signature].outputs
+    outputs = flat.outputs_by_key(proto)
     found = []
     for key in sorted(outputs):
-        node = nodes[flat.outputs[int(outputs[key].name.rsplit(":", 1)[1])].split(":")[0]]
+        node = nodes[outputs[key].split(":")[0]]
         while node.op != "VarHandleOp":
             node = nodes[node.input[0].split(":")[0]]
         found.append(node.name)
