@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rewriters.functions import split_input
-from tfpart.errors import ModelError
+from tfpart.errors import ModelError, first_line
 
 KINDS = ("variable", "constant", "resource", "asset")
 HANDLE_KINDS = ("resource", "asset")  # captures a rebuilt model must take from the original
@@ -267,7 +267,7 @@ def load_root(model_dir):
     Raises
     ------
     tfpart.errors.ModelError
-        If it does not load.
+        If it does not load; naming the variables files when they are what is corrupt.
     """
     from rewriters.tf_import import tensorflow
 
@@ -275,9 +275,30 @@ def load_root(model_dir):
     try:
         return tf.saved_model.load(str(model_dir))
     except Exception as exc:  # noqa: BLE001 - TensorFlow raises several kinds here
-        raise ModelError(model_dir, "cannot load the model: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                         ) from None
+        check_checkpoint(model_dir)
+        raise ModelError(model_dir, f"cannot load the model: {first_line(exc)}") from None
+
+
+def check_checkpoint(model_dir):
+    """Read every tensor of the checkpoint of ``model_dir`` (if it has one).
+
+    Raises
+    ------
+    tfpart.errors.ModelError
+        Naming the variables prefix, if a file of it is corrupt or truncated.
+    """
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    prefix = Path(model_dir) / "variables" / "variables"
+    if not Path(f"{prefix}.index").exists():
+        return
+    try:  # a truncated file raises IndexError
+        reader = tf.train.load_checkpoint(str(prefix))
+        for key in reader.get_variable_to_shape_map():
+            reader.get_tensor(key)
+    except (ValueError, IndexError, tf.errors.OpError) as exc:
+        raise ModelError(prefix, f"cannot read the variables: {first_line(exc)}") from None
 
 
 def loaded_objects(root, meta, node_ids, path=""):
@@ -335,10 +356,10 @@ def variable_values(model_dir, proto, flat):
         return {name: reader.get_tensor(keys[node_id])
                 for node_id, name in flat.variable_ops.items()}
     except (ValueError, IndexError, tf.errors.OpError) as exc:
-        raise ModelError(prefix, f"cannot read the variables: {str(exc).splitlines()[0]}") \
-            from None
+        raise ModelError(prefix, f"cannot read the variables: {first_line(exc)}") from None
 
 
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
-           "captured_tensor", "load_captured", "load_root", "loaded_objects", "object_paths",
-           "resource_bytes", "resource_functions", "state_input_map", "variable_values"]
+           "captured_tensor", "check_checkpoint", "load_captured", "load_root",
+           "loaded_objects", "object_paths", "resource_bytes", "resource_functions",
+           "state_input_map", "variable_values"]

@@ -57,6 +57,24 @@ def test_truncated_saved_model_pb(capsys, tmp_path):
     assert tree_digest(model) == before
 
 
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+def test_corrupt_variables_data_is_named(capsys, tmp_path, how):
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    data = model / "variables" / "variables.data-00000-of-00001"
+    content = bytearray(data.read_bytes())
+    if how == "truncate":
+        content = content[: len(content) // 2]
+    else:
+        content[len(content) // 2] ^= 0xFF
+    data.write_bytes(bytes(content))
+    before = tree_digest(model)
+    code, err = run_cli(capsys, "compile", str(model), "-o", str(tmp_path / "out"), "--pipeline")
+    assert_clean_failure(code, err, str(model / "variables" / "variables"),
+                         "cannot read the variables", out=tmp_path / "out")
+    assert tree_digest(model) == before
+
+
 @pytest.mark.parametrize("cluster,words", [
     ("{not json", ["not valid JSON"]),
     ({"devices": []}, ["devices", "non-empty"]),
