@@ -107,20 +107,26 @@ def add_local_cpus(count):
     except RuntimeError:
         pass  # already initialised: use what exists
 
-def random_inputs(signature_fn, batch_size, seed=0, int_high=None):
-    """Random tensors matching a signature's inputs, unknown dims set to batch_size;
-    an integer input named in ``int_high`` (key -> rows of the table it indexes,
-    :func:`rewriters.input_ranges.integer_input_ranges`) draws ids over all its rows,
-    its last row included, the others 0 or 1."""
+def random_inputs(signature_fn, batch_size, seed=0, domains=None):
+    """Random tensors matching a signature's inputs, unknown dims set to batch_size.
+
+    An input named in ``domains`` (key -> :class:`rewriters.input_ranges.InputDomain`)
+    takes ids over all its table's rows, the last one included, or keys of its lookup
+    table (sentences of 1 to 4 of them for ``words``), the first value out of the
+    vocabulary; other integers are 0 or 1, other strings ``b"tfpart"``.
+    """
     tf = tensorflow()
     rng = np.random.default_rng(seed)
     inputs = {}
     for name, spec in signature_fn.structured_input_signature[1].items():
         shape = [batch_size if d is None else d for d in spec.shape.as_list()]
-        if spec.dtype.is_floating:
+        domain = (domains or {}).get(name)
+        if domain is not None and domain.keys:
+            value = _drawn_keys(rng, domain, shape)
+        elif spec.dtype.is_floating:
             value = rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
         elif spec.dtype.is_integer:
-            high = (int_high or {}).get(name, 2)
+            high = domain.rows if domain is not None else 2
             value = rng.integers(0, high, size=shape).astype(spec.dtype.as_numpy_dtype)
             if value.size and high > 2:
                 value.flat[0] = high - 1
@@ -130,6 +136,25 @@ def random_inputs(signature_fn, batch_size, seed=0, int_high=None):
             value = np.full(shape, b"tfpart", dtype=object)
         inputs[name] = tf.constant(value, dtype=spec.dtype)
     return inputs
+
+def _drawn_keys(rng, domain, shape):
+    """An array of ``shape`` of keys of ``domain`` (or sentences of them), its first
+    value a key the table does not hold.
+
+    >>> from rewriters.input_ranges import InputDomain
+    >>> _drawn_keys(np.random.default_rng(0), InputDomain(keys=(3, 5)), [4]).tolist()
+    [6, 5, 5, 3]
+    """
+    keys = np.array(domain.keys, dtype=object)
+    if domain.words:
+        value = np.array([b" ".join(rng.choice(keys, int(rng.integers(1, 5))))
+                          for _ in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+    else:
+        value = rng.choice(keys, size=shape)
+    if value.size:
+        value.flat[0] = max(domain.keys) + 1 if isinstance(domain.keys[0], int) else \
+            b"tfpart" + max(domain.keys)
+    return value
 
 @contextmanager
 def runnable(compiled_dir, cluster, watch):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rewriters.input_ranges import integer_input_ranges
+from rewriters.input_ranges import input_domains
 from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
 from tfpart.errors import model_errors
@@ -139,11 +139,14 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
         signature = plan.context["signature"]
         sizes = verify_batch_sizes(batch_size or plan.context["batch_size"])
         with model_errors(original_dir, "load and run it"):
-            signatures = tf.saved_model.load(str(original_dir)).signatures
+            root = tf.saved_model.load(str(original_dir))
+            signatures = root.signatures
             original = signatures[signature]
-            ranges = integer_input_ranges(read_saved_model(original_dir), original_dir,
-                                          signature)
-            inputs = [random_inputs(original, size, seed + k, ranges)
+            original_proto = read_saved_model(original_dir)
+
+            def domains(name):
+                return input_domains(original_proto, original_dir, name, root)
+            inputs = [random_inputs(original, size, seed + k, domains(signature))
                       for k, size in enumerate(sizes)]
             expected = [_as_arrays(original(**feed)) for feed in inputs]
         with cluster_errors(cluster), model_errors(
@@ -165,7 +168,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                                               for feed in inputs[1:]]
             dropped = (plan.context.get("kept") or {}).get("dropped", {})
             other_results = {name: _other_signature(signature_of, name, fn, sizes[0], seed,
-                                                    rtol, atol)
+                                                    domains(name), rtol, atol)
                              for name, fn in signatures.items()
                              if name != signature and name not in dropped}
     batches = [(size, *_compare(a, e, rtol, atol))
@@ -195,7 +198,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         variable_mismatches=variable_mismatches, device_map=device_map,
                         placement=placed)
 
-def _other_signature(signature_of, name, original, batch, seed, rtol, atol):
+def _other_signature(signature_of, name, original, batch, seed, domains, rtol, atol):
     """How signature ``name`` of the compiled model compares with the ``original``'s:
     its inputs' names, shapes and dtypes and its outputs' structure, then its outputs
     on the same random inputs ("equal", "missing", "other inputs or outputs", or
@@ -214,7 +217,7 @@ def _other_signature(signature_of, name, original, batch, seed, rtol, atol):
                                       function.structured_outputs))
     if structure(compiled) != structure(original):
         return "other inputs or outputs"
-    feed = random_inputs(original, batch, seed)
+    feed = random_inputs(original, batch, seed, domains)
     diff, equal = _compare(_as_arrays(compiled(**feed)), _as_arrays(original(**feed)),
                            rtol, atol)
     return "equal" if equal else f"other values (max abs difference {diff:.3g})"
