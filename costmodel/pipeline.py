@@ -35,6 +35,7 @@ import numpy as np
 
 from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
+from tfpart.dtypes import tensor_bytes
 from tfpart.graph import OpGraph
 from tfpart.ops import STATE_OPS, TABLE_CREATORS, WEIGHT_OPS
 from tfpart.plan import all_reduces, device_stand_ins, replica_device
@@ -322,6 +323,45 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
     return replicated, placement
 
 
+INPUT_OPS = {"Placeholder", "PlaceholderWithDefault"}
+
+
+def feed_and_merge(replicated, placement, graph, fractions, copies):
+    """Route replicas' inputs and outputs as the rewriter does: every replica's copies
+    (``copies(r, op)``) of an input op of ``graph`` take their rows where the first
+    replica's first copy is (the batch arrives there and is sliced), and the copies of
+    each output op (one with outputs and no data successor) are concatenated there, by
+    an op ``merge/<op>``: a replica elsewhere receives its rows and sends its results.
+
+    >>> g = OpGraph()
+    >>> g.add_op("x", op_type="Placeholder", outputs=[((8, 4), "float32")])
+    >>> g.add_op("y", op_type="Relu", outputs=[((8, 4), "float32")])
+    >>> g.add_edge("x", "y", bytes=128)
+    >>> replicated, where = replicas_graph(g, [0.75, 0.25], [0, 1], 0, set())
+    >>> where["rep1/x"], where["merge/y"], replicated.edge("rep1/y", "merge/y")["bytes"]
+    (0, 0, 32.0)
+    """
+    shared = shared_ops(graph)
+    for op, attrs in graph.ops.items():
+        if op in shared:
+            continue
+        home = placement[copies(0, op)[0]]
+        if attrs["op_type"] in INPUT_OPS and not list(graph.predecessors(op)):
+            for r in range(len(fractions)):
+                placement.update({copy: home for copy in copies(r, op)})
+        elif attrs["outputs"] and all(graph.edge(op, dst)["control"]
+                                      for dst in graph.successors(op)):
+            size = sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
+            merge = f"merge/{op}"
+            replicated.add_op(merge, op_type="ConcatV2", colocation=merge,
+                              bytes_accessed=2.0 * size)
+            placement[merge] = home
+            for r, fraction in enumerate(fractions):
+                for copy in copies(r, op):
+                    replicated.add_edge(copy, merge,
+                                        bytes=size * fraction / len(copies(r, op)))
+
+
 def replicas_graph(graph, fractions, replica_devices, home, pinned):
     """Data-parallel replicas of a graph, for the simulator: replica ``r`` runs a copy
     of the per-sample ops (named ``rep<r>/<op>``), costed for ``fractions[r]`` of the
@@ -367,6 +407,7 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
                 continue
             replicated.add_edge(src if src in shared else f"rep{r}/{src}",
                                 dst if dst in shared else f"rep{r}/{dst}", **edge)
+    feed_and_merge(replicated, placement, graph, fractions, lambda r, op: [f"rep{r}/{op}"])
     return replicated, placement
 
 
@@ -403,10 +444,12 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
                           schedule, into, f"rep{r}/", gradients)
+    def copies(r, op):
+        return [f"rep{r}/mb{m}/{op}" for m in range(microbatches)]
     if all_reduce:
-        add_all_reduces(*into, graph, gradients, len(fractions),
-                        lambda r, src: [f"rep{r}/mb{m}/{src}" for m in range(microbatches)],
+        add_all_reduces(*into, graph, gradients, len(fractions), copies,
                         lambda r, src: device_maps[r][src])
+    feed_and_merge(*into, graph, fractions, copies)
     return into
 
 
@@ -497,6 +540,7 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
                 replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
     add_all_reduces(replicated, placement, graph, gradients, count,
                     lambda r, src: [f"rep{r}/{src}"], lambda r, src: replica_devices[r])
+    feed_and_merge(replicated, placement, graph, fractions, lambda r, op: [f"rep{r}/{op}"])
     return replicated, placement
 
 

@@ -68,3 +68,33 @@ def test_a_pipeline_reports_the_traffic_between_its_stages(tmp_path, capsys):
     printed = capsys.readouterr().out
     fused = re.search(r"fused kernels\s+\((.*?)\)\s+are each placed", printed, re.S)
     assert fused and "Conv2D" in fused.group(1)  # the default model is a CNN
+
+
+def test_replicas_report_the_rows_sent_to_each_replica_and_its_results_back(tmp_path):
+    """Regression: the simulation of data-parallel replicas priced no copy between
+    devices. The batch arrives where the first replica is and is sliced there: another
+    replica receives its rows and sends its results back, as the rewriter does."""
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    from profiles import CLUSTERS_DIR, DEFAULT_MODEL_DIR
+
+    out = tmp_path / "out"
+    assert main(["compile", "--strategy", "data_parallel", "--batch-size", "6", "--cluster",
+                 str(CLUSTERS_DIR / "a100_l4_one_host.json"), "-o", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    first, second = plan["replicas"]["devices"]
+    rows = round(plan["replicas"]["fractions"][1] * 6)
+    signature = tf.saved_model.load(str(DEFAULT_MODEL_DIR)).signatures["serving_default"]
+
+    def row_bytes(specs):
+        return sum(int(np.prod(s.shape[1:])) * s.dtype.size for s in specs)
+    links = plan["predicted"]["links"]
+    assert links == {
+        f"{first} -> {second}": rows * row_bytes(
+            signature.structured_input_signature[1].values()),
+        f"{second} -> {first}": rows * row_bytes(signature.structured_outputs.values())}
+    page = (out / "report.html").read_text()
+    assert all(link.replace(">", "&gt;") in page for link in links)

@@ -200,10 +200,6 @@ def _replicas_schedule(plan, cost):
 
 def _links(plan):
     links = plan.predicted.links if plan.predicted else {}
-    if not links and plan.replicas:
-        return ("<p>The simulation of these replicas prices no copy between devices: each "
-                "replica's input slice is taken as fed on its device, and reads of the "
-                "variables on their device as free.</p>")
     if not links:
         return "<p>Nothing crosses between devices.</p>"
     return _table(("link", "MB per step"), [(link, f"{nbytes / 1e6:.3f}")
