@@ -60,6 +60,37 @@ def export_two_signature_module(path):
     return path
 
 
+def export_xla_module(path):
+    """A tf.Module whose two signatures (``serving_default``, ``__call__``; ``features``,
+    ``features``) both call a block compiled by XLA (``jit_compile=True``) between two
+    plain matrix products."""
+    import tensorflow as tf
+
+    class XlaBlocks(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w0 = tf.Variable(tf.random.stateless_normal([16, 64], seed=[1, 2]) * 0.3)
+            self.w1 = tf.Variable(tf.random.stateless_normal([64, 64], seed=[3, 4]) * 0.2)
+            self.w2 = tf.Variable(tf.random.stateless_normal([64, 4], seed=[5, 6]))
+
+        @tf.function(jit_compile=True)
+        def block(self, h):
+            return tf.tanh(tf.matmul(h, self.w1))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def features(self, x):
+            return self.block(tf.nn.relu(tf.matmul(x, self.w0)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def __call__(self, x):
+            return {"logits": tf.matmul(self.features(x), self.w2)}
+
+    module = XlaBlocks()
+    tf.saved_model.save(module, str(path), signatures={
+        "serving_default": module.__call__, "features": module.features})
+    return path
+
+
 def residual_cnn(seed=0):
     """A small Keras CNN with two residual blocks (the shipped example model)."""
     import keras

@@ -123,8 +123,8 @@ def print_plan(result, default_cluster):
         console.print("Kept from the original: " + "; ".join(
             f"{what} {', '.join(kept[what])}" for what in ("signatures", "endpoints")
             if kept.get(what)) + f" ({kept['runs']})")
-    for name, why in sorted((kept.get("dropped") or {}).items()):
-        console.print(f"Not kept: {name} ({why})")
+    for name, why in sorted((kept.get("without_xla") or {}).items()):
+        console.print(f"Kept without XLA: {name} ({why})")
     strategy = plan.context.get("strategy")
     if strategy:
         console.print(strategy_line(strategy))

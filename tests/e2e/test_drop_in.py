@@ -61,6 +61,28 @@ def test_a_two_signature_module_keeps_both_and_its_methods(strategy, exported, t
 
 
 @pytest.mark.parametrize("strategy", ["pipeline", "data_parallel"])
+def test_xla_compiled_signatures_and_methods_are_kept_running_without_xla(strategy, exported,
+                                                                           tmp_path):
+    """Regression: signatures and methods that call a ``jit_compile`` function were
+    dropped from pipelined and replicated outputs (XLA reads variables only on its own
+    device). They are kept, run without XLA, and plan.json says so."""
+    import tensorflow as tf
+
+    model, out = exported("xla_module"), tmp_path / "out"
+    result = compile_model(model, DEFAULT_CLUSTER_FILE, out, batch_size=4, verify=True,
+                           **STRATEGIES[strategy])
+    assert result.verification.other_signatures == {"features": "equal"}
+    kept = json.loads((out / "plan.json").read_text())["context"]["kept"]
+    assert kept["endpoints"] == ["__call__", "block", "features"]
+    assert sorted(kept["without_xla"]) == ["__call__", "block", "features"]
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.standard_normal((5, 16)).astype(np.float32))
+    h = tf.constant(rng.standard_normal((5, 64)).astype(np.float32))
+    _assert_drop_in(model, out, [lambda m: m.signatures["features"](x=x), lambda m: m(x),
+                                 lambda m: m.features(x), lambda m: m.block(h)])
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "data_parallel"])
 def test_a_keras_model_keeps_serve(strategy, tmp_path):
     import tensorflow as tf
 
