@@ -41,7 +41,9 @@ from pathlib import Path
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
-from rewriters.functions import body_functions, library_index, private_library
+from rewriters.endpoints import (compiled_endpoint, endpoint_binding, kept_endpoints,
+                                 run_without_xla)
+from rewriters.functions import private_library
 from rewriters.reader import choose_signature, flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
@@ -239,6 +241,9 @@ def _save_pipelined(model_dir, proto, plan, staging):
     kept = kept_endpoints(proto, flat.info.signature)
     for name in kept["endpoints"]:
         setattr(module, name, getattr(original, name))
+    for name in kept["compiled_endpoints"]:
+        setattr(module, name, compiled_endpoint(module.tfpart_pipelined, endpoint_binding(
+            meta, flat.info.signature, name)))
     try:
         concrete = module.tfpart_pipelined.get_concrete_function()
     except (ValueError, TypeError, tf.errors.OpError) as exc:
@@ -248,140 +253,11 @@ def _save_pipelined(model_dir, proto, plan, staging):
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already.
     signatures = {name: original.signatures[name] for name in kept["signatures"]}
-    signatures[flat.info.signature] = concrete
+    signatures.update({name: concrete for name in
+                       [flat.info.signature, *kept["compiled_signatures"]]})
     tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return device_of
-
-
-def kept_endpoints(proto, signature):
-    """What a pipelined model keeps of the original besides ``signature``: the other
-    signatures and the functions of the root object (Keras's ``serve``, a module's
-    methods, ``__call__``), each running its original graph on the same variables;
-    and, by name with why, those of them that run XLA-compiled functions
-    (``jit_compile``), which read variables only on their own device while the plan
-    spreads them: they run their graph without XLA (:func:`run_without_xla`).
-
-    >>> from tensorflow.core.protobuf import saved_model_pb2
-    >>> proto = saved_model_pb2.SavedModel()
-    >>> meta = proto.meta_graphs.add()
-    >>> for key in ("serving_default", "predict", "__saved_model_init_op"):
-    ...     _ = meta.signature_def[key]
-    >>> root, serve = meta.object_graph_def.nodes.add(), meta.object_graph_def.nodes.add()
-    >>> serve.function.concrete_functions.append("f")
-    >>> _ = root.children.add(node_id=1, local_name="serve")
-    >>> kept_endpoints(proto, "serving_default")
-    {'signatures': ['predict'], 'endpoints': ['serve'], 'without_xla': {}}
-    """
-    meta = proto.meta_graphs[0]
-    functions = library_index(meta.graph_def.library)
-    signature_functions, endpoints = endpoint_functions(meta)
-    signatures = [k for k in meta.signature_def if k != signature and not k.startswith("__")]
-    without_xla = {}
-    for roots_of, names in ((signature_functions, signatures), (endpoints, endpoints)):
-        for name in names:
-            if any(_runs_xla(root, functions) for root in roots_of.get(name, [])):
-                without_xla[name] = ("its XLA-compiled code reads variables only on its own "
-                                     "device and the plan spreads them: it runs without XLA")
-    return {"signatures": sorted(signatures), "endpoints": sorted(endpoints),
-            "without_xla": without_xla}
-
-
-def endpoint_functions(meta):
-    """The concrete functions each signature (by key) and each function of the root
-    object (by attribute name; tfpart's own excepted) of a TF2 SavedModel's object
-    graph runs."""
-    objects = meta.object_graph_def
-    children = {child.local_name: objects.nodes[child.node_id]
-                for child in objects.nodes[0].children} if objects.nodes else {}
-    endpoints = {name: list(obj.function.concrete_functions) for name, obj in children.items()
-                 if obj.WhichOneof("kind") == "function" and not name.startswith("tfpart_")
-                 and name not in ("variables_by_op", "replica_variables", "collective_tokens")}
-    signatures = {child.local_name: [objects.nodes[child.node_id].bare_concrete_function
-                                     .concrete_function_name]
-                  for child in children["signatures"].children} \
-        if "signatures" in children else {}
-    return signatures, endpoints
-
-
-def run_without_xla(meta, names, signature):
-    """Turn XLA compilation off in what the signatures and root functions ``names`` of
-    a saved pipelined model run (``meta``, changed in place): the root functions' specs,
-    their own functions and every call in the functions they reach that the pipelined
-    ``signature`` does not (it keeps its XLA-compiled calls, placed with their
-    variables).
-
-    >>> from tensorflow.core.protobuf import saved_model_pb2
-    >>> meta = saved_model_pb2.SavedModel().meta_graphs.add()
-    >>> for name in ("serve", "pipelined", "block"):
-    ...     meta.graph_def.library.function.add().signature.name = name
-    >>> serve, pipelined, block = meta.graph_def.library.function
-    >>> call = serve.node_def.add(op="StatefulPartitionedCall")
-    >>> call.attr["f"].func.name = "block"; call.attr["_XlaMustCompile"].b = True
-    >>> pipelined.node_def.add().CopyFrom(call); block.attr["_XlaMustCompile"].b = True
-    >>> objects = meta.object_graph_def
-    >>> root = objects.nodes.add()
-    >>> for name in ("serve", "block"):
-    ...     _ = root.children.add(node_id=len(objects.nodes), local_name=name)
-    ...     objects.nodes.add().function.concrete_functions.append(name)
-    >>> _ = root.children.add(node_id=len(objects.nodes), local_name="signatures")
-    >>> _ = objects.nodes[-1].children.add(node_id=len(objects.nodes), local_name="main")
-    >>> objects.nodes.add().bare_concrete_function.concrete_function_name = "pipelined"
-    >>> run_without_xla(meta, ["serve", "block"], "main")
-    >>> [_xla_compiled(f) for f in (serve.node_def[0], pipelined.node_def[0], block)]
-    [False, True, False]
-    """
-    from tensorflow.core.protobuf.saved_object_graph_pb2 import FunctionSpec
-
-    objects = meta.object_graph_def
-    for child in objects.nodes[0].children if objects.nodes else ():
-        if child.local_name in names and objects.nodes[child.node_id].HasField("function"):
-            # loading wraps a method's concrete functions in a tf.function of this spec
-            objects.nodes[child.node_id].function.function_spec.jit_compile = \
-                FunctionSpec.JitCompile.OFF
-    functions = library_index(meta.graph_def.library)
-    signature_functions, endpoints = endpoint_functions(meta)
-    pipelined = _reachable(signature_functions.get(signature, []), functions)
-    roots = [root for name in names
-             for root in signature_functions.get(name, []) + endpoints.get(name, [])]
-    for name in _reachable(roots, functions):
-        fdef = functions[name]
-        holders = [node for node in fdef.node_def if name not in pipelined]
-        for holder in [fdef] * (name in roots or name not in pipelined) + holders:
-            if _xla_compiled(holder):
-                holder.attr["_XlaMustCompile"].b = False
-
-
-def _reachable(roots, functions):
-    """The functions of ``functions`` that ``roots`` are or call, at any depth."""
-    seen, stack = set(), [root for root in roots if root in functions]
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack.extend(callee for node in functions[name].node_def
-                         for callee in [*body_functions(node), node.op] if callee in functions)
-    return seen
-
-
-def _runs_xla(name, functions, seen=None):
-    """Whether function ``name`` of the library ``functions``, or one it calls, is
-    compiled by XLA (``_XlaMustCompile``)."""
-    seen = set() if seen is None else seen
-    if name in seen or name not in functions:
-        return False
-    seen.add(name)
-    fdef = functions[name]
-    if _xla_compiled(fdef):
-        return True
-    return any(_xla_compiled(node) or _runs_xla(callee, functions, seen)
-               for node in fdef.node_def for callee in [*body_functions(node), node.op])
-
-
-def _xla_compiled(function_or_node):
-    # read without indexing: indexing a proto map adds the key
-    attr = function_or_node.attr.get("_XlaMustCompile")
-    return attr is not None and attr.b
 
 
 def _add_replica_copies(module, plan, values):

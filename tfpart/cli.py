@@ -123,6 +123,12 @@ def print_plan(result, default_cluster):
         console.print("Kept from the original: " + "; ".join(
             f"{what} {', '.join(kept[what])}" for what in ("signatures", "endpoints")
             if kept.get(what)) + f" ({kept['runs']})")
+    compiled = "; ".join(f"{what} {', '.join(kept[key])}" for what, key in (
+        ("signatures", "compiled_signatures"), ("endpoints", "compiled_endpoints"))
+        if kept.get(key))
+    if compiled:
+        console.print(f"Running the compiled signature too: {compiled} (the same signature, "
+                      f"or a function {plan.context['signature']} only wraps)")
     for name, why in sorted((kept.get("without_xla") or {}).items()):
         console.print(f"Kept without XLA: {name} ({why})")
     strategy = plan.context.get("strategy")

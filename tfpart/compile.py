@@ -210,7 +210,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
     if plan.reimported:
-        from rewriters.pipeline import kept_endpoints
+        from rewriters.endpoints import kept_endpoints
 
         plan.context["kept"] = dict(kept_endpoints(proto, info.signature), runs=(
             "the original graph's nodes, placed by the plan" if info.format == "tf1" else

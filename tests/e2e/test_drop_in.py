@@ -31,7 +31,9 @@ def _structure(function):
 def _assert_drop_in(original_dir, out, calls):
     import tensorflow as tf
 
-    original, compiled = tf.saved_model.load(str(original_dir)), tf.saved_model.load(str(out))
+    from tfpart.runtime import load
+
+    original, compiled = tf.saved_model.load(str(original_dir)), load(out)
     assert sorted(compiled.signatures) == sorted(original.signatures)
     for name in original.signatures:
         assert _structure(compiled.signatures[name]) == _structure(original.signatures[name])
@@ -41,6 +43,17 @@ def _assert_drop_in(original_dir, out, calls):
             tf.nest.map_structure(lambda t: t.shape, want)
         for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _devices_run(call, out, **inputs):
+    """The devices TensorFlow ran ``call(model, **inputs)``'s ops on, the compiled
+    model ``out`` loaded with its devices."""
+    from tfpart.runtime import load
+    from tfpart.verification import run_with_placement
+
+    model = load(out)
+    _, placed, _ = run_with_placement(lambda **feed: call(model, **feed), inputs)
+    return set(placed.values())
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -57,7 +70,9 @@ def test_a_two_signature_module_keeps_both_and_its_methods(strategy, exported, t
                                  lambda m: m.embed(x), lambda m: m(x)])
     if result.plan.reimported:
         kept = json.loads((out / "plan.json").read_text())["context"]["kept"]
-        assert kept["signatures"] == ["embed"] and kept["endpoints"] == ["__call__", "embed"]
+        assert kept["signatures"] == ["embed"] and kept["endpoints"] == ["embed"]
+        assert kept["compiled_endpoints"] == ["__call__"]
+        assert len(_devices_run(lambda m, x: m(x), out, x=x)) > 1
 
 
 @pytest.mark.parametrize("strategy", ["pipeline", "data_parallel"])
@@ -73,8 +88,8 @@ def test_xla_compiled_signatures_and_methods_are_kept_running_without_xla(strate
                            **STRATEGIES[strategy])
     assert result.verification.other_signatures == {"features": "equal"}
     kept = json.loads((out / "plan.json").read_text())["context"]["kept"]
-    assert kept["endpoints"] == ["__call__", "block", "features"]
-    assert sorted(kept["without_xla"]) == ["__call__", "block", "features"]
+    assert kept["endpoints"] == ["block", "features"] and kept["compiled_endpoints"] == ["__call__"]
+    assert sorted(kept["without_xla"]) == ["block", "features"]
     rng = np.random.default_rng(3)
     x = tf.constant(rng.standard_normal((5, 16)).astype(np.float32))
     h = tf.constant(rng.standard_normal((5, 64)).astype(np.float32))
@@ -92,6 +107,13 @@ def test_a_keras_model_keeps_serve(strategy, tmp_path):
     x = tf.constant(np.random.default_rng(2).standard_normal((5, 32, 32, 3)).astype(np.float32))
     _assert_drop_in(DEFAULT_MODEL_DIR, out, [lambda m: m.serve(x),
                                              lambda m: m.signatures["serve"](image=x)])
+    # Keras's serve and its serve signature are the compiled signature's own function
+    kept = json.loads((out / "plan.json").read_text())["context"]["kept"]
+    assert kept["compiled_signatures"] == ["serve"] and kept["compiled_endpoints"] == ["serve"]
+    compiled_devices = _devices_run(lambda m, image: m.serve(image), out, image=x)
+    assert compiled_devices == _devices_run(
+        lambda m, image: m.signatures["serving_default"](image=image), out, image=x)
+    assert len(compiled_devices) > 1
 
 
 def test_a_model_run_before_leaves_nothing_in_the_next_verification(exported, tmp_path):
