@@ -26,10 +26,10 @@ def kept_endpoints(proto, signature):
     each running its original graph on the same variables; ``compiled_signatures``,
     ``signature`` under other keys (:func:`same_signature`), and
     ``compiled_endpoints``, the root functions ``signature`` only wraps, which run the
-    rebuilt signature (:func:`endpoint_binding`); and ``without_xla``, by name with why, the kept ones
-    that run XLA-compiled functions (``jit_compile``), which read variables only on
-    their own device while the plan spreads them: they run their graph without XLA
-    (:func:`run_without_xla`).
+    rebuilt signature (:func:`endpoint_binding`); and ``without_xla``, by name with
+    why, the kept ones that run XLA-compiled functions (``jit_compile``), which read
+    variables only on their own device while the plan spreads them: they run their
+    graph without XLA (:func:`run_without_xla`).
 
     >>> from tensorflow.core.protobuf import saved_model_pb2
     >>> proto = saved_model_pb2.SavedModel()
@@ -39,8 +39,9 @@ def kept_endpoints(proto, signature):
     >>> root, serve = meta.object_graph_def.nodes.add(), meta.object_graph_def.nodes.add()
     >>> serve.function.concrete_functions.append("f")
     >>> _ = root.children.add(node_id=1, local_name="serve")
-    >>> kept_endpoints(proto, "serving_default")
-    {'signatures': ['predict'], 'endpoints': ['serve'], 'compiled_signatures': [], 'compiled_endpoints': [], 'without_xla': {}}
+    >>> kept = kept_endpoints(proto, "serving_default")
+    >>> kept["signatures"], kept["endpoints"], kept["compiled_endpoints"], kept["without_xla"]
+    (['predict'], ['serve'], [], {})
     """
     meta = proto.meta_graphs[0]
     functions = library_index(meta.graph_def.library)

@@ -44,7 +44,7 @@ from rewriters.channel_split import split_channels
 from rewriters.endpoints import (compiled_endpoint, endpoint_binding, kept_endpoints,
                                  run_without_xla)
 from rewriters.functions import private_library
-from rewriters.reader import choose_signature, flatten_signature
+from rewriters.reader import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
@@ -125,12 +125,9 @@ def pipeline_pass(model, plan, workdir):
         return SavedModelParts(_pipelined_tf1(model.directory, model.proto, plan),
                                model.directory)
     target = Path(workdir) / "pipelined"
-    device_of = _save_pipelined(model.directory, model.proto, plan, target)
+    device_of, kept, signature = _save_pipelined(model.directory, model.proto, plan, target)
     proto = read_saved_model(target)
-    signature = choose_signature(model.proto.meta_graphs[0], plan.context.get("signature"),
-                                 model.directory)
-    run_without_xla(proto.meta_graphs[0],
-                    kept_endpoints(model.proto, signature)["without_xla"], signature)
+    run_without_xla(proto.meta_graphs[0], kept["without_xla"], signature)
     objects = proto.meta_graphs[0].object_graph_def
     host = plan.context.get("unread_variables", {}).get("device") or \
         (plan.context.get("devices") or [""])[0]
@@ -198,7 +195,8 @@ def _resource_devices(proto, plan):
 def _save_pipelined(model_dir, proto, plan, staging):
     """Save the pipelined model into ``staging``; return the planned device of each
     saved variable, by its name (the caller writes them into the object graph, which
-    lets the compile machine save plans for devices it does not have)."""
+    lets the compile machine save plans for devices it does not have), what it kept of
+    the original (:func:`rewriters.endpoints.kept_endpoints`) and the signature."""
     tf = tensorflow()
     context = plan.context
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
@@ -257,7 +255,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
                        [flat.info.signature, *kept["compiled_signatures"]]})
     tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
-    return device_of
+    return device_of, kept, flat.info.signature
 
 
 def _add_replica_copies(module, plan, values):
