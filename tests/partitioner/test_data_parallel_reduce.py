@@ -58,8 +58,12 @@ def test_the_all_reduce_sends_less_and_copies_the_variables_and_the_update():
     thirds = [1 / 3] * 3
     one, one_where = replicas_graph(g, thirds, [0, 1, 2], 0, {"read"})
     ring, ring_where = all_reduce_replicas_graph(g, thirds, [0, 1, 2], {"read"})
-    assert most_sent_by_one_device(one, one_where) == pytest.approx(2 * WEIGHT_BYTES)
-    assert most_sent_by_one_device(ring, ring_where) == pytest.approx(4 / 3 * WEIGHT_BYTES)
+    # the batch arrives on the first replica's device, which sends the others their rows
+    # (x feeds two ops): 2 replicas x 2 edges x a third of 256 kB
+    rows = 2 * 2 * 256e3 / 3
+    assert most_sent_by_one_device(one, one_where) == pytest.approx(2 * WEIGHT_BYTES + rows)
+    assert most_sent_by_one_device(ring, ring_where) == pytest.approx(
+        4 / 3 * WEIGHT_BYTES + rows)
     assert sorted(op for op in ring.ops if op.endswith("/slot")) == [
         "rep0/slot", "rep1/slot", "rep2/slot"]
     assert {ring_where[f"rep{r}/apply"] for r in range(3)} == {0, 1, 2}
