@@ -34,6 +34,7 @@ Examples
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,16 +288,23 @@ def check_checkpoint(model_dir):
     tfpart.errors.ModelError
         Naming the variables prefix, if a file of it is corrupt or truncated.
     """
-    from rewriters.tf_import import tensorflow
-
-    tf = tensorflow()
     prefix = Path(model_dir) / "variables" / "variables"
     if not Path(f"{prefix}.index").exists():
         return
-    try:  # a truncated file raises IndexError
-        reader = tf.train.load_checkpoint(str(prefix))
+    with _reading_variables(prefix) as reader:
         for key in reader.get_variable_to_shape_map():
             reader.get_tensor(key)
+
+
+@contextmanager
+def _reading_variables(prefix):
+    """A checkpoint reader of ``prefix``; whatever a corrupt or truncated file raises
+    while it is read becomes a ModelError naming the prefix."""
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    try:  # a truncated file raises IndexError
+        yield tf.train.load_checkpoint(str(prefix))
     except (ValueError, IndexError, tf.errors.OpError) as exc:
         raise ModelError(prefix, f"cannot read the variables: {first_line(exc)}") from None
 
@@ -340,12 +348,8 @@ def variable_values(model_dir, proto, flat):
     """Checkpoint value of every variable the signature reads, by its flat op name."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-    from rewriters.tf_import import tensorflow
-
-    tf = tensorflow()
     prefix = Path(model_dir) / "variables" / "variables"
-    try:  # a truncated file raises IndexError
-        reader = tf.train.load_checkpoint(str(prefix))
+    with _reading_variables(prefix) as reader:
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
         keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
@@ -355,8 +359,6 @@ def variable_values(model_dir, proto, flat):
             raise ModelError(prefix, f"has no value for variable object {missing[0]}")
         return {name: reader.get_tensor(keys[node_id])
                 for node_id, name in flat.variable_ops.items()}
-    except (ValueError, IndexError, tf.errors.OpError) as exc:
-        raise ModelError(prefix, f"cannot read the variables: {first_line(exc)}") from None
 
 
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",

@@ -210,8 +210,12 @@ def run_without_xla(meta, names, signature):
              for root in signature_functions.get(name, []) + endpoints.get(name, [])]
     for name in _reachable(roots, functions):
         fdef = functions[name]
-        holders = [node for node in fdef.node_def if name not in pipelined]
-        for holder in [fdef] * (name in roots or name not in pipelined) + holders:
+        # a function the pipelined signature also runs keeps its calls, and its own
+        # attribute unless a kept root is that function itself
+        holders = [] if name in pipelined else list(fdef.node_def)
+        if name in roots or name not in pipelined:
+            holders.append(fdef)
+        for holder in holders:
             if _xla_compiled(holder):
                 holder.attr["_XlaMustCompile"].b = False
 

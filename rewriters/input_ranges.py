@@ -56,11 +56,7 @@ class InputDomain:
 def index_consumers(graph_def, placeholder):
     """The gathers whose indices input (``(op, input index)``) carries the values of
     ``placeholder``, through :data:`VALUE_PRESERVING_OPS`."""
-    consumers = {}
-    for node in graph_def.node:
-        for position, source in enumerate(node.input):
-            if not source.startswith("^"):
-                consumers.setdefault(split_input(source)[0], []).append((node, position))
+    consumers = _data_consumers(graph_def)
     found, stack, seen = [], [placeholder], set()
     while stack:
         name = stack.pop()
@@ -89,11 +85,7 @@ def key_consumers(graph_def, placeholder):
     >>> key_consumers(graph, "text")
     [('find', True), ('word', False)]
     """
-    consumers = {}
-    for node in graph_def.node:
-        for position, source in enumerate(node.input):
-            if not source.startswith("^"):
-                consumers.setdefault(split_input(source)[0], []).append((node, position))
+    consumers = _data_consumers(graph_def)
     found, stack, seen = set(), [(placeholder, False)], set()
     while stack:
         name, split = stack.pop()
@@ -134,6 +126,16 @@ def input_domains(proto, path="", signature=None, root=None):
         if rows:
             domains[key] = InputDomain(rows=min(rows))
     return domains
+
+
+def _data_consumers(graph_def):
+    """For each node name, the ``(node, input index)`` of every data input it feeds."""
+    consumers = {}
+    for node in graph_def.node:
+        for position, source in enumerate(node.input):
+            if not source.startswith("^"):
+                consumers.setdefault(split_input(source)[0], []).append((node, position))
+    return consumers
 
 
 def _table_keys(proto, path, flat, lookups, root):
