@@ -228,36 +228,3 @@ def edge_times(e, src, dst, edge_bytes, comm_row, comm, latency, inverse_bandwid
     nbytes = edge_bytes[e]
     on_link = nbytes * inverse_bandwidth[src, dst]
     return on_link, (latency[src, dst] + on_link if nbytes > 0 else 0.0)
-
-
-def memory_per_device(cost, device_of):
-    """:func:`costmodel.memory.device_memory` of a device-per-op array, as an array per
-    device index: variables and new outputs of the ops on each device, plus one copy of
-    every tensor it receives.
-
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from costmodel.roofline import CostModel
-    >>> g = OpGraph()
-    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
-    >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")])
-    >>> g.add_edge("w", "y")
-    >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
-    >>> memory_per_device(cost, np.array([0, 1])).tolist()
-    [400.0, 40.0]
-    """
-    a = graph_arrays(cost)
-    n_dev = len(cost.cluster)
-    device_of = np.asarray(device_of, dtype=np.int64)
-    memory = np.bincount(device_of, a.param_bytes + a.own_bytes, minlength=n_dev)
-    producer = np.repeat(np.arange(len(device_of)), np.diff(a.succ_ptr))
-    dst = device_of[a.succ_op]
-    crossing = ~a.edge_control[a.succ_edge] & (dst != device_of[producer])
-    copies = np.unique(producer[crossing] * n_dev + dst[crossing])
-    return memory + np.bincount(copies % n_dev, a.out_bytes[copies // n_dev], minlength=n_dev)
-
-
-def fits_memory(cost, device_of):
-    """Whether every device holds :func:`memory_per_device` of ``device_of``."""
-    capacity = np.array([device.memory for device in cost.cluster.devices])
-    return bool(np.all(memory_per_device(cost, device_of) <= capacity))

@@ -1,11 +1,12 @@
-"""Memory of a placement: persistent bytes plus an upper bound on activations.
+"""Memory of a placement: the bytes of its tensors, the all-alive reference figure and
+a lower bound.
 
-Each device holds the variables of the colocation groups placed on it, the outputs of
-the ops it runs (except ops whose output aliases their input's buffer, such as
-``ReadVariableOp`` and ``Reshape``), and one copy of every tensor it receives from
-another device. Counting
-every activation as alive for the whole step is an upper bound on the true peak; a
-schedule-aware live-range estimate can only lower it.
+The memory a plan is held to is the live-range peak of each device under the
+simulator's schedule (:func:`costmodel.simulate.peak_memory`): variables for the whole
+step, every other tensor from when it is produced (or starts arriving) until its last
+reader there ends. :func:`all_alive_memory`, every tensor alive for the whole step, is
+kept only as the reference it replaced (benchmarks and tests compare the two); no
+decision uses it.
 """
 from __future__ import annotations
 
@@ -14,19 +15,22 @@ from tfpart.ops import ALIASING_OPS
 
 
 def output_bytes(attrs):
-    """Bytes of all outputs of an op (from its ``outputs`` list of (shape, dtype))."""
-    return sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
+    """Bytes of all outputs of an op (from its ``outputs`` list of (shape, dtype), times
+    its ``memory_fraction`` when it runs on a part of the batch: a micro-batch, a
+    replica's share)."""
+    nbytes = sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
+    return nbytes * attrs["memory_fraction"] if "memory_fraction" in attrs else nbytes
 
 
 def new_output_bytes(attrs):
     """Bytes an op's outputs add on its own device (nothing for aliasing ops)."""
-    if attrs["op_type"] in ALIASING_OPS:
-        return 0
-    return sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
+    return 0 if attrs["op_type"] in ALIASING_OPS else output_bytes(attrs)
 
 
-def device_memory(graph, assignment, device_names):
-    """Predicted peak bytes per device name for an op -> device assignment.
+def all_alive_memory(graph, assignment, device_names):
+    """Bytes per device name if every tensor stayed alive for the whole step: variables,
+    new outputs of the ops placed there and one copy of every tensor it receives (the
+    figure tfpart used before live ranges; an upper bound on the live-range peak).
 
     Examples
     --------
@@ -35,7 +39,7 @@ def device_memory(graph, assignment, device_names):
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
     >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")])
     >>> g.add_edge("w", "y")
-    >>> device_memory(g, {"w": "A", "y": "B"}, ["A", "B"])
+    >>> all_alive_memory(g, {"w": "A", "y": "B"}, ["A", "B"])
     {'A': 400, 'B': 40}
     """
     memory = {name: 0 for name in device_names}
@@ -49,3 +53,47 @@ def device_memory(graph, assignment, device_names):
                 received.add((name, dst))
                 memory[dst] += output_bytes(attrs)
     return memory
+
+
+def memory_lower_bound(graph, n_devices):
+    """The least memory every one of ``n_devices`` equal devices needs for some plan to
+    fit, and why: an op's colocation group's variables, its inputs and its outputs are
+    on one device at once, and the variables are spread at best evenly.
+
+    Returns
+    -------
+    tuple of (float, str)
+        Bytes, and a phrase naming what needs them.
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
+    >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")], colocation="w")
+    >>> g.add_op("z", op_type="Relu", outputs=[((10,), "float32")])
+    >>> g.add_edge("w", "y"); g.add_edge("y", "z", bytes=40)
+    >>> memory_lower_bound(g, 2)
+    (440, 'y (MatMul) with its inputs, outputs and the 400 B of variables it is colocated with')
+    """
+    group_params = {}
+    for attrs in graph.ops.values():
+        group_params[attrs["colocation"]] = group_params.get(attrs["colocation"], 0) + \
+            attrs["param_bytes"]
+    best, why = 0, "nothing"
+    for op, attrs in graph.ops.items():
+        inputs = sum(output_bytes(graph.ops[src]) for src, edge in graph.in_edges(op).items()
+                     if not edge["control"] and graph.ops[src]["op_type"] not in ALIASING_OPS)
+        need = group_params[attrs["colocation"]] + inputs + new_output_bytes(attrs)
+        if need > best:
+            best, why = need, (f"{op} ({attrs['op_type']}) with its inputs, outputs and the "
+                               f"{_text(group_params[attrs['colocation']])} of variables it "
+                               f"is colocated with")
+    spread = graph.total_param_bytes() / max(n_devices, 1)
+    if spread > best:
+        best, why = spread, f"the model's variables spread evenly over {n_devices} devices"
+    return best, why
+
+
+def _text(nbytes):
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes:.0f} B"

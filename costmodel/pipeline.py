@@ -89,52 +89,6 @@ def in_flight(schedule, stage, stages, microbatches):
     return peak
 
 
-def training_peak_memory(graph, assignment, stage_of, schedule, microbatches):
-    """Predicted peak bytes per device of a pipelined training step.
-
-    A device holds its variables (weights, optimizer slots), one accumulator per
-    gradient it produces, the activations its forward ops keep for the backward pass
-    (a micro-batch's share of them) times the micro-batches its stage holds at once
-    (:func:`in_flight`), and its largest per-micro-batch tensor in flight.
-
-    >>> from tfpart.graph import OpGraph
-    >>> g = OpGraph()
-    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400, phase="forward")
-    >>> g.add_op("y", op_type="MatMul", outputs=[((8, 100), "float32")], phase="forward")
-    >>> g.add_op("dw", op_type="MatMul", outputs=[((10, 10), "float32")], phase="backward")
-    >>> g.add_op("step", op_type="AssignSubVariableOp", phase="update")
-    >>> for a, b in [("w", "y"), ("y", "dw"), ("dw", "step"), ("w", "step")]: g.add_edge(a, b)
-    >>> place = dict.fromkeys(g.ops, "gpu:0")
-    >>> [training_peak_memory(g, place, dict.fromkeys(g.ops, 0), s, 4)["gpu:0"]
-    ...  for s in SCHEDULES]
-    [4800.0, 2400.0]
-    """
-    from costmodel.memory import new_output_bytes
-
-    stages = sorted(set(stage_of.values()))
-    position = {stage: i for i, stage in enumerate(stages)}
-    memory = dict.fromkeys(set(assignment.values()), 0.0)
-    saved = dict.fromkeys(stages, 0.0)
-    largest = dict.fromkeys(memory, 0.0)
-    for op, attrs in graph.ops.items():
-        device, phase = assignment[op], attrs.get("phase")
-        memory[device] += attrs["param_bytes"]
-        out = new_output_bytes(attrs)
-        if phase == "update":
-            continue
-        consumers = [graph.ops[s].get("phase") for s in graph.successors(op)]
-        if phase == "forward" and "backward" in consumers:
-            saved[stage_of[op]] += out
-        if "update" in consumers and out:
-            memory[device] += out  # a gradient's accumulator
-        largest[device] = max(largest[device], out / microbatches)
-    stage_device = {stage_of[op]: assignment[op] for op in stage_of}
-    for stage, device in stage_device.items():
-        held = in_flight(schedule, position[stage], len(stages), microbatches)
-        memory[device] += held * saved[stage] / microbatches
-    return {device: memory[device] + largest[device] for device in memory}
-
-
 def microbatch_graph(graph, microbatches):
     """A copy of ``graph`` costed for one of ``microbatches`` equal micro-batches.
 
@@ -146,6 +100,18 @@ def microbatch_graph(graph, microbatches):
     shrink.
     """
     return graph if microbatches == 1 else scaled_graph(graph, 1.0 / microbatches)
+
+
+def _batched(graph, op):
+    """Whether ``op``'s outputs hold a part of the batch: it is not a weight, nor a
+    gradient an update op reads, and some data input is not a weight (weights and what
+    is computed from them alone, e.g. a cast of a variable, are whole in every
+    micro-batch)."""
+    if graph.ops[op]["op_type"] in WEIGHT_OPS or any(
+            graph.ops[dst].get("phase") == "update" for dst in graph.successors(op)):
+        return False
+    sources = [src for src, edge in graph.in_edges(op).items() if not edge["control"]]
+    return not sources or any(graph.ops[src]["op_type"] not in WEIGHT_OPS for src in sources)
 
 
 def scaled_graph(graph, fraction):
@@ -161,6 +127,8 @@ def scaled_graph(graph, fraction):
         weight_bytes = min(weight_bytes, attrs["bytes_accessed"])
         new = dict(attrs)
         new["batch_fraction"] = fraction  # measured profiles scale their full-batch times
+        if _batched(graph, name):
+            new["memory_fraction"] = fraction
         new["flops"] = attrs["flops"] * fraction
         new["bytes_accessed"] = weight_bytes + (attrs["bytes_accessed"] - weight_bytes) * fraction
         if attrs.get("cost") is not None:
@@ -186,6 +154,7 @@ class PipelineRun:
     busy: dict  # device name -> busy seconds over the batch
     links: dict = field(default_factory=dict)  # "src -> dst" -> bytes over the batch
     transfers: int = 0  # tensors copied between devices over the batch
+    peak_memory: dict | None = None  # device name -> live-range peak bytes, if asked
 
     @property
     def bubble_fraction(self):
@@ -194,19 +163,22 @@ class PipelineRun:
 
 
 def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=None,
-                      schedule="gpipe"):
+                      schedule="gpipe", memory=False):
     """Simulate ``graph`` (costed at one micro-batch) run ``microbatches`` times through
     its stages. ``device_of`` and ``stage_of`` map op names to device indices and stage
     numbers; variables are shared by all micro-batches, and so are a training step's
     update ops, which run once after every micro-batch's backward pass. Each stage runs
     its forward and backward tasks in the order of ``schedule`` (:func:`task_order`).
     ``costs`` is a CostModel whose measured profiles and precision policy apply
-    (default: the roofline's, the cluster's)."""
+    (default: the roofline's, the cluster's). With ``memory``, the run's
+    ``peak_memory`` is each device's live-range peak over the batch: every micro-batch's
+    tensors alive as the schedule interleaves them, each gradient kept until the
+    update that sums them."""
     names = cluster.device_names
     replicated, placement = _replicate(graph, names, device_of, stage_of,
                                        microbatches, schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
-    schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=False)
+    schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=memory)
     end = dict(zip(cost.ops, schedule.end))
     finish = [max((end[f"mb{m}/{op}"] for op in graph.ops if f"mb{m}/{op}" in end),
                   default=0.0) for m in range(microbatches)]
@@ -220,7 +192,9 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                        busy=dict(zip(cluster.device_names, map(float, schedule.busy))),
                        links={f"{names[a]} -> {names[b]}": float(n)
                               for (a, b), n in sorted(schedule.link_bytes.items())},
-                       transfers=len(schedule.transfers))
+                       transfers=len(schedule.transfers),
+                       peak_memory=dict(zip(names, map(float, schedule.peak_memory)))
+                       if memory else None)
 
 
 def _phase(attrs):

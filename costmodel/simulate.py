@@ -416,27 +416,71 @@ def placed_cost(plan, cost):
 
 
 def peak_memory(cost, schedule):
-    """Peak bytes per device: variables plus the most activations alive at once."""
+    """Peak bytes per device of a :class:`Schedule`: variables plus the most
+    activations alive at once (see the module docstring)."""
+    transfers = np.asarray(schedule.transfers, dtype=float).reshape(-1, 5)
+    return _peak(cost, np.asarray(schedule.order, dtype=np.int64), schedule.device,
+                 schedule.start, schedule.end, transfers, schedule.makespan)
+
+
+def live_peak(cost, device_of, priority=None):
+    """Peak bytes per device of ``device_of`` (an array by device index) under the
+    simulated schedule: the figure every plan is held to.
+
+    ``priority`` defaults to the upward rank, the simulator's default, so this is the
+    peak :func:`simulate` reports for the placement.
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel.roofline import CostModel
+    >>> g = OpGraph()
+    >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
+    >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((10,), "float32")])
+    >>> g.add_edge("w", "a"); g.add_edge("a", "b", bytes=40); g.add_edge("b", "c", bytes=40)
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
+    >>> live_peak(cost, np.array([0, 0, 0, 0])).tolist()  # a freed once b has run
+    [480.0, 0.0]
+    """
+    device_of = np.asarray(device_of, dtype=np.int64)
+    if priority is None:
+        priority = cost.derived("upward_rank", lambda: upward_rank(cost))
+    start, end, _, order, transfers, _ = _run_events(cost, device_of, priority)
+    return _peak(cost, order, device_of, start, end, transfers,
+                 _makespan(cost, end, transfers))
+
+
+def fits_memory(cost, device_of, priority=None):
+    """Whether every device holds its :func:`live_peak` under ``device_of``."""
+    capacity = cost.derived("capacity", lambda: np.array(
+        [device.memory for device in cost.cluster.devices], dtype=float))
+    return bool(np.all(live_peak(cost, device_of, priority) <= capacity))
+
+
+def _peak(cost, order, device_of, start, end, transfers, makespan):
     a = graph_arrays(cost)
     n_dev = cost.compute.shape[1]
-    transfers = np.asarray(schedule.transfers, dtype=float).reshape(-1, 5)
     alloc_time, alloc_bytes, freed = _buffer_lifetimes(
-        np.asarray(schedule.order, dtype=np.int64), schedule.device, schedule.start,
-        schedule.end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control, a.aliasing,
-        a.own_bytes, a.out_bytes, transfers, n_dev)
+        order, device_of, start, end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control,
+        a.aliasing, a.own_bytes, a.out_bytes, transfers, n_dev)
     owner, device = np.nonzero(alloc_bytes > 0)
     t0, nbytes = alloc_time[owner, device], alloc_bytes[owner, device]
     is_output = np.diff(a.succ_ptr)[owner] == 0
-    t1 = np.where(is_output, schedule.makespan, np.maximum(freed[owner, device], t0))
+    t1 = np.where(is_output, makespan, np.maximum(freed[owner, device], t0))
     # at equal times frees (kind 0) before allocations (kind 1), as the sweep's order
     times, kinds = np.concatenate([t0, t1]), np.repeat([1, 0], len(t0))
     devices, deltas = np.concatenate([device, device]), np.concatenate([nbytes, -nbytes])
-    order = np.lexsort((deltas, devices, kinds, times))
+    order = np.lexsort((deltas, kinds, times, devices))
+    devices, running = devices[order], np.cumsum(deltas[order])
     peak = np.zeros(n_dev)
+    bounds = np.searchsorted(devices, np.arange(n_dev + 1))
     for d in range(n_dev):
-        mine = deltas[order][devices[order] == d]
-        peak[d] = max(0.0, np.cumsum(mine).max(initial=0.0))
-    params = np.bincount(schedule.device, a.param_bytes, minlength=n_dev)
+        if bounds[d + 1] > bounds[d]:
+            mine = running[bounds[d]:bounds[d + 1]]
+            before = running[bounds[d] - 1] if bounds[d] else 0.0
+            peak[d] = max(0.0, (mine - before).max())
+    params = np.bincount(device_of, a.param_bytes, minlength=n_dev)
     return params + peak
 
 

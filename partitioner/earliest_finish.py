@@ -6,8 +6,9 @@ Ops are taken in list-scheduling order (ready ops first, highest upward rank fir
 rank uses each op's mean time over the devices that can run it and mean transfer
 times, as HEFT does). The first op of a colocation group decides the group's device:
 among the devices that have a kernel for every op of the group and room for the
-group's variables and the op's tensors, and that leave room for the variables of the
-groups still unplaced (a first-fit-decreasing packing must exist), the one where the op
+group's variables and the op's tensors beside the tensors alive there (each freed once
+all its readers are placed), and that leave room for the variables of the groups still
+unplaced (a first-fit-decreasing packing must exist), the one where the op
 would finish earliest, counting the transfers of its inputs and fitting it into an idle
 slot of that device's executor (insertion). The schedule is made twice: with each
 transfer taking its own alpha-beta time, and with transfers queued as the simulator
@@ -15,7 +16,10 @@ queues them (one copy per producer and destination device, on its directed link,
 idle slot of the link when one is long enough); the placement that simulates faster is
 kept. The rest of the group follows. Groups that cost nothing
 and read nothing (variables with their reads, constants) are then moved next to their
-heaviest consumer.
+heaviest consumer. The list schedule's order is not the simulator's, so its memory is
+an estimate: if the simulated live-range peak of the result breaks a device's memory,
+the schedule is made again with that device's room cut by the excess (a few times at
+most).
 
 The local search starts from the better of this placement and m-ETF's (Baechi's
 earliest-start rule does better where transfers dominate). It moves the heaviest
@@ -66,12 +70,12 @@ import networkx as nx
 import numba
 import numpy as np
 
-from costmodel.arrays import edge_times, fits_memory, graph_arrays, heap_pop, heap_push
-from costmodel.simulate import simulated_step, upward_rank
+from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
+from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
 from partitioner.units import placement_units
-from partitioner.validate import kernel_problem
+from partitioner.validate import kernel_problem, memory_hint
 from tfpart.errors import PlacementError
 
 
@@ -142,25 +146,46 @@ def greedy_placement(cost, options=GreedyOptions()):
     return device_of, priority
 
 
+REPAIRS = 4  # list schedules made again with less room where the simulation overflowed
+REPAIR_STEP = 0.02
+
+
 def _list_schedule(cost, options, priority, contended):
     """The earliest-finish list schedule's placement, its transfers queued per link
-    (``contended``) or each alone (the loop is compiled: :func:`_earliest_finish`)."""
+    (``contended``) or each alone (the loop is compiled: :func:`_earliest_finish`),
+    within every device's memory by simulation."""
     graph, cluster = cost.graph, cost.cluster
     a = graph_arrays(cost)
-    capacity = np.array([d.memory for d in cluster.devices]) * (1 - options.memory_headroom)
+    room = np.array([d.memory for d in cluster.devices], dtype=float) * \
+        (1 - options.memory_headroom)
+    capacity = room.copy()
     group_of, params = a.group_of, a.group_param_bytes
     packing = np.array(sorted(np.flatnonzero(params > 0).tolist(), key=lambda k: -params[k]),
                        dtype=np.int64)
-    device_of, failure = _earliest_finish(
-        priority, a.tie, cost.compute, np.asarray(cluster.executor_of, dtype=np.int64),
-        a.pred_ptr, a.pred_op, a.pred_edge, a.succ_ptr, a.succ_op, a.edge_bytes,
-        a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
-        group_of, params, a.group_runnable,
-        capacity, a.out_bytes, a.own_bytes, packing, options.insertion, contended)
-    if failure[0] >= 0:
-        raise _list_schedule_error(cost, failure)
-    _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-    return device_of
+    follower = np.zeros(len(params), dtype=np.bool_)
+    follower[free_groups(cost)] = True
+    members = np.argsort(group_of, kind="stable").astype(np.int64)
+    member_ptr = np.concatenate([[0], np.cumsum(np.bincount(group_of, minlength=len(params)))])
+    for _ in range(REPAIRS + 1):
+        device_of, failure = _earliest_finish(
+            priority, a.tie, cost.compute, np.asarray(cluster.executor_of, dtype=np.int64),
+            a.pred_ptr, a.pred_op, a.pred_edge, a.succ_ptr, a.succ_op, a.edge_bytes,
+            a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
+            group_of, params, a.group_runnable, capacity, a.out_bytes, a.own_bytes,
+            a.aliasing, data_readers(a), follower, member_ptr, members, packing,
+            options.insertion, contended)
+        if failure[0] >= 0:
+            raise _list_schedule_error(cost, failure)
+        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+        excess = live_peak(cost, device_of, priority) - room
+        if (excess <= 0).all():
+            return device_of
+        # at least REPAIR_STEP of the room: an excess of a few bytes changes no choice
+        capacity = capacity - np.where(excess > 0, np.maximum(excess, REPAIR_STEP * room), 0.0)
+    worst = int(np.argmax(excess))
+    raise PlacementError("", f"out of memory: the greedy's placements overflow "
+                         f"{cluster.devices[worst].name} by {excess[worst] / 1e6:.1f} MB in "
+                         f"simulation; {memory_hint(cost)}")
 
 
 def _list_schedule_error(cost, failure):
@@ -175,7 +200,7 @@ def _list_schedule_error(cost, failure):
            if need > free else "any device it fits on would leave no room for the "
            f"{unplaced / 1e6:.1f} MB of variables still to place")
     return PlacementError("", f"out of memory placing {name}: it needs "
-                          f"{need / 1e6:.1f} MB, and {why}")
+                          f"{need / 1e6:.1f} MB, and {why}; {memory_hint(cost)}")
 
 
 MAX_GAPS = 64  # idle slots examined before settling for the end of a schedule
@@ -242,9 +267,13 @@ def _leaves_room(group, free, d, need, params, packing, placed, unplaced_total):
 def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pred_edge,
                      succ_ptr, succ_op, edge_bytes, edge_control, comm_row, comm, latency,
                      inverse_bandwidth, group_of, params, group_runnable, capacity,
-                     out_bytes, own_bytes, packing, insertion, contended):
+                     out_bytes, own_bytes, aliasing, readers, follower, member_ptr, members,
+                     packing, insertion, contended):
     """The list schedule: ops in ready order (highest priority first), each group placed
-    where its first op finishes earliest within memory. Returns the device per op and
+    where its first op finishes earliest within memory: a device holds its variables
+    (``held``) for the whole step beside the most tensors alive there at once so far
+    (``live_peak``; a tensor is freed, with its received copies, once its last reader is
+    placed, and an aliasing op keeps its input's buffer). Returns the device per op and
     a failure row (op, roomiest device or -1 if no device can run it, free bytes there,
     bytes needed, unplaced variable bytes), ``op = -1`` on success."""
     n_ops, n_dev = compute.shape
@@ -252,13 +281,18 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
     failure = np.full(5, -1.0)
     device_of = np.full(n_ops, -1, dtype=np.int64)
     end = np.zeros(n_ops)
-    used = np.zeros(n_dev)
+    held = np.zeros(n_dev)  # variables
+    live = np.zeros(n_dev)  # tensors alive now, in the list schedule's order
+    live_peak = np.zeros(n_dev)  # the most tensors alive so far
+    used = np.zeros(n_dev)  # held + live_peak: what the device is committed to
     group_device = np.full(len(params), -1, dtype=np.int64)
     placed = np.zeros(len(params), dtype=np.bool_)
     unplaced_total = 0.0
     for g in packing:
         unplaced_total += params[g]
     received = np.zeros((n_ops, n_dev), dtype=np.bool_)
+    readers_left = readers.copy()  # data readers not yet placed, per op
+    alias_of = np.full(n_ops, -1, dtype=np.int64)
     slot_start = np.empty((n_exec, n_ops))
     slot_end = np.empty((n_exec, n_ops))
     slots = np.zeros(n_exec, dtype=np.int64)
@@ -291,8 +325,11 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
             if waiting[succ_op[k]] == 0:
                 heap_push(ready_heap, n_ready, 0, succ_op[k], priority, tie)
         g = group_of[i]
+        if follower[g] and group_device[g] < 0:
+            continue  # placed with its first reader (device_of[i] stays -1 until then)
         new_params = 0.0 if group_device[g] >= 0 else params[g]
-        best, best_finish, best_fill, best_need, best_copies = -1, 0.0, 0.0, 0.0, 0
+        best, best_finish, best_fill, best_copies = -1, 0.0, 0.0, 0
+        best_held, best_live = 0.0, 0.0
         roomiest, roomiest_free = -1, 0.0
         for d in range(n_dev):
             if group_device[g] >= 0 and d != group_device[g]:
@@ -301,13 +338,19 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
                 continue
             if roomiest < 0 or capacity[d] - used[d] > roomiest_free:
                 roomiest, roomiest_free = d, capacity[d] - used[d]
-            need = new_params + own_bytes[i]
+            need_held, need_live = new_params, own_bytes[i]
             for k in range(pred_ptr[i], pred_ptr[i + 1]):
                 p = pred_op[k]
-                if not edge_control[pred_edge[k]] and device_of[p] != d and not received[p, d]:
-                    need += out_bytes[p]
-            if used[d] + need > capacity[d]:
+                if device_of[p] < 0:  # a follower group: it comes here
+                    need_held += params[group_of[p]]
+                    need_live += own_bytes[p]
+                elif not edge_control[pred_edge[k]] and device_of[p] != d and \
+                        not received[p, d]:
+                    need_live += out_bytes[p]
+            after = held[d] + need_held + max(live_peak[d], live[d] + need_live)
+            if after > capacity[d]:
                 continue
+            need = after - used[d]
             if new_params > 0 and not _leaves_room(g, capacity - used, d, need, params,
                                                    packing, placed, unplaced_total):
                 continue
@@ -315,8 +358,9 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
             if not contended:
                 for k in range(pred_ptr[i], pred_ptr[i + 1]):
                     p = pred_op[k]
-                    _, total = edge_times(pred_edge[k], device_of[p], d, edge_bytes, comm_row,
-                                          comm, latency, inverse_bandwidth)
+                    _, total = edge_times(pred_edge[k], device_of[p] if device_of[p] >= 0 else d,
+                                          d, edge_bytes, comm_row, comm, latency,
+                                          inverse_bandwidth)
                     ready = max(ready, end[p] + total)
             else:
                 ks = np.arange(pred_ptr[i], pred_ptr[i + 1])
@@ -324,7 +368,7 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
                 ks = ks[np.argsort(end[pred_op[ks]], kind="mergesort")]
                 for k in ks:
                     p = pred_op[k]
-                    src = device_of[p]
+                    src = device_of[p] if device_of[p] >= 0 else d
                     if edge_control[pred_edge[k]] or src == d:
                         ready = max(ready, end[p])
                         continue
@@ -357,7 +401,8 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
                                     insertion) + compute[i, d]
             fill = used[d] / capacity[d]
             if best < 0 or finish < best_finish or (finish == best_finish and fill < best_fill):
-                best, best_finish, best_fill, best_need = d, finish, fill, need
+                best, best_finish, best_fill = d, finish, fill
+                best_held, best_live = need_held, need_live
                 best_copies = n_copies
                 best_p[:n_copies], best_src[:n_copies] = copy_p[:n_copies], copy_src[:n_copies]
                 best_begin[:n_copies] = copy_begin[:n_copies]
@@ -369,6 +414,14 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
             failure[3] = new_params + own_bytes[i]
             failure[4] = unplaced_total
             return device_of, failure
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            p = pred_op[k]
+            if device_of[p] < 0:  # its follower group joins it
+                h = group_of[p]
+                for m in range(member_ptr[h], member_ptr[h + 1]):
+                    device_of[members[m]] = best
+                group_device[h], placed[h] = best, True
+                unplaced_total -= params[h]
         if group_device[g] < 0:
             placed[g] = True
             if params[g] > 0:
@@ -383,12 +436,61 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
             _slot_book(link_start, link_end, link_slots, link, best_begin[c],
                        best_begin[c] + best_link[c])
             arrival[best_p[c], best] = best_arrival[c]
-        used[best] += best_need
+        held[best] += best_held
+        live[best] += best_live
+        live_peak[best] = max(live_peak[best], live[best])
+        used[best] = held[best] + live_peak[best]
+        first = -1
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             p = pred_op[k]
-            if not edge_control[pred_edge[k]] and device_of[p] != best:
-                received[p, best] = True
+            if not edge_control[pred_edge[k]]:
+                first = p if first < 0 else first
+                if device_of[p] != best:
+                    received[p, best] = True
+        if aliasing[i] and first >= 0 and device_of[first] == best:
+            alias_of[i] = first  # its input's buffer lives on through it
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if not edge_control[pred_edge[k]] and pred_op[k] != alias_of[i]:
+                _release(pred_op[k], readers_left, alias_of, device_of, received, live,
+                         own_bytes, out_bytes)
+        if readers_left[i] == 0 and succ_ptr[i + 1] > succ_ptr[i]:  # read by control only
+            readers_left[i] = 1
+            _release(i, readers_left, alias_of, device_of, received, live, own_bytes,
+                     out_bytes)
+    for h in range(len(params)):  # follower groups nothing reads: where most room is
+        if follower[h] and group_device[h] < 0:
+            roomiest, roomiest_free = -1, 0.0
+            for d in range(n_dev):
+                if group_runnable[h, d] and (roomiest < 0 or capacity[d] - used[d] >
+                                             roomiest_free):
+                    roomiest, roomiest_free = d, capacity[d] - used[d]
+            for m in range(member_ptr[h], member_ptr[h + 1]):
+                device_of[members[m]] = max(roomiest, 0)
+            used[max(roomiest, 0)] += params[h]
     return device_of, failure
+
+
+@numba.njit(cache=True)
+def _release(op, readers_left, alias_of, device_of, received, live, own_bytes, out_bytes):
+    """One reader of ``op``'s output is placed: when it was the last, free the output
+    and its received copies (and release what an aliasing op kept alive)."""
+    while op >= 0:
+        readers_left[op] -= 1
+        if readers_left[op] > 0:
+            return
+        live[device_of[op]] -= own_bytes[op]
+        for d in range(len(live)):
+            if received[op, d]:
+                live[d] -= out_bytes[op]
+        op = alias_of[op]
+
+
+def data_readers(arrays):
+    """How many ops read each op's outputs (data edges only), from
+    :func:`~costmodel.arrays.graph_arrays`."""
+    producer = np.repeat(np.arange(len(arrays.succ_ptr) - 1), np.diff(arrays.succ_ptr))
+    return np.bincount(producer[~arrays.edge_control[arrays.succ_edge]],
+                       minlength=len(arrays.succ_ptr) - 1).astype(np.int64)
 
 
 class _Judge:
@@ -631,6 +733,20 @@ def _descend(cost, device_of, judge, groups, runnable, evaluations):
     return evaluations
 
 
+def free_groups(cost):
+    """The colocation groups (indices into ``graph_arrays(cost).group_names``) that
+    cost nothing on any device and read nothing from outside themselves: variables with
+    their reads, constants."""
+    a = graph_arrays(cost)
+    costly = np.any(np.where(np.isfinite(cost.compute), cost.compute, 0.0) != 0, axis=1)
+    n_groups = len(a.group_names)
+    free = np.bincount(a.group_of, costly, minlength=n_groups) == 0
+    producer_group = a.group_of[a.pred_op]
+    consumer_group = np.repeat(a.group_of, np.diff(a.pred_ptr))
+    free[consumer_group[producer_group != consumer_group]] = False
+    return np.flatnonzero(free)
+
+
 def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_only=False):
     """Put colocation groups that cost nothing anywhere and read nothing from outside
     (variables with their reads, constants) beside their heaviest outside consumer.
@@ -643,15 +759,14 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
     """
     a = graph_arrays(cost)
     n_ops = len(cost.ops)
-    costly = np.any(np.where(np.isfinite(cost.compute), cost.compute, 0.0) != 0, axis=1)
     group_of = a.group_of
     position = np.empty(n_ops, dtype=np.int64)
     position[a.topological] = np.arange(n_ops)
     first = np.full(group_of.max(initial=0) + 1, n_ops)
     np.minimum.at(first, group_of, position)
-    free_groups = np.flatnonzero(np.bincount(group_of, costly, minlength=len(first)) == 0)
-    members_of = {g: [] for g in free_groups.tolist()}
-    for i in np.flatnonzero(np.isin(group_of, free_groups)).tolist():
+    free = free_groups(cost)
+    members_of = {g: [] for g in free.tolist()}
+    for i in np.flatnonzero(np.isin(group_of, free)).tolist():
         members_of[group_of[i]].append(i)
     moved = device_of.copy()
     for g in sorted(members_of, key=first.__getitem__):
@@ -659,9 +774,6 @@ def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_o
         if generators_only and (len(indices) > 1 or a.pred_ptr[indices[0] + 1] >
                                 a.pred_ptr[indices[0]] or
                                 a.succ_ptr[indices[0] + 1] - a.succ_ptr[indices[0]] != 1):
-            continue
-        if any(group_of[p] != g for i in indices
-               for p in a.pred_op[a.pred_ptr[i]:a.pred_ptr[i + 1]]):
             continue
         uses = [(a.edge_bytes[a.succ_edge[k]], a.tie[a.succ_op[k]], a.succ_op[k])
                 for i in indices for k in range(a.succ_ptr[i], a.succ_ptr[i + 1])

@@ -50,8 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.arrays import fits_memory
-from costmodel.simulate import simulate
+from costmodel.simulate import fits_memory, simulate
 from costmodel.splits import split_cost
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan

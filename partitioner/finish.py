@@ -1,8 +1,7 @@
 """Turn a device-per-op array into a checked Plan with the simulator's figures.
 
-``peak_memory_bytes`` is the simulated peak (live ranges under the schedule);
-``memory_bound_bytes`` the schedule-independent upper bound that ``check_plan`` holds
-against each device's memory, so a valid plan fits under any execution order.
+``peak_memory_bytes`` is the simulated peak (live ranges under the schedule), the
+figure ``check_plan`` holds against each device's memory.
 """
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from dataclasses import asdict
 
 import numpy as np
 
-from costmodel.arrays import memory_per_device
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
 from partitioner.validate import check_plan
@@ -46,7 +44,6 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
     names = cluster.device_names
     assignment = {op: names[d] for op, d in zip(cost.ops, device_of)}
     schedule = simulate(cost, device_of, priority)
-    memory_bound = memory_per_device(cost, device_of)
     per_device = {}
     for d, name in enumerate(names):
         mine = np.flatnonzero(device_of == d)
@@ -55,7 +52,6 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
             param_bytes=int(sum(graph.ops[cost.ops[i]]["param_bytes"] for i in mine)),
             busy_s=float(schedule.busy[d]), idle_s=float(schedule.idle[d]),
             peak_memory_bytes=float(schedule.peak_memory[d]),
-            memory_bound_bytes=float(memory_bound[d]),
             memory_bytes=float(cluster.devices[d].memory))
     hosts = [device.host for device in cluster.devices]
     predicted = Predicted(step_time=float(schedule.makespan), devices=per_device,
@@ -67,7 +63,7 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
                                  for (a, b), n in sorted(schedule.link_bytes.items())})
     plan = Plan(assignment=assignment, algorithm=algorithm, options=asdict(options),
                 predicted=predicted, lower_bound=lower_bound(cost))
-    check_plan(plan, graph, cluster, dict(zip(names, memory_bound)))
+    check_plan(plan, graph, cluster)
     return plan
 
 

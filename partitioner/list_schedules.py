@@ -30,9 +30,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from costmodel.arrays import (edge_times, fits_memory, graph_arrays, keyed_heap_pop,
-                              keyed_heap_push, memory_per_device)
-from costmodel.simulate import upward_rank
+from costmodel.arrays import edge_times, graph_arrays, keyed_heap_pop, keyed_heap_push
+from costmodel.simulate import fits_memory, live_peak, upward_rank
 from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
 from partitioner.validate import check_memory
 
@@ -80,7 +79,7 @@ def earliest_task_first(cost):
         result breaks a device's memory bound (the bound counts tensors received from
         other devices, which the schedule's ledger cannot know in advance).
     """
-    graph, cluster = cost.graph, cost.cluster
+    cluster = cost.cluster
     a = graph_arrays(cost)
     units = placement_units(cost)
     unit_of = np.empty(len(cost.ops), dtype=np.int64)
@@ -95,9 +94,7 @@ def earliest_task_first(cost):
         capacity)
     if failed >= 0:
         raise no_device_error(units[unit_of[failed]], cost)
-    names = cluster.device_names
-    check_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, cluster,
-                 dict(zip(names, memory_per_device(cost, device_of))))
+    check_memory(cluster, dict(zip(cluster.device_names, live_peak(cost, device_of))))
     return device_of
 
 

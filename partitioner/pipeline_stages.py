@@ -7,22 +7,26 @@ contiguous topological pieces),
 devices are grouped into kinds (same device kind
 and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of device
 each runs on that minimise the largest stage load: compute plus the transfers into
-and out of the stage. A stage's memory is its variables plus its activations at the
-full batch (M micro-batches in flight hold at most that much).
+and out of the stage. In the search a stage's memory is its variables (and, in a
+training step, the activations its forward ops keep for the backward pass, at the full
+batch), against each device's memory less the transient activations of the whole model
+(its live-range peak on one device beyond those); the plan is then held to the
+live-range peak of every device in the op-by-op simulation of the chosen micro-batch
+count and schedule.
 
 A training step (ops marked with a phase by the reader) is staged in its forward graph
 (:mod:`partitioner.training_stages`): each forward op carries its backward ops' time,
 its backward ops then join its stage and the update ops their variables; the schedule
-(GPipe or 1F1B, ``options.schedule`` overrides) is chosen with M, among the pairs whose
-predicted peak memory (:func:`costmodel.pipeline.training_peak_memory`) fits.
+(GPipe or 1F1B, ``options.schedule`` overrides) is chosen with M.
 
 The micro-batch count M (``options.microbatches`` overrides) is the one whose
-simulated batch time is least among 1, 2, 4, … up to the batch size: more micro-batches
+simulated batch time is least among 1, 2, 4, … up to the batch size, among those whose
+op-by-op simulation fits every device's memory: more micro-batches
 shrink the pipeline bubble (K - 1) / (M + K - 1) but make every op run at a smaller
 batch, which pays its launch overhead and weight reads M times
 (:mod:`costmodel.pipeline`). The candidates are simulated on the coarse units (each
-unit's ops back to back, its tensors sent when it ends); the chosen M is then simulated
-op by op for the figures in the plan.
+unit's ops back to back, its tensors sent when it ends); the fastest are then simulated
+op by op, with memory, until one fits.
 
 See :mod:`partitioner.pipeline` for an example.
 """
@@ -32,9 +36,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from costmodel.memory import device_memory, new_output_bytes
-from costmodel.pipeline import (SCHEDULES, microbatch_graph, simulate_pipeline,
-                               training_peak_memory)
+from costmodel.memory import new_output_bytes
+from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
+from costmodel.simulate import live_peak
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
@@ -71,7 +75,9 @@ def pipeline_plan(cost, options=PipelineOptions()):
     units = [u for u in unit_graph.ops if unit_graph.in_degree(u) + unit_graph.out_degree(u)] \
         or list(unit_graph.ops)
     kinds = device_kinds(cluster)
-    problem = stage_problem(staged, staged_cost, kinds, units, coarse.members)
+    problem = stage_problem(staged, staged_cost, kinds, units, coarse.members,
+                            _kept_for_backward(graph) if training else {},
+                            _transient_activations(cost, graph, training))
     solution = solve(problem, ideal_limit=options.ideal_limit)
     free = {k: list(devices) for k, devices in enumerate(kinds)}
     device_of, stage_of = {}, {}
@@ -91,19 +97,8 @@ def pipeline_plan(cost, options=PipelineOptions()):
         [options.schedule] if options.schedule else list(SCHEDULES)
     runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m, schedule)
             for m in microbatch_candidates(options) for schedule in schedules}
-    peaks = {key: training_peak_memory(graph, assignment, stage_of, key[1], key[0])
-             if training else {} for key in runs}
-    fitting = [key for key in runs if all(peaks[key].get(d.name, 0) <= d.memory
-                                          for d in cluster.devices)]
-    if not fitting:
-        raise PlacementError("", "no micro-batch count and schedule fits the devices' "
-                             "memory: the training step's activations need more")
-    chosen, schedule = min(fitting, key=lambda key: (
-        runs[key].batch_time, max(peaks[key].values(), default=0), key[0]))
-    best = simulate_pipeline(microbatch_graph(graph, chosen), cluster, device_of, stage_of,
-                             chosen, cost, schedule)
-    memory = device_memory(graph, assignment, names)
-    peak = peaks[(chosen, schedule)]
+    (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, device_of, stage_of)
+    peak = best.peak_memory
     plan = Plan(
         assignment=assignment, algorithm="pipeline", options=asdict(options),
         stages=stage_of, microbatches=best.microbatches,
@@ -114,9 +109,8 @@ def pipeline_plan(cost, options=PipelineOptions()):
             devices={name: DeviceFigures(
                 kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
                 ops=sum(1 for device in device_of.values() if device == d),
-                memory_bound_bytes=float(memory[name]),
                 memory_bytes=float(cluster.devices[d].memory),
-                peak_memory_bytes=float(peak[name]) if name in peak else None)
+                peak_memory_bytes=peak[name])
                 for d, name in enumerate(names)},
             pipeline=PipelineFigures(
                 throughput=options.batch_size / best.batch_time if best.batch_time else 0.0,
@@ -131,11 +125,50 @@ def pipeline_plan(cost, options=PipelineOptions()):
                     (f"{key[0]} {key[1]}" if training else str(key[0])): {
                         "batch_time": run.batch_time, "first_result": run.first_result,
                         "bubble_fraction": run.bubble_fraction,
-                        **({"peak_memory_bytes": max(peaks[key].values())} if training else {})}
+                        **({"peak_memory_bytes": max(peaks[key].values())} if key in peaks
+                           else {})}
                     for key, run in runs.items()})),
         lower_bound=pipeline_lower_bound(cost, best.microbatches))
     check_plan(plan, graph, cluster)
     return plan
+
+
+def _fastest_fitting(cost, runs, device_of, stage_of):
+    """The (micro-batches, schedule) key of least coarse batch time among ``runs``
+    whose op-by-op simulation fits every device's memory, that simulation, and the
+    peaks per device of every key simulated so."""
+    cluster, peaks = cost.cluster, {}
+    for key in sorted(runs, key=lambda key: (runs[key].batch_time, key[0], key[1])):
+        run = simulate_pipeline(microbatch_graph(cost.graph, key[0]), cluster, device_of,
+                                stage_of, key[0], cost, key[1], memory=True)
+        peaks[key] = run.peak_memory
+        if all(run.peak_memory[d.name] <= d.memory for d in cluster.devices):
+            return key, run, peaks
+    over = {key: max(peak[d.name] - d.memory for d in cluster.devices)
+            for key, peak in peaks.items()}
+    (m, schedule), excess = min(over.items(), key=lambda item: item[1])
+    named = f" {schedule}" if "1f1b" in {key[1] for key in runs} else ""
+    raise PlacementError("", f"the pipeline stages found fit no device's memory at any "
+                         f"micro-batch count: at the closest ({m} micro-batches{named}) a "
+                         f"device needs {excess / 1e6:.1f} MB more")
+
+
+def _kept_for_backward(graph):
+    """Bytes each forward op of a training step keeps for the backward pass (its
+    output, when a backward op reads it), at the full batch."""
+    return {op: new_output_bytes(attrs) for op, attrs in graph.ops.items()
+            if attrs.get("phase") == "forward" and any(
+                graph.ops[s].get("phase") == "backward" for s in graph.successors(op))}
+
+
+def _transient_activations(cost, graph, training):
+    """The activations every stage's device should keep room for: the live-range peak
+    of the whole graph on one device (each op on the first that runs it) beyond the
+    variables (and, in a training step, beyond the activations kept for the backward
+    pass, which the stages count)."""
+    peak = live_peak(cost, np.argmax(np.isfinite(cost.compute), axis=1)).sum()
+    kept = sum(_kept_for_backward(graph).values()) if training else 0.0
+    return max(0.0, peak - graph.total_param_bytes() - kept)
 
 
 def _training_units(graph, members, stage_of):
@@ -196,8 +229,11 @@ def device_kinds(cluster):
     return list(groups.values())
 
 
-def stage_problem(graph, cost, kinds, units, members):
+def stage_problem(graph, cost, kinds, units, members, kept=None, transient=0.0):
     """The :class:`StageProblem` of ``graph`` grouped into ``units``.
+
+    A unit's size is its variables plus what its ops keep for a backward pass
+    (``kept``: op -> bytes); each kind's capacity is its memory less ``transient``.
 
     A tensor leaving its unit costs, on a device of each kind, its mean transfer time
     from that device to the others; each stage holding some but not all of the units
@@ -209,7 +245,7 @@ def stage_problem(graph, cost, kinds, units, members):
     size = np.zeros(len(units))
     for op, u in unit_of.items():
         time[:, u] += cost.compute[cost.index[op], first]
-        size[u] += graph.ops[op]["param_bytes"] + new_output_bytes(graph.ops[op])
+        size[u] += graph.ops[op]["param_bytes"] + (kept or {}).get(op, 0.0)
     preds = [set() for _ in units]
     tensors = {}
     others = [[d for d in range(len(cost.cluster)) if d != f] for f in first]
@@ -228,7 +264,7 @@ def stage_problem(graph, cost, kinds, units, members):
         key = (unit_of[src], *sorted(touched - {unit_of[src]}))
         groups[key] = groups.get(key, 0.0) + price
     capacity = np.array([cost.cluster.devices[devices[0]].memory for devices in kinds],
-                        dtype=float)
+                        dtype=float) - transient
     return StageProblem(preds=[sorted(p) for p in preds], time=time, size=size,
                         groups=list(groups),
                         comm=np.array(list(groups.values())).T.reshape(len(kinds), -1),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.memory import device_memory
+from costmodel.memory import memory_lower_bound
 from tfpart.errors import PlacementError
 
 HOST_KIND = "cpu"  # the device kind that runs host-only ops (strings, hash tables)
@@ -34,14 +34,15 @@ def check_plan(plan, graph, cluster, memory=None):
     graph : tfpart.graph.OpGraph
     cluster : tfpart.cluster.Cluster
     memory : dict, optional
-        The plan's memory bound per device name, if already computed.
+        The plan's peak bytes per device name (default: the predicted
+        ``peak_memory_bytes`` of the plan's devices; not checked if it has none).
 
     Raises
     ------
     PlacementError
         An op is unplaced or on a device not in the cluster, a colocation group (which
         includes ops fused into one kernel) is split, an op sits on a device kind
-        without its kernel, or a device's memory bound is exceeded.
+        without its kernel, or a device's peak memory exceeds its capacity.
     """
     names = set(cluster.device_names)
     unplaced = [op for op in graph.ops if op not in plan.assignment]
@@ -62,7 +63,11 @@ def check_plan(plan, graph, cluster, memory=None):
             raise PlacementError("", f"op {op} ({attrs['op_type']}) is on "
                                  f"{plan.assignment[op]}, a {kind_of[plan.assignment[op]]}"
                                  f" without its kernel")
-    check_memory(graph, plan.assignment, cluster, memory)
+    if memory is None and plan.predicted is not None:
+        memory = {name: figures.peak_memory_bytes
+                  for name, figures in plan.predicted.devices.items()}
+    if memory is not None:
+        check_memory(cluster, memory)
 
 
 def _raise_split(graph, plan, group):
@@ -72,16 +77,30 @@ def _raise_split(graph, plan, group):
                          f"{len(devices)} devices: {', '.join(members[:4])}")
 
 
-def check_memory(graph, assignment, cluster, used=None):
-    """Raise PlacementError if the ops of ``assignment`` (op -> device name) exceed
-    some device's memory bound (:func:`costmodel.memory.device_memory`, unless given
-    as ``used``)."""
-    if used is None:
-        used = device_memory(graph, assignment, cluster.device_names)
+def check_memory(cluster, used):
+    """Raise PlacementError if some device's peak bytes (``used``, by device name: the
+    live-range peak, :func:`costmodel.simulate.live_peak`) exceed its memory."""
     for device in cluster.devices:
-        if used[device.name] > device.memory:
+        if used.get(device.name, 0.0) > device.memory:
             raise PlacementError("", f"{device.name} needs {used[device.name] / 1e6:.1f} MB"
                                  f" but has {device.memory / 1e6:.1f} MB")
+
+
+def memory_hint(cost):
+    """What memory some plan of ``cost``'s graph needs at least (from
+    :func:`costmodel.memory.memory_lower_bound`), for errors when none fits.
+
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel import CostModel
+    >>> g = OpGraph(); g.add_op("w", op_type="VarHandleOp", param_bytes=3e9)
+    >>> memory_hint(CostModel(g, cluster_of_devices(["T4", "T4"])))
+    'a plan needs devices of at least 1500.0 MB each (the model's variables spread evenly over 2 devices); the largest here has 16000.0 MB'
+    """
+    need, why = memory_lower_bound(cost.graph, len(cost.cluster))
+    largest = max(device.memory for device in cost.cluster.devices)
+    return (f"a plan needs devices of at least {need / 1e6:.1f} MB each ({why}); the "
+            f"largest here has {largest / 1e6:.1f} MB")
 
 
 def check_kernels(cost):

@@ -79,14 +79,13 @@ def plan_table(plan):
     pipelined = bool(plan.stages) and not plan.replicas
     stage_of_device = {plan.assignment[op]: stage for op, stage in (plan.stages or {}).items()}
     table = Table(title="Placement per device (predicted)")
-    columns = ["device", "kind", "ops", "busy", "memory bound", "of memory"]
+    columns = ["device", "kind", "ops", "busy", "peak memory", "of memory"]
     if pipelined:
         columns.insert(2, "stage")
     for column in columns:
         table.add_column(column, justify="left" if column in ("device", "kind") else "right")
     for name, figures in plan.predicted.devices.items():
-        memory = figures.memory_bound_bytes if figures.peak_memory_bytes is None else \
-            figures.peak_memory_bytes
+        memory = figures.peak_memory_bytes
         count = figures.ops if plan.replicas else ops.get(name, 0)  # replicas' copies
         row = [name, figures.kind, str(count), _seconds(figures.busy_s),
                _bytes(memory), f"{100 * memory / figures.memory_bytes:.1f}%"]
@@ -456,8 +455,14 @@ def cmd_worker(args):
             raise TfpartError("TF_CONFIG", f"not a valid TF_CONFIG ({exc})") from None
     if task is None:
         raise TfpartError("", "--task is required with --cluster")
+    if args.memory_stats:  # before the server makes its CPU allocator
+        from tfpart import memory_stats
+
+        memory_stats.use_bfc_allocator()
     server, exposure = start_server(cluster, task, job, args.intra_threads,
                                     args.inter_threads)
+    if args.memory_stats:
+        memory_stats.serve(args.memory_stats)
     stop = StopSignals()  # before the lines below: whoever reads them may stop it at once
     console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
@@ -659,6 +664,10 @@ def build_parser():
     worker.add_argument("--job", help="job name: worker (the default) or ps")
     worker.add_argument("--intra-threads", type=int, help="intra-op threads")
     worker.add_argument("--inter-threads", type=int, help="inter-op threads")
+    worker.add_argument("--memory-stats", metavar="FILE",
+                        help="on SIGUSR1 write the CPU allocator's bytes in use and peak "
+                        "to FILE as JSON, on SIGUSR2 reset the peak first (BFC allocator; "
+                        "see tfpart/memory_stats.py)")
     worker.set_defaults(run=cmd_worker)
     train_ = commands.add_parser("train", help="train a model's weights on a cluster "
                                  "(sync, async, dc-asgd, ddc-asgd)")

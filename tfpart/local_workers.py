@@ -31,13 +31,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker_command(cluster_file, task, *, threads=1, job="worker"):
+def worker_command(cluster_file, task, *, threads=1, job="worker", memory_stats=None):
     """The command line that starts ``task`` of ``job`` in ``cluster_file`` (with
-    ``threads`` intra-op and inter-op threads; TensorFlow's default when None)."""
+    ``threads`` intra-op and inter-op threads, TensorFlow's default when None; serving
+    its allocator's figures to the file ``memory_stats`` when given)."""
     command = [sys.executable, "-m", "tfpart.cli", "worker", "--cluster", str(cluster_file),
                "--job", job, "--task", str(task)]
     if threads:
         command += ["--intra-threads", str(threads), "--inter-threads", str(threads)]
+    if memory_stats:
+        command += ["--memory-stats", str(memory_stats)]
     return command
 
 
@@ -59,11 +62,16 @@ class LocalWorkers:
     ps : int
         Parameter-server tasks (job ``ps``, unpinned, not devices of the cost model),
         started after the workers.
+    memory_stats : bool
+        Start every task with ``--memory-stats`` (on TensorFlow's BFC allocator), so
+        that :meth:`memory` and :meth:`reset_memory` can read its CPU allocator's bytes
+        in use and peak (:mod:`tfpart.memory_stats`).
     """
 
     def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=120,
-                 ps=0):
-        self.ps = ps
+                 ps=0, memory_stats=False):
+        self.ps, self.memory_stats = ps, memory_stats
+        self.memory_files = {}  # task's CPU:0 device name -> its --memory-stats file
         self.ports = [free_port() for _ in range(count + ps)]
         jobs = {"worker": [f"localhost:{p}" for p in self.ports[:count]]}
         if ps:
@@ -87,12 +95,23 @@ class LocalWorkers:
                     self.stop()
                     raise RuntimeError(f"local workers did not start within {timeout} s")
                 time.sleep(0.2)
+        for path in self.memory_files.values():  # written once the task answers signals
+            while not path.exists():
+                if time.time() > deadline or any(p.poll() is not None for p in self.processes):
+                    self.stop()
+                    raise RuntimeError(f"local workers did not start within {timeout} s")
+                time.sleep(0.05)
 
     def _start(self, task, pin, job="worker"):
         # With parameter servers, workers given one intra-op and one inter-op thread
         # hang in their first step (measured); they get TensorFlow's defaults then.
+        memory_file = None
+        if self.memory_stats:
+            memory_file = self.path.parent / f"{job}-{task}.memory.json"
+            memory_file.unlink(missing_ok=True)
+            self.memory_files[f"/job:{job}/task:{task}/device:CPU:0"] = memory_file
         command = worker_command(self.path, task, job=job,
-                                 threads=None if self.ps else 1)
+                                 threads=None if self.ps else 1, memory_stats=memory_file)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         with open(self.path.parent / f"{job}-{task}.log", "ab") as log:
@@ -105,6 +124,27 @@ class LocalWorkers:
         """The ``subprocess.Popen`` of one task."""
         return self.processes[task + (len(self.cluster["cluster"]["worker"])
                                       if job == "ps" else 0)]
+
+    def memory(self):
+        """Each task's CPU allocator figures now: its CPU:0 device name ->
+        ``{"current", "peak", "start"}`` in bytes, ``peak`` the most in use since the
+        last :meth:`reset_memory` (or the start), ``start`` what it held right after its
+        server started. Needs ``memory_stats=True``."""
+        return self._ask_memory(reset=False)
+
+    def reset_memory(self):
+        """Reset every task's peak to the bytes it holds now; return the figures after
+        the reset, as :meth:`memory` does."""
+        return self._ask_memory(reset=True)
+
+    def _ask_memory(self, reset):
+        from tfpart.memory_stats import ask
+
+        if not self.memory_stats:
+            raise RuntimeError("these workers were started without memory_stats=True")
+        processes = dict(zip(self.memory_files, self.processes))
+        return ask({name: (processes[name], path) for name, path in self.memory_files.items()},
+                   reset=reset)
 
     def kill(self, task, job="worker"):
         """Kill one task abruptly (as a crashed host would go)."""

@@ -33,12 +33,21 @@ class DeviceFigures:
 
     kind: str
     busy_s: float  # compute time in the step (in a pipelined batch)
-    memory_bound_bytes: float  # schedule-independent upper bound, held by check_plan
     memory_bytes: float  # the device's capacity
+    peak_memory_bytes: float  # simulated live-range peak, variables included: check_plan's
     ops: int = 0
     param_bytes: int = 0
     idle_s: float = 0.0
-    peak_memory_bytes: float | None = None  # simulated peak (live ranges), when simulated
+
+    @classmethod
+    def from_dict(cls, data):
+        """Also reads plans written before live ranges (an all-alive
+        ``memory_bound_bytes``, which stands in for a missing peak)."""
+        data = dict(data)
+        bound = data.pop("memory_bound_bytes", None)
+        if data.get("peak_memory_bytes") is None:
+            data["peak_memory_bytes"] = bound if bound is not None else 0.0
+        return cls(**data)
 
 
 @dataclass
@@ -80,7 +89,8 @@ class Predicted:
     @classmethod
     def from_dict(cls, data):
         data = dict(data)
-        data["devices"] = {name: DeviceFigures(**d) for name, d in data["devices"].items()}
+        data["devices"] = {name: DeviceFigures.from_dict(d)
+                           for name, d in data["devices"].items()}
         if data.get("pipeline") is not None:
             pipeline = dict(data["pipeline"])
             pipeline["stages"] = [StageFigures(**s) for s in pipeline.get("stages", [])]

@@ -124,12 +124,11 @@ def _devices(plan):
         return "<p>No predictions in this plan.</p>"
     rows = []
     for name, d in plan.predicted.devices.items():
-        peak = "" if d.peak_memory_bytes is None else f"{d.peak_memory_bytes / 1e6:.1f}"
         rows.append((name, d.kind, d.ops, f"{d.param_bytes / 1e6:.2f}",
-                     f"{d.busy_s * 1e3:.3f}", f"{d.idle_s * 1e3:.3f}", peak,
-                     f"{d.memory_bound_bytes / 1e6:.1f}", f"{d.memory_bytes / 1e6:.0f}"))
+                     f"{d.busy_s * 1e3:.3f}", f"{d.idle_s * 1e3:.3f}",
+                     f"{d.peak_memory_bytes / 1e6:.1f}", f"{d.memory_bytes / 1e6:.0f}"))
     return _table(("device", "kind", "ops", "variables MB", "busy ms", "idle ms",
-                   "peak MB", "memory bound MB", "capacity MB"), rows)
+                   "peak MB", "capacity MB"), rows)
 
 
 def _bound(plan):

@@ -1,0 +1,126 @@
+"""A task's allocator figures on request: ``tfpart worker --memory-stats FILE``.
+
+What TensorFlow's CPU allocator holds in a ``tfpart worker`` process, as that process
+itself reads it with ``tf.config.experimental.get_memory_info("CPU:0")``: the
+server's devices and the process's own eager context share the one CPU allocator
+(``ProcessState``), so these figures include every tensor the server allocates for
+its remote clients (variables, activations, received copies). Measured: a client's
+``tf.random.normal([4096, 4096])`` and a matmul of it placed on a worker raised the
+worker's ``current`` by 134,218,240 bytes (the two 64 MiB tensors, which the client
+still held), and a function making a further 32 MiB and 16 MiB tensor there raised
+its ``peak`` by exactly 48 MiB above that.
+
+TensorFlow keeps these statistics only for its BFC allocator, which
+``TF_CPU_ALLOCATOR_USE_BFC=true`` selects for CPUs; :func:`serve` sets that before the
+server makes its allocator, so a task measured runs on the BFC allocator rather than
+the default one.
+
+The task answers two signals (sent by :meth:`tfpart.local_workers.LocalWorkers.memory`
+and ``reset_memory``, or by hand with ``kill -USR1 PID``):
+
+- ``SIGUSR1``: write ``{"current": ..., "peak": ..., "start": ..., "pid": ...}`` to
+  FILE (bytes in use now, the most in use since the last reset or the start, and the
+  bytes in use right after the server started, before any client);
+- ``SIGUSR2``: reset the peak to the bytes in use now, then write FILE the same way.
+
+FILE is replaced atomically (written beside it, then renamed), so a reader that
+removes it before signalling and waits for it to reappear reads one whole answer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+REPORT = signal.SIGUSR1
+RESET = signal.SIGUSR2
+BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
+
+
+def use_bfc_allocator():
+    """Make TensorFlow give CPUs its BFC allocator, whose statistics it keeps; effective
+    only before this process makes its CPU allocator (before a server or op runs)."""
+    os.environ[BFC_VARIABLE] = "true"
+
+
+def serve(path):
+    """Answer :data:`REPORT` and :data:`RESET` in this process by writing its CPU
+    allocator's figures to ``path`` (see the module docstring). Call it in the main
+    thread, once the server has started: its bytes in use then are ``start``. Writes
+    ``path`` once at once, so that whoever started the task knows when it answers
+    (until then a signal would end it: their default action)."""
+    from rewriters.tf_import import tensorflow
+
+    tf = tensorflow()
+    path = Path(path)
+    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
+
+    def answer(number, frame):
+        try:
+            if number == RESET:
+                tf.config.experimental.reset_memory_stats("CPU:0")
+            info = tf.config.experimental.get_memory_info("CPU:0")
+            write_json(path, {"current": info["current"], "peak": info["peak"],
+                              "start": start, "pid": os.getpid()})
+        except Exception as exc:  # noqa: BLE001 - a failed answer must not stop the task
+            print(f"tfpart worker: no memory figures written to {path}: {exc}",
+                  file=sys.stderr, flush=True)
+
+    signal.signal(REPORT, answer)
+    signal.signal(RESET, answer)
+    write_json(path, {"current": start, "peak": start, "start": start,
+                      "pid": os.getpid()})
+
+
+def write_json(path, data):
+    """Write ``data`` to ``path`` as JSON, atomically (a reader sees all or nothing).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_json(Path(d) / "m.json", {"peak": 3})
+    ...     json.loads((Path(d) / "m.json").read_text())
+    {'peak': 3}
+    """
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(data))
+    os.replace(partial, path)
+
+
+def ask(tasks, reset=False, timeout=30.0):
+    """Signal every task and return its answer.
+
+    Parameters
+    ----------
+    tasks : dict
+        key -> ``(subprocess.Popen, path)``: a process serving its figures to ``path``.
+    reset : bool
+        Reset each task's peak first (:data:`RESET`) rather than only reading it.
+    timeout : float
+        Seconds to wait for all the answers.
+
+    Returns
+    -------
+    dict
+        key -> ``{"current", "peak", "start", "pid"}`` (bytes).
+    """
+    for process, path in tasks.values():
+        Path(path).unlink(missing_ok=True)
+    for process, _ in tasks.values():
+        process.send_signal(RESET if reset else REPORT)
+    deadline = time.monotonic() + timeout
+    answers = {}
+    for key, (process, path) in tasks.items():
+        while True:
+            try:
+                answers[key] = json.loads(Path(path).read_text())
+                break
+            except FileNotFoundError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"task {key} (pid {process.pid}) wrote no memory "
+                                       f"figures to {path}") from None
+                time.sleep(0.01)
+    return answers
