@@ -27,15 +27,22 @@ activations, and the BFC allocator's rounding of each buffer up to a multiple of
 256 bytes. Tensors the client process holds (its random inputs, the outputs it
 fetches) are on the client's allocator and are not counted.
 
-What "predicted" is: the plan's ``peak_memory_bytes`` for the device (``plan.json``):
-for a placement the simulator's peak (variables plus the most activations alive at
-once in the simulated schedule); for a pipelined training step the pipeline's
-estimate (:func:`costmodel.pipeline.training_peak_memory`); a pipelined inference
-plan has none (the column is empty). "old bound" is the schedule-independent bound
-that counts every activation as alive for the whole step
-(``costmodel.memory.device_memory``, renamed ``all_alive_memory``, through
-:func:`old_bound`). Error is
-(predicted - measured) / measured.
+What "predicted" is: the plan's ``peak_memory_bytes`` for the device (``plan.json``),
+the simulator's live-range peak: variables for the whole step, every other tensor from
+when it is produced (or starts arriving) until its last reader there ends, in the
+simulated schedule (of the micro-batches, for a pipeline). "old bound" is the figure
+tfpart used before, every tensor alive for the whole step
+(``costmodel.memory.all_alive_memory``, formerly ``device_memory``, through
+:func:`old_bound`). Error is (predicted - measured) / measured; "variables" are the
+plan's (the ``param_bytes`` of the ops it puts there) and "held" the measured bytes in
+use between steps, which they should make up nearly all of.
+
+Not modelled, and the likely causes of the errors (not checked one by one): the scratch
+buffers kernels allocate for themselves (``allocate_temp``: convolution backprop,
+oneDNN's reordered weights; with ``TF_ENABLE_ONEDNN_OPTS=0`` Eigen's convolution
+backprop made conv_tower's training peak twice the prediction), Grappler's fusions (a
+fused op's intermediate tensors never exist) and kernels that write their output into
+an input's buffer.
 """
 from __future__ import annotations
 

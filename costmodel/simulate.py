@@ -451,6 +451,17 @@ def live_peak(cost, device_of, priority=None):
                  _makespan(cost, end, transfers))
 
 
+def activation_peak(cost):
+    """The most bytes of tensors alive at once when the graph runs alone on one device
+    (each op on the first device that can run it), variables excluded: the room for
+    activations that algorithms placing variables by a ledger keep on every device."""
+    def build():
+        device_of = np.argmax(np.isfinite(cost.compute), axis=1)
+        params = graph_arrays(cost).param_bytes.sum()
+        return max(0.0, float(live_peak(cost, device_of).sum() - params))
+    return cost.derived("activation_peak", build)
+
+
 def fits_memory(cost, device_of, priority=None):
     """Whether every device holds its :func:`live_peak` under ``device_of``."""
     capacity = cost.derived("capacity", lambda: np.array(

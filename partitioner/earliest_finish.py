@@ -338,17 +338,18 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
                 continue
             if roomiest < 0 or capacity[d] - used[d] > roomiest_free:
                 roomiest, roomiest_free = d, capacity[d] - used[d]
-            need_held, need_live = new_params, own_bytes[i]
+            need_held, need_live, followers_run = new_params, own_bytes[i], True
             for k in range(pred_ptr[i], pred_ptr[i + 1]):
                 p = pred_op[k]
                 if device_of[p] < 0:  # a follower group: it comes here
+                    followers_run = followers_run and group_runnable[group_of[p], d]
                     need_held += params[group_of[p]]
                     need_live += own_bytes[p]
                 elif not edge_control[pred_edge[k]] and device_of[p] != d and \
                         not received[p, d]:
                     need_live += out_bytes[p]
             after = held[d] + need_held + max(live_peak[d], live[d] + need_live)
-            if after > capacity[d]:
+            if after > capacity[d] or not followers_run:
                 continue
             need = after - used[d]
             if new_params > 0 and not _leaves_room(g, capacity - used, d, need, params,
@@ -464,9 +465,14 @@ def _earliest_finish(priority, tie, compute, executor_of, pred_ptr, pred_op, pre
                 if group_runnable[h, d] and (roomiest < 0 or capacity[d] - used[d] >
                                              roomiest_free):
                     roomiest, roomiest_free = d, capacity[d] - used[d]
+            if roomiest < 0 or roomiest_free < params[h]:
+                failure[0], failure[1] = members[member_ptr[h]], roomiest
+                failure[2], failure[3], failure[4] = roomiest_free, params[h], unplaced_total
+                return device_of, failure
             for m in range(member_ptr[h], member_ptr[h + 1]):
-                device_of[members[m]] = max(roomiest, 0)
-            used[max(roomiest, 0)] += params[h]
+                device_of[members[m]] = roomiest
+            held[roomiest] += params[h]
+            used[roomiest] += params[h]
     return device_of, failure
 
 
@@ -740,7 +746,8 @@ def free_groups(cost):
     a = graph_arrays(cost)
     costly = np.any(np.where(np.isfinite(cost.compute), cost.compute, 0.0) != 0, axis=1)
     n_groups = len(a.group_names)
-    free = np.bincount(a.group_of, costly, minlength=n_groups) == 0
+    free = (np.bincount(a.group_of, costly, minlength=n_groups) == 0) & \
+        a.group_runnable.any(axis=1)
     producer_group = a.group_of[a.pred_op]
     consumer_group = np.repeat(a.group_of, np.diff(a.pred_ptr))
     free[consumer_group[producer_group != consumer_group]] = False

@@ -9,8 +9,10 @@ Constraints:
   ``S[v] >= S[u] + p[u] + T[u, v]``, ``T[u, v] >= comm[a][b] (x[u, a] + x[v, b] - 1)``;
 * no two units overlap on an executor (a device, or devices sharing a ``core_group``):
   a big-M disjunction with an order variable for every pair of units no path orders;
-* memory: each device's variables, own outputs and received copies (the bound that
-  ``check_plan`` holds) within its capacity;
+* memory: at each of the busiest moments of a reference run (the model alone on one
+  device, :func:`live_cuts`), each device's variables plus the tensors of its units
+  alive then within its capacity (received copies are left to the simulation, which
+  judges the result: a placement it finds over memory is not kept);
 
 minimising ``C`` (plus the cluster's fixed step overhead). HiGHS (through pulp) is used
 and reports its bound; CBC is the fallback. Graphs larger than ``max_units`` are
@@ -47,12 +49,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
-from costmodel.memory import new_output_bytes, output_bytes
-from costmodel.simulate import simulate
+from costmodel.arrays import graph_arrays
+from costmodel.simulate import live_peak, simulate
 from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.earliest_finish import greedy_placement
 from partitioner.finish import make_plan
 from partitioner.lower_bound import critical_path_bound
+from partitioner.validate import memory_hint
 from tfpart.errors import PlacementError
 
 
@@ -104,10 +107,11 @@ def _solver(options, start=None):
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=options.time_limit, gapRel=options.mip_gap)
 
 
-def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
+def solve(graph, cost, cluster, options=ILPOptions(), initial=None, live=None, room=None):
     """Solve the placement ILP on ``graph`` as it is (every op a unit), starting from
-    the placement ``initial`` (device index per op of ``cost.ops``) if given."""
-    prob, x, unit, values = model(graph, cost, cluster, options, initial)
+    the placement ``initial`` (device index per op of ``cost.ops``) if given; ``live``
+    and ``room`` as for :func:`model`."""
+    prob, x, unit, values = model(graph, cost, cluster, options, initial, live, room)
     units = list(cost.ops)
     n_dev = len(cluster)
     t0 = time.perf_counter()
@@ -130,10 +134,13 @@ def solve(graph, cost, cluster, options=ILPOptions(), initial=None):
                      objective=objective, bound=bound + cluster.step_overhead, seconds=seconds)
 
 
-def model(graph, cost, cluster, options=ILPOptions(), initial=None):
+def model(graph, cost, cluster, options=ILPOptions(), initial=None, live=None, room=None):
     """The placement ILP of ``graph`` (every op a unit): the pulp problem, its placement
     variables ``x[op, device]``, the time unit its times are in (seconds), and the
-    value of every variable for the simulated schedule of ``initial`` (None without)."""
+    value of every variable for the simulated schedule of ``initial`` (None without).
+    ``live`` (moments x units) are the bytes of each unit alive at the moments the
+    memory constraints hold (default: :func:`live_cuts` of ``cost``), against ``room``
+    bytes per device (default: their memory)."""
     units = list(cost.ops)
     n_dev = len(cluster)
     executors = cluster.executor_of
@@ -184,14 +191,16 @@ def model(graph, cost, cluster, options=ILPOptions(), initial=None):
                                        for d in range(n_dev)
                                        if executors[d] == e and (u, d) in x)
     prob += makespan >= critical_path_bound(cost) / unit
-    copies = _memory(prob, graph, units, x, cluster)
+    _memory(prob, units, x, np.array([d.memory for d in cluster.devices], dtype=float)
+            if room is None else room, live_cuts(cost) if live is None else live,
+            [graph.ops[u]["param_bytes"] for u in units])
     values = None
     if initial is not None:
-        values = _start_values(cost, initial, unit, x, transfers, pairs, copies, links)
+        values = _start_values(cost, initial, unit, x, transfers, pairs, links)
     return prob, x, unit, values
 
 
-def _start_values(cost, device_of, unit, x, transfers, pairs, copies, links):
+def _start_values(cost, device_of, unit, x, transfers, pairs, links):
     """Every variable's value (by name) for the placement ``device_of`` scheduled by the
     simulator: the solver's starting solution."""
     schedule = simulate(cost, device_of)
@@ -207,8 +216,6 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, copies, links):
     for same, first, u, v in pairs:
         values[same.name] = float(executors[where[u]] == executors[where[v]])
         values[first.name] = float(schedule.start[index[u]] <= schedule.start[index[v]])
-    for var, u, d, readers in copies:
-        values[var.name] = float(where[u] != d and any(where[r] == d for r in readers))
     sent = {(cost.ops[i], dst): (begin, finish) for i, _, dst, begin, finish in
             schedule.transfers}
     span = {}
@@ -319,29 +326,80 @@ def _link_queues(prob, cost, x, start, duration, makespan, unit, horizon):
     return _LinkQueues(copies, pairs)
 
 
-def _memory(prob, graph, units, x, cluster):
-    """Each device's memory bound; returns the ``(copy, u, d, readers)`` variables of
-    the copies devices receive."""
-    counter = itertools.count()
-    copies = []
-    for d, device in enumerate(cluster.devices):
-        terms = []
-        for u in units:
-            attrs = graph.ops[u]
-            own = attrs["param_bytes"] + new_output_bytes(attrs)
-            if (u, d) in x and own:
-                terms.append(own * x[u, d])
-            received = output_bytes(attrs)
-            readers = [v for v, e in graph.out_edges(u).items() if not e["control"] and (v, d) in x]
-            if received and readers:
-                copy = prob.add_variable(f"r_{next(counter)}", lowBound=0, upBound=1)
-                for v in readers:
-                    prob += copy >= x[v, d] - (x[u, d] if (u, d) in x else 0)
-                terms.append(received * copy)
-                copies.append((copy, u, d, readers))
-        if terms:
-            prob += pulp.lpSum(terms) <= device.memory
-    return copies
+def _memory(prob, units, x, room, live, params):
+    """At every moment (row) of ``live``, each device's variables (``params`` per unit)
+    and alive tensors within its ``room``."""
+    params = np.asarray(params, dtype=float)
+    for d, capacity in enumerate(room):
+        on = [(i, u) for i, u in enumerate(units) if (u, d) in x]
+        for row in np.atleast_2d(live):
+            terms = [float(params[i] + row[i]) * x[u, d] for i, u in on
+                     if params[i] + row[i] > 0]
+            if terms:
+                prob += pulp.lpSum(terms) <= float(capacity)
+
+
+MEMORY_CUTS = 12  # moments of the reference run the ILP's memory constraints hold at
+
+
+def live_cuts(cost, unit_of=None, n_units=None, cuts=MEMORY_CUTS):
+    """Bytes of each unit's tensors alive at the ``cuts`` busiest moments of a
+    reference run: the graph alone on one device (each op on the first that runs it),
+    in the simulator's order, every output alive from its op until its last reader (an
+    aliasing op's until its own last reader), graph outputs to the end.
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+    unit_of : numpy.ndarray of int, optional
+        The unit of each op of ``cost.ops`` (default: every op its own unit).
+    n_units : int, optional
+
+    Returns
+    -------
+    numpy.ndarray, shape (moments, units)
+
+    Examples
+    --------
+    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.cluster import cluster_of_devices
+    >>> from costmodel import CostModel
+    >>> g = OpGraph()
+    >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((10,), "float32")])
+    >>> g.add_edge("a", "b", bytes=40); g.add_edge("b", "c", bytes=40)
+    >>> live_cuts(CostModel(g, cluster_of_devices(["cpu"]))).max(axis=0).tolist()
+    [40.0, 40.0, 40.0]
+    """
+    a = graph_arrays(cost)
+    n_ops = len(cost.ops)
+    unit_of = np.arange(n_ops) if unit_of is None else np.asarray(unit_of)
+    n_units = n_ops if n_units is None else n_units
+    order = np.asarray(simulate(cost, np.argmax(np.isfinite(cost.compute), axis=1),
+                                memory=False).order, dtype=np.int64)
+    position = np.empty(n_ops, dtype=np.int64)
+    position[order] = np.arange(n_ops)
+    owner, last = np.arange(n_ops), position.copy()
+    last[np.diff(a.succ_ptr) == 0] = n_ops  # graph outputs stay
+    for i in order.tolist():
+        data = [a.pred_op[k] for k in range(a.pred_ptr[i], a.pred_ptr[i + 1])
+                if not a.edge_control[a.pred_edge[k]]]
+        if a.aliasing[i] and data:
+            owner[i] = owner[data[0]]
+        for p in data:
+            last[owner[p]] = max(last[owner[p]], position[i])
+    begins, ends = position, last
+    change = np.zeros(n_ops + 2)
+    np.add.at(change, begins, a.own_bytes)
+    np.add.at(change, ends + 1, -a.own_bytes)
+    total = np.cumsum(change)[:n_ops]
+    peaks = [t for t in range(n_ops) if total[t] > 0 and
+             (t == 0 or total[t] >= total[t - 1]) and (t == n_ops - 1 or total[t] > total[t + 1])]
+    chosen = sorted(peaks, key=lambda t: -total[t])[:cuts] or [int(np.argmax(total))]
+    rows = np.zeros((len(chosen), n_units))
+    for r, t in enumerate(chosen):
+        alive = (begins <= t) & (ends >= t)
+        rows[r] = np.bincount(unit_of[alive], a.own_bytes[alive], minlength=n_units)
+    return rows
 
 
 def _bound(prob, solver, objective):
@@ -377,7 +435,7 @@ def partition(cost, options=ILPOptions()):
     except PlacementError:
         greedy = None
     try:
-        device_of, result, units = _solve_model(cost, options, greedy)
+        device_of, result, units = _solve_within_memory(cost, options, greedy)
     except PlacementError:
         if greedy is None:
             raise
@@ -385,8 +443,13 @@ def partition(cost, options=ILPOptions()):
         device_of, units = greedy, len(graph)
         result = ILPResult(unit_device={}, status="no solution", objective=None,
                            bound=0.0, seconds=options.time_limit)
-    own_step = None if result.status == "no solution" else \
-        simulate(cost, device_of, memory=False).makespan
+    if result.status.endswith("simulation"):
+        if greedy is None:
+            raise PlacementError("", f"the ILP's placements overflow memory in simulation; "
+                                 f"{memory_hint(cost)}")
+        device_of = greedy
+    own_step = None if result.status == "no solution" or \
+        result.status.endswith("simulation") else simulate(cost, device_of, memory=False).makespan
     kept = "ilp"
     if greedy is not None and (own_step is None or
                                simulate(cost, greedy, memory=False).makespan < own_step):
@@ -400,24 +463,51 @@ def partition(cost, options=ILPOptions()):
     return plan
 
 
-def _solve_model(cost, options, greedy):
+REPAIRS = 3  # solves again with less room where the simulation overflowed
+
+
+def _solve_within_memory(cost, options, greedy):
+    """:func:`_solve_model`, solved again (a few times at most) with each device's room
+    cut by what the simulated live-range peak of the last solution put over it: the
+    ILP's moments and its omission of received copies only estimate that peak."""
+    room = np.array([d.memory for d in cost.cluster.devices], dtype=float)
+    capacity = room.copy()
+    for _ in range(REPAIRS + 1):
+        device_of, result, units = _solve_model(cost, options, greedy, capacity)
+        excess = live_peak(cost, device_of) - room
+        if (excess <= 0).all():
+            return device_of, result, units
+        capacity = capacity - np.where(excess > 0, np.maximum(excess, 0.02 * room), 0.0)
+    result.status += ", over memory in simulation"
+    return device_of, result, units
+
+
+def _solve_model(cost, options, greedy, room=None):
     """The ILP's placement (device index per op), its result, and the units solved."""
     graph, cluster = cost.graph, cost.cluster
     names = cluster.device_names
     if len(graph) > options.max_units:
+        # weights join their readers: variables, which lead every topological order,
+        # would otherwise fill the first piece together, more than any device holds
         target = CoarsenOptions(chains=options.coarsen.chains,
                                 name_scope_depth=options.coarsen.name_scope_depth,
                                 target_units=min(options.max_units,
-                                                 options.coarsen.target_units or 10**9))
+                                                 options.coarsen.target_units or 10**9),
+                                weights_with_reader=True)
         coarse = coarsen(graph, cost, target)
         coarse_cost = cost.of(coarse.graph)
         start = None if greedy is None else _by_majority(coarse, cost, greedy, coarse_cost)
-        result = solve(coarse.graph, coarse_cost, cluster, options, start)
+        unit_index = {unit: k for k, unit in enumerate(coarse_cost.ops)}
+        unit_of = np.empty(len(cost.ops), dtype=np.int64)
+        for unit, members in coarse.members.items():
+            unit_of[[cost.index[op] for op in members]] = unit_index[unit]
+        result = solve(coarse.graph, coarse_cost, cluster, options, start,
+                       live_cuts(cost, unit_of, len(unit_index)), room)
         assignment = coarse.expand({u: names[d] for u, d in result.unit_device.items()})
         units = len(coarse.graph)
         result.status = f"coarse {result.status}"
     else:
-        result = solve(graph, cost, cluster, options, greedy)
+        result = solve(graph, cost, cluster, options, greedy, room=room)
         assignment = {u: names[d] for u, d in result.unit_device.items()}
         units = len(graph)
     return np.array([names.index(assignment[op]) for op in cost.ops]), result, units

@@ -32,7 +32,8 @@ import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, keyed_heap_pop, keyed_heap_push
 from costmodel.simulate import fits_memory, live_peak, upward_rank
-from partitioner.units import MemoryLedger, expand, no_device_error, placement_units
+from partitioner.units import (MemoryLedger, expand, no_device_error, placement_units,
+                               variable_room)
 from partitioner.validate import check_memory
 
 
@@ -85,7 +86,7 @@ def earliest_task_first(cost):
     unit_of = np.empty(len(cost.ops), dtype=np.int64)
     for k, unit in enumerate(units):
         unit_of[unit.members] = k
-    capacity = np.array([device.memory for device in cluster.devices], dtype=float)
+    capacity = variable_room(cost)
     device_of, failed = _earliest_task_first(
         upward_rank(cost), a.tie, cost.compute, a.pred_ptr, a.pred_op, a.pred_edge,
         a.succ_ptr, a.succ_op, a.edge_bytes, a.comm_row, a.comm, cost.latency,
@@ -200,7 +201,7 @@ def memory_topological(cost):
     """
     cluster = cost.cluster
     units = placement_units(cost)
-    ledger = MemoryLedger(cluster)
+    ledger = MemoryLedger(cost)
     n = len(cluster)
     share = sum(u.footprint for u in units) / n
     cursor, chosen = 0, []

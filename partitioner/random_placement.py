@@ -34,7 +34,7 @@ def partition(cost, options=RandomOptions()):
     cluster = cost.cluster
     rng = np.random.default_rng(options.seed)
     units = placement_units(cost)
-    ledger = MemoryLedger(cluster)
+    ledger = MemoryLedger(cost)
     chosen = []
     for unit in units:
         candidates = [d for d in range(len(cluster)) if ledger.fits(unit, d)]

@@ -29,7 +29,7 @@ class RoundRobinOptions:
 def partition(cost, options=RoundRobinOptions()):
     cluster = cost.cluster
     units = placement_units(cost)
-    ledger = MemoryLedger(cluster)
+    ledger = MemoryLedger(cost)
     n, turn, chosen = len(cluster), 0, []
     for unit in units:
         for step in range(n):

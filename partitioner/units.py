@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import graph_arrays
+from costmodel.simulate import activation_peak
 from tfpart.errors import PlacementError
 
 
@@ -26,7 +27,7 @@ class Unit:
     group: str
     members: list  # op indices
     params: float  # variable bytes
-    footprint: float  # variables plus the unit's own outputs (its memory bound share)
+    footprint: float  # variables: what a unit holds for the whole step
     runnable: np.ndarray  # bool per device
     time: np.ndarray  # seconds per device (inf where it cannot run)
 
@@ -48,7 +49,7 @@ def _units(cost):
     members = [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     first_seen = np.empty(len(names), dtype=np.int64)
     first_seen[group_of[a.topological[::-1]]] = np.arange(len(cost.ops))[::-1]
-    footprint = np.bincount(group_of, a.param_bytes + a.own_bytes, minlength=len(names))
+    footprint = a.group_param_bytes
     time = np.zeros((len(names), cost.compute.shape[1]))
     np.add.at(time, group_of, cost.compute)
     units = [Unit(group, m, p, f, r, t) for group, m, p, f, r, t in zip(
@@ -70,13 +71,20 @@ def no_device_error(unit, cost):
                           f"{cost.ops[unit.members[0]]} ({unit.footprint / 1e6:.1f} MB)")
 
 
-class MemoryLedger:
-    """Bytes committed per device against its capacity (footprints only; check_plan
-    has the final word, counting received copies too)."""
+def variable_room(cost):
+    """Bytes per device for variables: its memory less the activations of the whole
+    graph at their peak (:func:`costmodel.simulate.activation_peak`)."""
+    memory = np.array([d.memory for d in cost.cluster.devices], dtype=float)
+    return np.maximum(memory - activation_peak(cost), 0.0)
 
-    def __init__(self, cluster):
-        self.capacity = np.array([d.memory for d in cluster.devices], dtype=float)
-        self.used = np.zeros(len(cluster))
+
+class MemoryLedger:
+    """Variable bytes committed per device against :func:`variable_room` (the simulated
+    live-range peak, which check_plan holds, has the final word)."""
+
+    def __init__(self, cost):
+        self.capacity = variable_room(cost)
+        self.used = np.zeros(len(cost.cluster))
 
     def fits(self, unit, d):
         return unit.runnable[d] and self.used[d] + unit.footprint <= self.capacity[d]

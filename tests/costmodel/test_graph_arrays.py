@@ -1,12 +1,11 @@
 """The flat arrays the compiled loops read describe the same graph as the OpGraph: the
-same edges in the same order, the same topological order, tie order and memory."""
+same edges in the same order, the same topological order and tie order."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel import CostModel
-from costmodel.arrays import graph_arrays, memory_per_device
-from costmodel.memory import device_memory
+from costmodel.arrays import graph_arrays
 from partitioner.list_schedules import earliest_task_first
 from tests.random_graphs import random_clusters, random_dags
 from tfpart.errors import PlacementError
@@ -32,18 +31,6 @@ def test_edges_orders_and_ties_match_the_op_graph(graph, cluster):
     assert np.argsort(a.tie).tolist() == by_key
     assert [a.group_names[g] for g in a.group_of] == \
         [graph.ops[name]["colocation"] for name in cost.ops]
-
-
-@PROPERTY
-@given(random_dags(control=True), random_clusters(), st.data())
-def test_memory_per_device_equals_the_op_graph_bound(graph, cluster, data):
-    cost = CostModel(graph, cluster)
-    device_of = np.array(data.draw(st.lists(st.integers(0, len(cluster) - 1),
-                                            min_size=len(graph), max_size=len(graph))))
-    names = cluster.device_names
-    expected = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)},
-                             names)
-    assert memory_per_device(cost, device_of).tolist() == [expected[n] for n in names]
 
 
 @PROPERTY

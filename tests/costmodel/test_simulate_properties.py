@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel import CostModel, simulate
+from costmodel.arrays import graph_arrays
 from partitioner.lower_bound import critical_path_bound, work_bound
 from tests.random_graphs import random_clusters, random_dags
 from tfpart.cluster import cluster_from_dict, cluster_of_devices
@@ -71,17 +72,69 @@ def test_single_device_makespan_is_the_sum_of_op_times(graph, kind):
 
 @PROPERTY
 @given(placed_graphs())
-def test_peak_memory_holds_the_variables_and_stays_under_the_bound(case):
-    from costmodel.memory import device_memory
+def test_live_range_peak_is_bounded_and_equals_a_replay_of_the_schedule(case):
+    """The live-range peak is never above the all-alive figure, never below any op's
+    inputs and outputs beside the device's variables, and equals a brute-force replay
+    of the simulated schedule's buffers."""
+    from costmodel.memory import all_alive_memory
+    from costmodel.simulate import live_peak
 
     graph, cluster, device_of = case
     cost = CostModel(graph, cluster)
     s = simulate(cost, device_of)
     names = cluster.device_names
-    bound = device_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)}, names)
+    bound = all_alive_memory(graph, {op: names[d] for op, d in zip(cost.ops, device_of)},
+                             names)
+    replayed = replay_peaks(cost, s)
     for d, name in enumerate(names):
         params = sum(graph.ops[cost.ops[i]]["param_bytes"] for i in np.flatnonzero(device_of == d))
         assert params <= s.peak_memory[d] <= bound[name] + 1e-6
+        assert s.peak_memory[d] == pytest.approx(params + replayed[d], abs=1e-6)
+    assert live_peak(cost, device_of).tolist() == pytest.approx(s.peak_memory.tolist())
+    a = graph_arrays(cost)
+    for i, op in enumerate(cost.ops):
+        d = device_of[i]
+        if cost.compute[i, d] <= 0:  # a zero-time op's inputs may be freed as it starts
+            continue
+        inputs = sum(a.out_bytes[p] if device_of[p] != d else
+                     0.0 if a.aliasing[p] else a.own_bytes[p]
+                     for p in {cost.index[u] for u, e in graph.in_edges(op).items()
+                               if not e["control"]})
+        params = a.param_bytes[device_of == d].sum()
+        assert s.peak_memory[d] >= params + a.own_bytes[i] + inputs - 1e-6
+
+
+def replay_peaks(cost, schedule):
+    """Activation peak per device, replayed buffer by buffer in plain Python: an op's
+    output from its start (a received copy from its transfer's start) until the last
+    reader there ends (or its transfers finish, on the sender), through aliasing ops
+    on the same device; graph outputs to the end; at equal times frees first."""
+    graph, a = cost.graph, graph_arrays(cost)
+    device = schedule.device
+    owner, begin, nbytes, end = {}, {}, {}, {}  # by (owner op, device)
+    for i in schedule.order:
+        inputs = [cost.index[u] for u, e in graph.in_edges(cost.ops[i]).items()
+                  if not e["control"]]
+        if a.aliasing[i] and inputs and device[inputs[0]] == device[i]:
+            owner[i] = owner[inputs[0]]
+        else:
+            owner[i] = i
+            begin[i, device[i]], nbytes[i, device[i]] = schedule.start[i], a.own_bytes[i]
+        for p in inputs:
+            key = (owner[p], device[i])
+            end[key] = max(end.get(key, 0.0), schedule.end[i])
+    for i, src, dst, start, finish in schedule.transfers:
+        begin[owner[i], dst], nbytes[owner[i], dst] = start, a.out_bytes[i]
+        end[owner[i], src] = max(end.get((owner[i], src), 0.0), finish)
+    buffers = {key: [begin[key], schedule.makespan if not graph.out_edges(cost.ops[key[0]])
+                     else max(end.get(key, 0.0), begin[key]), nbytes[key]] for key in begin}
+    peaks = np.zeros(len(cost.cluster))
+    for d in range(len(peaks)):
+        mine = [b for (o, dd), b in buffers.items() if dd == d and b[2] > 0]
+        for t in {b[0] for b in mine}:
+            alive = sum(b[2] for b in mine if b[0] <= t < max(b[1], b[0]))
+            peaks[d] = max(peaks[d], alive)
+    return peaks
 
 
 def chain(n, nbytes):

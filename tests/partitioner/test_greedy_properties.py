@@ -114,6 +114,7 @@ def baseline_placements(cost):
     and the topological split, as (name, device index per op)."""
     from partitioner.list_schedules import (earliest_task_first, memory_topological,
                                             topological_split)
+    from costmodel.simulate import live_peak
     from partitioner.validate import check_memory
 
     names = cost.cluster.device_names
@@ -128,7 +129,7 @@ def baseline_placements(cost):
         plan = Plan(assignment={op: names[d] for op, d in zip(cost.ops, placement)})
         try:
             check_plan(plan, cost.graph, cost.cluster)
-            check_memory(cost.graph, plan.assignment, cost.cluster)
+            check_memory(cost.cluster, dict(zip(names, live_peak(cost, placement))))
         except PlacementError:
             continue
         valid.append((name, placement))

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel import CostModel
-from costmodel.pipeline import SCHEDULES, training_peak_memory
+from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
 from partitioner.pipeline import PipelineOptions, partition
 from partitioner.training_stages import forward_partners
 from tfpart.cluster import cluster_from_dict
@@ -112,23 +112,28 @@ def test_training_stages_keep_backward_ops_with_their_forward_ops(graph, cluster
         assert len({plan.assignment[o] for o in group}) == 1
     for device in cluster.devices:
         figures = plan.predicted.devices[device.name]
-        if figures.peak_memory_bytes is not None:
-            assert figures.peak_memory_bytes <= device.memory
+        assert figures.peak_memory_bytes <= device.memory
     assert plan.schedule in SCHEDULES
 
 
 @settings(max_examples=20, deadline=None)
 @given(training_steps(), st.integers(4, 16))
-def test_1f1b_holds_fewer_activations_than_fill_drain(graph, microbatches):
+def test_1f1b_never_holds_more_than_fill_drain(graph, microbatches):
+    """By the simulated live ranges: 1F1B frees each micro-batch's activations sooner;
+    both keep every micro-batch's gradients until the update sums them, which can make
+    the peaks equal (tests/e2e/test_training.py shows 1F1B below on a real step)."""
     cluster = cluster_from_dict({"devices": [
         {"name": f"/job:worker/task:0/device:GPU:{i}", "kind": "T4"} for i in range(3)]})
     plan = partition(CostModel(graph, cluster),
                      PipelineOptions(batch_size=16, microbatches=microbatches))
-    peaks = {schedule: training_peak_memory(graph, plan.assignment, plan.stages, schedule,
-                                            microbatches) for schedule in SCHEDULES}
+    index = {name: d for d, name in enumerate(cluster.device_names)}
+    device_of = {op: index[name] for op, name in plan.assignment.items()}
+    cost = CostModel(graph, cluster)
+    peaks = {schedule: simulate_pipeline(microbatch_graph(graph, microbatches), cluster,
+                                         device_of, plan.stages, microbatches, cost, schedule,
+                                         memory=True).peak_memory for schedule in SCHEDULES}
     for device in peaks["gpipe"]:
         assert peaks["1f1b"][device] <= peaks["gpipe"][device] + 1e-6
-    assert sum(peaks["1f1b"].values()) < sum(peaks["gpipe"].values())
 
 
 def test_a_gradient_op_is_paired_by_its_name_else_by_the_deepest_op_it_reads():
