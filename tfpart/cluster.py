@@ -678,6 +678,17 @@ def cluster_of_devices(kind_names, memory=None, name="uniform"):
     return cluster_from_dict({"name": name, "devices": devices})
 
 
+def with_memory(cluster, index, memory):
+    """The cluster with device ``index``'s memory set to ``memory`` bytes.
+
+    >>> with_memory(cluster_of_devices(["cpu", "T4"]), 1, 1e9).devices[1].memory
+    1000000000.0
+    """
+    devices = list(cluster.devices)
+    devices[index] = dataclasses.replace(devices[index], memory=float(memory))
+    return dataclasses.replace(cluster, devices=tuple(devices))
+
+
 def sub_cluster(cluster, indices):
     """The cluster of only the devices at ``indices`` (in that order), with their links.
 

@@ -55,6 +55,55 @@ def unread_variables(info, cluster):
             "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
 
 
+MEMORY_HEADROOM = 0.1  # of each device's memory, kept for what the cost model does not see
+
+
+def planning_cluster(cluster, unread):
+    """The cluster a plan is made for: each device keeps ``MEMORY_HEADROOM`` of its
+    memory free for what the live-range model does not see (the allocator's rounding
+    and unsplit chunks, kernels' scratch buffers: measured in
+    benchmarks/memory_accuracy.py); and where the variables the signature never reads go
+    (:func:`unread_variables`) is a device of the cluster (a CPU cluster's first
+    device), that device has their bytes less room. Returns it and that device's index
+    (None if they go off the cluster's devices).
+
+    Raises
+    ------
+    PlacementError
+        If they alone overflow that device."""
+    from tfpart.cluster import normalize_device_name, with_memory
+
+    names = [normalize_device_name(name) for name in cluster.device_names]
+    host = normalize_device_name(unread["device"])
+    planned = cluster
+    for k, device in enumerate(cluster.devices):
+        planned = with_memory(planned, k, device.memory * (1 - MEMORY_HEADROOM))
+    if not unread["bytes"] or host not in names:
+        return planned, None
+    index = names.index(host)
+    room = planned.devices[index].memory - unread["bytes"]
+    if room < 0:
+        raise PlacementError(cluster.source, f"{cluster.device_names[index]} has "
+                             f"{cluster.devices[index].memory / 1e6:.1f} MB, less than the "
+                             f"{unread['bytes'] / 1e6:.1f} MB of the {unread['count']} "
+                             f"variables the signature never reads, which are kept there "
+                             f"(a Keras export's second copy of its variables)")
+    return with_memory(planned, index, room), index
+
+
+def _whole_memory(plan, cluster, index, unread):
+    """The plan's figures with every device's whole memory and the unread variables on
+    device ``index`` (see :func:`planning_cluster`)."""
+    if plan.predicted is None:
+        return
+    for device in cluster.devices:
+        plan.predicted.devices[device.name].memory_bytes = float(device.memory)
+    if index is not None:
+        figures = plan.predicted.devices[cluster.device_names[index]]
+        figures.peak_memory_bytes += unread["bytes"]
+        figures.param_bytes += unread["bytes"]
+
+
 def _check_fits(graph, cluster, source, batch_size=None):
     if batch_size is not None:
         check_tensors_fit(graph, batch_size, cluster.total_memory(), source)
@@ -148,6 +197,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
                                  timings=timings)
     timings["read"] -= timings["analyse"]
+    whole_cluster, unread = cluster, unread_variables(info, cluster)
+    cluster, unread_on = planning_cluster(cluster, unread)
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
 
     pipeline = pipeline or microbatches is not None or schedule is not None
@@ -198,10 +249,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
     plan, mixing = tried[best]
+    _whole_memory(plan, whole_cluster, unread_on, unread)
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
                     "fusion_groups": info.fusion_groups,
-                    "unread_variables": unread_variables(info, cluster),
+                    "unread_variables": unread,
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature, "format": info.format,
                     "batch_size": info.batch_size, "tf32": cost.tf32,

@@ -1,0 +1,78 @@
+"""Models bigger than a device: a model compiled for three worker processes that each
+hold 0.6 x its predicted single-device peak, as an op placement and as a pipeline, is
+verified against the original, and every worker's allocator peak (measured,
+:mod:`tfpart.memory_stats`) stays within that worker's memory.
+
+The models are the cases of issue 37 (Keras applications at batch 2, as the model zoo
+benchmark builds them, and a stacked LSTM), whose variables make up most of their peak.
+Where a model's activations dominate (the small example CNNs at any batch), 0.6 x the
+peak is below what its largest op needs with its inputs and outputs, and the compile
+refuses with that bound (tests/partitioner/test_memory_models.py)."""
+import json
+
+import pytest
+
+from benchmarks.memory_accuracy import run_and_measure
+from tfpart.cluster import normalize_device_name
+
+FRACTION = 0.6
+# (exporter in examples.models, its arguments, batch size, signature)
+MODELS = {
+    "DenseNet121": ("export_keras_application", ("DenseNet121", 32, 10), 2, None),
+    "MobileNetV2": ("export_keras_application", ("MobileNetV2", 32, 10), 2, None),
+    "stacked_lstm": ("export_stacked_lstm", (), 2, None),
+}
+
+
+def single_device_peak(model, batch, signature):
+    """The predicted peak of the model alone on one device of the default cluster, and
+    the bytes of the variables its signature never reads (a Keras export's second copy,
+    kept on the first device's host: on a CPU cluster, that device)."""
+    from profiles import DEFAULT_CLUSTER_FILE
+    from tfpart.cluster import load_cluster
+    from tfpart.compile import plan_model
+
+    plan = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=batch,
+                      signature=signature, algorithm="single")[0]
+    unread = plan.context["unread_variables"]["bytes"]
+    return max(d.peak_memory_bytes for d in plan.predicted.devices.values()) - unread, unread
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_model_fits_three_workers_of_six_tenths_of_its_peak(name, tmp_path):
+    import examples.models as models
+    from tfpart.compile import compile_model
+    from tfpart.local_workers import LocalWorkers
+
+    exporter, args, batch, signature = MODELS[name]
+    model = tmp_path / "model"
+    getattr(models, exporter)(model, *args)
+    peak, unread = single_device_peak(model, batch, signature)
+    memory = int(FRACTION * peak)
+    with LocalWorkers(3, tmp_path, memory_stats=True) as workers:
+        cluster = json.loads(workers.path.read_text())
+        for device in cluster["devices"]:
+            device["memory"] = memory
+        cluster["devices"][0]["memory"] += unread  # the host of the unread copy
+        cluster_file = tmp_path / "small.json"
+        cluster_file.write_text(json.dumps(cluster))
+        for strategy, options in {"placement": {}, "pipeline": {"pipeline": True}}.items():
+            out = tmp_path / strategy
+            result = compile_model(model, cluster_file, out, batch_size=batch,
+                                   signature=signature, verify=True, **options)
+            assert result.verification.outputs_equal, strategy
+            predicted = {name: d.peak_memory_bytes
+                         for name, d in result.plan.predicted.devices.items()}
+            capacity = {name: d.memory_bytes
+                        for name, d in result.plan.predicted.devices.items()}
+            assert all(predicted[name] <= capacity[name] for name in predicted)
+            assert sum(1 for p in predicted.values() if p > 0) >= 2, predicted  # spread
+            _, peaks = run_and_measure(workers, out, 2)
+            measured = {normalize_device_name(d): f["peak"] - f["start"]
+                        for d, f in peaks.items()}
+            print(name, strategy, {d[-18:]: (round(predicted[d] / 1e6, 2),
+                                             round(measured[d] / 1e6, 2),
+                                             round(capacity[d] / 1e6, 2)) for d in predicted})
+            assert all(measured[d] <= capacity[d] for d in predicted), (strategy, measured)
