@@ -87,7 +87,7 @@ def memory_lower_bound(graph, n_devices):
         need = group_params[attrs["colocation"]] + inputs + new_output_bytes(attrs)
         if need > best:
             best, why = need, (f"{op} ({attrs['op_type']}) with its inputs, outputs and the "
-                               f"{_text(group_params[attrs['colocation']])} of variables it "
+                               f"{size_text(group_params[attrs['colocation']])} of variables it "
                                f"is colocated with")
     spread = graph.total_param_bytes() / max(n_devices, 1)
     if spread > best:
@@ -95,5 +95,12 @@ def memory_lower_bound(graph, n_devices):
     return best, why
 
 
-def _text(nbytes):
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes:.0f} B"
+def size_text(nbytes):
+    """Bytes for a message: in MB, or in KB or B when that would read 0.0 MB.
+
+    >>> size_text(29.5e6), size_text(33_280), size_text(400)
+    ('29.5 MB', '33.3 KB', '400 B')
+    """
+    if nbytes >= 1e5:
+        return f"{nbytes / 1e6:.1f} MB"
+    return f"{nbytes / 1e3:.1f} KB" if nbytes >= 1e3 else f"{nbytes:.0f} B"

@@ -71,6 +71,7 @@ import numba
 import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
+from costmodel.memory import size_text
 from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
@@ -184,7 +185,7 @@ def _list_schedule(cost, options, priority, contended):
         capacity = capacity - np.where(excess > 0, np.maximum(excess, REPAIR_STEP * room), 0.0)
     worst = int(np.argmax(excess))
     raise PlacementError("", f"out of memory: the greedy's placements overflow "
-                         f"{cluster.devices[worst].name} by {excess[worst] / 1e6:.1f} MB in "
+                         f"{cluster.devices[worst].name} by {size_text(excess[worst])} in "
                          f"simulation; {memory_hint(cost)}")
 
 
@@ -196,11 +197,11 @@ def _list_schedule_error(cost, failure):
                               f"no device can run every op colocated with {name} "
                               f"({cost.graph.ops[name]['op_type']})")
     why = (f"the roomiest device that can run it, "
-           f"{cost.cluster.devices[int(roomiest)].name}, has {free / 1e6:.1f} MB left"
+           f"{cost.cluster.devices[int(roomiest)].name}, has {size_text(free)} left"
            if need > free else "any device it fits on would leave no room for the "
-           f"{unplaced / 1e6:.1f} MB of variables still to place")
+           f"{size_text(unplaced)} of variables still to place")
     return PlacementError("", f"out of memory placing {name}: it needs "
-                          f"{need / 1e6:.1f} MB, and {why}; {memory_hint(cost)}")
+                          f"{size_text(need)}, and {why}; {memory_hint(cost)}")
 
 
 MAX_GAPS = 64  # idle slots examined before settling for the end of a schedule

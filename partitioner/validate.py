@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.memory import memory_lower_bound
+from costmodel.memory import memory_lower_bound, size_text
 from tfpart.errors import PlacementError
 
 HOST_KIND = "cpu"  # the device kind that runs host-only ops (strings, hash tables)
@@ -82,8 +82,8 @@ def check_memory(cluster, used):
     live-range peak, :func:`costmodel.simulate.live_peak`) exceed its memory."""
     for device in cluster.devices:
         if used.get(device.name, 0.0) > device.memory:
-            raise PlacementError("", f"{device.name} needs {used[device.name] / 1e6:.1f} MB"
-                                 f" but has {device.memory / 1e6:.1f} MB")
+            raise PlacementError("", f"{device.name} needs {size_text(used[device.name])}"
+                                 f" but has {size_text(device.memory)}")
 
 
 def memory_hint(cost):
@@ -93,14 +93,15 @@ def memory_hint(cost):
     >>> from tfpart.graph import OpGraph
     >>> from tfpart.cluster import cluster_of_devices
     >>> from costmodel import CostModel
-    >>> g = OpGraph(); g.add_op("w", op_type="VarHandleOp", param_bytes=3e9)
-    >>> memory_hint(CostModel(g, cluster_of_devices(["T4", "T4"])))
-    'a plan needs devices of at least 1500.0 MB each (the model's variables spread evenly over 2 devices); the largest here has 16000.0 MB'
+    >>> g = OpGraph()
+    >>> for name in "uvw": g.add_op(name, op_type="VarHandleOp", param_bytes=1e9)
+    >>> print(memory_hint(CostModel(g, cluster_of_devices(["T4", "T4"]))))
+    a plan needs devices of at least 1500.0 MB each (the model's variables spread evenly over 2 devices); the largest here has 16000.0 MB
     """
     need, why = memory_lower_bound(cost.graph, len(cost.cluster))
     largest = max(device.memory for device in cost.cluster.devices)
-    return (f"a plan needs devices of at least {need / 1e6:.1f} MB each ({why}); the "
-            f"largest here has {largest / 1e6:.1f} MB")
+    return (f"a plan needs devices of at least {size_text(need)} each ({why}); the "
+            f"largest here has {size_text(largest)}")
 
 
 def check_kernels(cost):

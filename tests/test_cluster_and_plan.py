@@ -50,7 +50,7 @@ def test_plan_json_is_checked_against_its_schema(tmp_path):
     path = tmp_path / "plan.json"
     plan = Plan(assignment={"a": "/device:CPU:0"}, predicted=Predicted(
         step_time=1.0, devices={"/device:CPU:0": DeviceFigures(
-            kind="cpu", busy_s=1.0, memory_bound_bytes=8.0, memory_bytes=64.0)}))
+            kind="cpu", busy_s=1.0, peak_memory_bytes=8.0, memory_bytes=64.0)}))
     plan.save(path)
     assert Plan.load(path).predicted.devices["/device:CPU:0"].busy_s == 1.0
     data = json.loads(path.read_text())
@@ -62,3 +62,17 @@ def test_plan_json_is_checked_against_its_schema(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(PlacementError, match="format_version"):
         Plan.load(path)
+
+
+def test_a_plan_written_before_live_ranges_still_loads(tmp_path):
+    """Plans of earlier versions carry the all-alive ``memory_bound_bytes`` and, for an
+    inference pipeline, no peak: the bound stands in for the missing peak."""
+    path = tmp_path / "plan.json"
+    Plan(assignment={"a": "/device:CPU:0"}, predicted=Predicted(
+        step_time=1.0, devices={"/device:CPU:0": DeviceFigures(
+            kind="cpu", busy_s=1.0, peak_memory_bytes=8.0, memory_bytes=64.0)})).save(path)
+    data = json.loads(path.read_text())
+    figures = data["predicted"]["devices"]["/device:CPU:0"]
+    figures["memory_bound_bytes"], figures["peak_memory_bytes"] = 32.0, None
+    path.write_text(json.dumps(data))
+    assert Plan.load(path).predicted.devices["/device:CPU:0"].peak_memory_bytes == 32.0

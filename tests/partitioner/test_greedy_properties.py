@@ -144,7 +144,7 @@ def test_never_slower_than_any_baseline_with_contended_links(graph, cluster):
     try:
         plan = greedy.partition(cost)
     except PlacementError as exc:  # restrictions and tight memory can leave no plan
-        assert "no device can run" in str(exc) or "MB" in str(exc)
+        assert "no device can run" in str(exc) or "a plan needs devices of at least" in str(exc)
         return
     check_plan(plan, graph, cluster)
     for name, placement in baseline_placements(cost):
