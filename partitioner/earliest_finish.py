@@ -167,6 +167,7 @@ def _list_schedule(cost, options, priority, contended):
     follower[free_groups(cost)] = True
     members = np.argsort(group_of, kind="stable").astype(np.int64)
     member_ptr = np.concatenate([[0], np.cumsum(np.bincount(group_of, minlength=len(params)))])
+    best = None  # (worst excess, placement) of the attempts
     for _ in range(REPAIRS + 1):
         device_of, failure = _earliest_finish(
             priority, a.tie, cost.compute, np.asarray(cluster.executor_of, dtype=np.int64),
@@ -176,17 +177,63 @@ def _list_schedule(cost, options, priority, contended):
             a.aliasing, data_readers(a), follower, member_ptr, members, packing,
             options.insertion, contended)
         if failure[0] >= 0:
-            raise _list_schedule_error(cost, failure)
+            if best is None:
+                raise _list_schedule_error(cost, failure)
+            break  # less room than the schedule can live with: repair the best one
         _move_free_groups_to_consumers(graph, cost, cluster, device_of)
         excess = live_peak(cost, device_of, priority) - room
         if (excess <= 0).all():
             return device_of
+        if best is None or excess.max() < best[0]:
+            best = (excess.max(), device_of)
         # at least REPAIR_STEP of the room: an excess of a few bytes changes no choice
         capacity = capacity - np.where(excess > 0, np.maximum(excess, REPAIR_STEP * room), 0.0)
+    repaired = _move_off_overflowing(cost, best[1].copy(), priority, room)
+    if repaired is not None:
+        return repaired
+    excess = live_peak(cost, best[1], priority) - room
     worst = int(np.argmax(excess))
     raise PlacementError("", f"out of memory: the greedy's placements overflow "
                          f"{cluster.devices[worst].name} by {size_text(excess[worst])} in "
                          f"simulation; {memory_hint(cost)}")
+
+
+MEMORY_MOVES = 40  # groups moved off overflowing devices at most
+MEMORY_TRIES = 8  # groups of an overflowing device tried per move
+
+
+def _move_off_overflowing(cost, device_of, priority, room):
+    """Move colocation groups, one at a time, off the device that overflows its
+    ``room`` most (by simulated live-range peak) to the device with the most room left
+    that runs them, taking the first move (largest group first) that lowers the worst
+    overflow; the placement once every device fits, None if no move helps."""
+    units = placement_units(cost)
+    unit_of = np.empty(len(cost.ops), dtype=np.int64)
+    for k, unit in enumerate(units):
+        unit_of[unit.members] = k
+    a = graph_arrays(cost)
+    size = np.bincount(unit_of, a.param_bytes + a.own_bytes, minlength=len(units))
+    excess = live_peak(cost, device_of, priority) - room
+    for _ in range(MEMORY_MOVES):
+        if (excess <= 0).all():
+            return device_of
+        d = int(np.argmax(excess))
+        mine = [k for k in np.argsort(-size, kind="stable").tolist()
+                if device_of[units[k].members[0]] == d][:MEMORY_TRIES]
+        for k in mine:
+            targets = [t for t in np.argsort(excess, kind="stable").tolist()
+                       if t != d and units[k].runnable[t]]
+            if not targets:
+                continue
+            trial = device_of.copy()
+            trial[units[k].members] = targets[0]
+            after = live_peak(cost, trial, priority) - room
+            if after.max() < excess.max():
+                device_of, excess = trial, after
+                break
+        else:
+            return None
+    return device_of if (excess <= 0).all() else None
 
 
 def _list_schedule_error(cost, failure):

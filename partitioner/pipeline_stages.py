@@ -75,29 +75,29 @@ def pipeline_plan(cost, options=PipelineOptions()):
     units = [u for u in unit_graph.ops if unit_graph.in_degree(u) + unit_graph.out_degree(u)] \
         or list(unit_graph.ops)
     kinds = device_kinds(cluster)
-    problem = stage_problem(staged, staged_cost, kinds, units, coarse.members,
-                            _kept_for_backward(graph) if training else {},
-                            _transient_activations(cost, graph, training))
-    solution = solve(problem, ideal_limit=options.ideal_limit)
-    free = {k: list(devices) for k, devices in enumerate(kinds)}
-    device_of, stage_of = {}, {}
-    for stage, (kind, members) in enumerate(solution.stages):
-        device = free[kind].pop(0)
-        for u in members:
-            for op in coarse.members[units[u]]:
-                device_of[op], stage_of[op] = device, stage
-    _place_unconnected(staged, cluster, coarse, set(units), device_of, stage_of)
-    members = coarse.members
-    if training:
-        place_followers(graph, partners, device_of, stage_of)
-        members = _training_units(graph, coarse.members, stage_of)
-    names = cluster.device_names
-    assignment = {op: names[d] for op, d in device_of.items()}
+    kept = _kept_for_backward(graph) if training else {}
     schedules = [options.schedule or "gpipe"] if not training else \
         [options.schedule] if options.schedule else list(SCHEDULES)
-    runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m, schedule)
-            for m in microbatch_candidates(options) for schedule in schedules}
-    (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, device_of, stage_of)
+    failure = None
+    for reserve in _activation_reserves(cost, graph, training):
+        try:
+            problem = stage_problem(staged, staged_cost, kinds, units, coarse.members, kept,
+                                    reserve)
+            solution = solve(problem, ideal_limit=options.ideal_limit)
+            device_of, stage_of, members = _stages_placed(
+                graph, staged, cluster, coarse, units, kinds, solution, partners, training)
+            runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m,
+                                                   schedule)
+                    for m in microbatch_candidates(options) for schedule in schedules}
+            (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, device_of,
+                                                               stage_of)
+            break
+        except PlacementError as exc:
+            failure = exc  # the last: with the least room kept, the closest to fitting
+    else:
+        raise failure
+    names = cluster.device_names
+    assignment = {op: names[d] for op, d in device_of.items()}
     peak = best.peak_memory
     plan = Plan(
         assignment=assignment, algorithm="pipeline", options=asdict(options),
@@ -151,6 +151,36 @@ def _fastest_fitting(cost, runs, device_of, stage_of):
     raise PlacementError("", f"the pipeline stages found fit no device's memory at any "
                          f"micro-batch count: at the closest ({m} micro-batches{named}) a "
                          f"device needs {excess / 1e6:.1f} MB more")
+
+
+def _stages_placed(graph, staged, cluster, coarse, units, kinds, solution, partners,
+                   training):
+    """The device and stage of every op for the stage search's ``solution``, and the
+    simulation units."""
+    free = {k: list(devices) for k, devices in enumerate(kinds)}
+    device_of, stage_of = {}, {}
+    for stage, (kind, members) in enumerate(solution.stages):
+        device = free[kind].pop(0)
+        for u in members:
+            for op in coarse.members[units[u]]:
+                device_of[op], stage_of[op] = device, stage
+    _place_unconnected(staged, cluster, coarse, set(units), device_of, stage_of)
+    members = coarse.members
+    if training:
+        place_followers(graph, partners, device_of, stage_of)
+        members = _training_units(graph, coarse.members, stage_of)
+    return device_of, stage_of, members
+
+
+def _activation_reserves(cost, graph, training):
+    """The room for activations the stage search keeps on every device, tried in turn
+    until a search's stages fit by simulation: the whole graph's transient
+    activations (:func:`_transient_activations`), half of them, and what its largest op
+    needs with its inputs and outputs (a stage holds only its own part of them)."""
+    whole = _transient_activations(cost, graph, training)
+    largest = max((sum(new_output_bytes(graph.ops[u]) for u in graph.predecessors(op)) +
+                   new_output_bytes(attrs) for op, attrs in graph.ops.items()), default=0.0)
+    return sorted({whole, whole / 2, min(largest, whole)}, reverse=True)
 
 
 def _kept_for_backward(graph):
