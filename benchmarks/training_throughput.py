@@ -129,9 +129,8 @@ def run_model(name, work, cluster, args):
     rows = []
     for (label, _), out in zip(VARIANTS, outs):
         plan = Plan.load(out / "plan.json")
-        predicted_memory = [
-            figures.peak_memory_bytes if figures.peak_memory_bytes is not None
-            else figures.memory_bound_bytes for figures in plan.predicted.devices.values()]
+        predicted_memory = [figures.peak_memory_bytes
+                            for figures in plan.predicted.devices.values()]
         rows.append({"variant": label, "microbatches": plan.microbatches,
                      "schedule": plan.schedule or "-",
                      "stages": len(set((plan.stages or {}).values())) or

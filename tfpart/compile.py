@@ -71,6 +71,7 @@ def planning_cluster(cluster, unread):
     ------
     PlacementError
         If they alone overflow that device."""
+    from costmodel.memory import size_text
     from tfpart.cluster import normalize_device_name, with_memory
 
     names = [normalize_device_name(name) for name in cluster.device_names]
@@ -84,8 +85,8 @@ def planning_cluster(cluster, unread):
     room = planned.devices[index].memory - unread["bytes"]
     if room < 0:
         raise PlacementError(cluster.source, f"{cluster.device_names[index]} has "
-                             f"{cluster.devices[index].memory / 1e6:.1f} MB, less than the "
-                             f"{unread['bytes'] / 1e6:.1f} MB of the {unread['count']} "
+                             f"{size_text(planned.devices[index].memory)} to hold, less than "
+                             f"the {size_text(unread['bytes'])} of the {unread['count']} "
                              f"variables the signature never reads, which are kept there "
                              f"(a Keras export's second copy of its variables)")
     return with_memory(planned, index, room), index
@@ -197,9 +198,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
                                  timings=timings)
     timings["read"] -= timings["analyse"]
+    _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
     whole_cluster, unread = cluster, unread_variables(info, cluster)
     cluster, unread_on = planning_cluster(cluster, unread)
-    _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
 
     pipeline = pipeline or microbatches is not None or schedule is not None
     with timed(timings, "cost"):

@@ -2,7 +2,6 @@
 same edges in the same order, the same topological order and tie order."""
 import numpy as np
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from costmodel import CostModel
 from costmodel.arrays import graph_arrays
