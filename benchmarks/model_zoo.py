@@ -2,6 +2,7 @@
 
     python -m benchmarks.model_zoo                       # all of them, a table
     python -m benchmarks.model_zoo --models ResNet50 Xception --cluster gpu --markdown
+    python -m benchmarks.model_zoo --memory-fraction 0.6 --markdown   # bigger than a device
 
 Each model is built with random weights (``weights=None``, 10 classes) at the smallest
 input its builder accepts among 32 x 32 and 75 x 75, exported with Keras 3's
@@ -10,6 +11,13 @@ the default cluster (or the A100 + 2 L4 + CPU cluster mapped onto logical CPUs,
 ``--cluster gpu``), each in a fresh process with a time limit. A row gives the ops
 read, the compile's wall time (export excluded), whether the outputs equal the
 original's, the ops found on another device than planned, or the one-line error.
+
+With ``--memory-fraction F`` each model is instead compiled twice with ``--verify``, as
+an op placement and as a pipeline, for the default cluster's three logical CPUs each
+holding F times the model's predicted single-device peak (the first also holding the
+Keras export's unread copy of the variables, which is kept there): a model bigger than
+any one device. A row gives that peak, each compile's result with its fullest device's
+predicted peak against its memory, or the one-line error.
 """
 import argparse
 import json
@@ -45,6 +53,55 @@ print(json.dumps({"ops": len(result.graph), "seconds": time.perf_counter() - sta
                   "off_plan": len(report.op_mismatches) + len(report.variable_mismatches),
                   "strategy": result.plan.context.get("strategy", {}).get("chosen")}))
 """
+
+
+FRACTION_COMPILE = """
+import json, sys, time
+from profiles import DEFAULT_CLUSTER_FILE
+from tfpart.cluster import load_cluster
+from tfpart.compile import compile_model, plan_model
+from tfpart.errors import TfpartError
+model, out, fraction = sys.argv[1], sys.argv[2], float(sys.argv[3])
+alone = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=2,
+                   algorithm="single")[0]
+unread = alone.context["unread_variables"]["bytes"]
+peak = sum(d.peak_memory_bytes for d in alone.predicted.devices.values()) - unread
+cluster = json.loads(open(DEFAULT_CLUSTER_FILE).read())
+for device in cluster["devices"]:
+    device["memory"] = int(fraction * peak)
+cluster["devices"][0]["memory"] += unread
+path = out + ".json"
+open(path, "w").write(json.dumps(cluster))
+row = {"peak MB": f"{peak / 1e6:.1f}"}
+for strategy, options in (("placement", {}), ("pipeline", {"pipeline": True})):
+    start = time.perf_counter()
+    try:
+        result = compile_model(model, path, out + "-" + strategy, batch_size=2, verify=True,
+                               **options)
+        report = result.verification
+        fullest = max(d.peak_memory_bytes / d.memory_bytes
+                      for d in result.plan.predicted.devices.values())
+        row[strategy] = (f"{'equal' if report.outputs_equal else 'DIFFER'}, "
+                         f"{len(report.op_mismatches)} off-plan, fullest {100 * fullest:.0f}%, "
+                         f"{time.perf_counter() - start:.0f} s")
+    except TfpartError as exc:
+        row[strategy] = str(exc).split(": ", 1)[-1][:150]
+print(json.dumps(row))
+"""
+
+
+def fraction_row(name, fraction, work, timeout):
+    """A row of the ``--memory-fraction`` table for one Keras application."""
+    size = SIZES.get(name, 32)
+    model = Path(work) / name
+    row = {"model": name, "input": size}
+    if not (model / "saved_model.pb").exists():
+        exported = run(CHILD, [name, size, model], timeout)
+        if exported.get("error"):
+            return {**row, "placement": f"export failed: {exported['error']}"}
+    with tempfile.TemporaryDirectory() as scratch:
+        got = run(FRACTION_COMPILE, [model, Path(scratch) / "out", fraction], 2 * timeout)
+    return {**row, **({"placement": got["error"]} if got.get("error") else got)}
 
 
 def application_names():
@@ -101,6 +158,8 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--work", default=Path(tempfile.gettempdir()) / "tfpart-model-zoo")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--memory-fraction", type=float, default=None,
+                        help="devices each holding this fraction of a model's peak")
     args = parser.parse_args(argv)
     cluster = DEFAULT_CLUSTER_FILE if args.cluster == "default" else \
         CLUSTERS_DIR / "a100_l4_one_host.json"
@@ -108,10 +167,15 @@ def main(argv=None):
     console = Console()
     rows = []
     for name in args.models or application_names():
-        rows.append(zoo_row(name, cluster, args.work, args.timeout))
+        rows.append(zoo_row(name, cluster, args.work, args.timeout)
+                    if args.memory_fraction is None else
+                    fraction_row(name, args.memory_fraction, args.work, args.timeout))
         console.print(rows[-1])  # a long run shows its progress
-    show_rows(console, f"keras.applications compiled with --verify ({args.cluster} "
-              "cluster, batch 2)", rows, args.markdown)
+    title = f"keras.applications compiled with --verify ({args.cluster} cluster, batch 2)" \
+        if args.memory_fraction is None else \
+        (f"keras.applications compiled with --verify for 3 logical CPUs each holding "
+         f"{args.memory_fraction} x its single-device peak (batch 2)")
+    show_rows(console, title, rows, args.markdown)
 
 
 if __name__ == "__main__":

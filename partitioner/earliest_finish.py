@@ -14,12 +14,15 @@ slot of that device's executor (insertion). The schedule is made twice: with eac
 transfer taking its own alpha-beta time, and with transfers queued as the simulator
 queues them (one copy per producer and destination device, on its directed link, in an
 idle slot of the link when one is long enough); the placement that simulates faster is
-kept. The rest of the group follows. Groups that cost nothing
-and read nothing (variables with their reads, constants) are then moved next to their
-heaviest consumer. The list schedule's order is not the simulator's, so its memory is
-an estimate: if the simulated live-range peak of the result breaks a device's memory,
-the schedule is made again with that device's room cut by the excess (a few times at
-most).
+kept. The rest of the group follows. Groups that cost nothing and read nothing
+(variables with their reads, constants) wait for their first reader and go where it
+goes; afterwards each is moved next to its heaviest consumer if that fits. A device's
+memory in the list schedule is its variables beside the most tensors alive there so far
+(a tensor is freed once all its readers are placed). The list schedule's order is not
+the simulator's, so that is an estimate: if the simulated live-range peak of the result
+breaks a device's memory, the schedule is made again with that device's room cut by the
+excess (a few times at most), then groups are moved off the device that overflows most
+until all fit.
 
 The local search starts from the better of this placement and m-ETF's (Baechi's
 earliest-start rule does better where transfers dominate). It moves the heaviest

@@ -55,17 +55,19 @@ def unread_variables(info, cluster):
             "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
 
 
-MEMORY_HEADROOM = 0.1  # of each device's memory, kept for what the cost model does not see
+# Of each device's memory, kept free for what the cost model does not see; a model that
+# fits only without it is planned without it (plan.json: context.memory_headroom).
+MEMORY_HEADROOM = 0.1
 
 
-def planning_cluster(cluster, unread):
-    """The cluster a plan is made for: each device keeps ``MEMORY_HEADROOM`` of its
-    memory free for what the live-range model does not see (the allocator's rounding
-    and unsplit chunks, kernels' scratch buffers: measured in
-    benchmarks/memory_accuracy.py); and where the variables the signature never reads go
+def planning_cluster(cluster, unread, headroom):
+    """The cluster a plan is made for. Where the variables the signature never reads go
     (:func:`unread_variables`) is a device of the cluster (a CPU cluster's first
-    device), that device has their bytes less room. Returns it and that device's index
-    (None if they go off the cluster's devices).
+    device), that device has their bytes less room; and each device keeps ``headroom``
+    of its memory free (``MEMORY_HEADROOM``: for what the live-range model does not see,
+    the allocator's rounding and unsplit chunks, kernels' scratch buffers, measured in
+    benchmarks/memory_accuracy.py). Returns it and the index of the unread variables'
+    device (None if they go off the cluster's devices).
 
     Raises
     ------
@@ -76,20 +78,20 @@ def planning_cluster(cluster, unread):
 
     names = [normalize_device_name(name) for name in cluster.device_names]
     host = normalize_device_name(unread["device"])
+    room = [device.memory for device in cluster.devices]
+    index = names.index(host) if unread["bytes"] and host in names else None
+    if index is not None:
+        room[index] -= unread["bytes"]
+        if room[index] < 0:
+            raise PlacementError(cluster.source, f"{cluster.device_names[index]} has "
+                                 f"{size_text(cluster.devices[index].memory)}, less than the "
+                                 f"{size_text(unread['bytes'])} of the {unread['count']} "
+                                 f"variables the signature never reads, which are kept "
+                                 f"there (a Keras export's second copy of its variables)")
     planned = cluster
     for k, device in enumerate(cluster.devices):
-        planned = with_memory(planned, k, device.memory * (1 - MEMORY_HEADROOM))
-    if not unread["bytes"] or host not in names:
-        return planned, None
-    index = names.index(host)
-    room = planned.devices[index].memory - unread["bytes"]
-    if room < 0:
-        raise PlacementError(cluster.source, f"{cluster.device_names[index]} has "
-                             f"{size_text(planned.devices[index].memory)} to hold, less than "
-                             f"the {size_text(unread['bytes'])} of the {unread['count']} "
-                             f"variables the signature never reads, which are kept there "
-                             f"(a Keras export's second copy of its variables)")
-    return with_memory(planned, index, room), index
+        planned = with_memory(planned, k, room[k] - headroom * device.memory)
+    return planned, index
 
 
 def _whole_memory(plan, cluster, index, unread):
@@ -200,7 +202,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     timings["read"] -= timings["analyse"]
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
     whole_cluster, unread = cluster, unread_variables(info, cluster)
-    cluster, unread_on = planning_cluster(cluster, unread)
+    headroom = MEMORY_HEADROOM
+    cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
 
     pipeline = pipeline or microbatches is not None or schedule is not None
     with timed(timings, "cost"):
@@ -237,15 +240,24 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         names = [name for name in names if name not in refused]
     first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
         if kernels_to_compile() else ""
-    for name in names:
-        step(f"partitioning {len(graph)} ops into "
-             f"{what.get(name, f'a placement with {name}')}{first_run}")
-        try:
-            tried[name] = _partition(get_algorithm(name), options if len(names) == 1
-                                     else None, cost, proto, model_dir, info, microbatches,
-                                     schedule, mixing_cache)
-        except (PlacementError, ModelError) as exc:
-            failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
+    refused = dict(failures)
+    for margin in (headroom, 0.0):
+        if margin != headroom:  # nothing fitted beside the margin: plan without it
+            headroom = margin
+            cluster, _ = planning_cluster(whole_cluster, unread, headroom)
+            cost = CostModel(graph, cluster, measured=cost.measured, tf32=cost.tf32)
+            failures = dict(refused)
+        for name in names:
+            step(f"partitioning {len(graph)} ops into "
+                 f"{what.get(name, f'a placement with {name}')}{first_run}")
+            try:
+                tried[name] = _partition(get_algorithm(name), options if len(names) == 1
+                                         else None, cost, proto, model_dir, info,
+                                         microbatches, schedule, mixing_cache)
+            except (PlacementError, ModelError) as exc:
+                failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
+        if tried or not headroom:
+            break
     if not tried:
         raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
@@ -254,7 +266,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
                     "fusion_groups": info.fusion_groups,
-                    "unread_variables": unread,
+                    "unread_variables": unread, "memory_headroom": headroom,
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature, "format": info.format,
                     "batch_size": info.batch_size, "tf32": cost.tf32,
