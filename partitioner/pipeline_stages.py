@@ -9,10 +9,10 @@ and memory), and :mod:`partitioner.stage_dp` finds the stages and the kind of de
 each runs on that minimise the largest stage load: compute plus the transfers into
 and out of the stage. In the search a stage's memory is its variables (and, in a
 training step, the activations its forward ops keep for the backward pass, at the full
-batch), against each device's memory less the transient activations of the whole model
-(its live-range peak on one device beyond those); the plan is then held to the
-live-range peak of every device in the op-by-op simulation of the chosen micro-batch
-count and schedule.
+batch), against each device's memory less room kept for the other activations: those of
+the whole model at their peak on one device, else half that, else what its largest op
+needs, the first for which the stages fit; the plan is held to the live-range peak of
+every device in the op-by-op simulation of the chosen micro-batch count and schedule.
 
 A training step (ops marked with a phase by the reader) is staged in its forward graph
 (:mod:`partitioner.training_stages`): each forward op carries its backward ops' time,
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from costmodel.memory import new_output_bytes
+from costmodel.memory import new_output_bytes, size_text
 from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
-from costmodel.simulate import live_peak
+from costmodel.simulate import activation_peak
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
@@ -150,7 +150,7 @@ def _fastest_fitting(cost, runs, device_of, stage_of):
     named = f" {schedule}" if "1f1b" in {key[1] for key in runs} else ""
     raise PlacementError("", f"the pipeline stages found fit no device's memory at any "
                          f"micro-batch count: at the closest ({m} micro-batches{named}) a "
-                         f"device needs {excess / 1e6:.1f} MB more")
+                         f"device needs {size_text(excess)} more")
 
 
 def _stages_placed(graph, staged, cluster, coarse, units, kinds, solution, partners,
@@ -192,13 +192,11 @@ def _kept_for_backward(graph):
 
 
 def _transient_activations(cost, graph, training):
-    """The activations every stage's device should keep room for: the live-range peak
-    of the whole graph on one device (each op on the first that runs it) beyond the
-    variables (and, in a training step, beyond the activations kept for the backward
-    pass, which the stages count)."""
-    peak = live_peak(cost, np.argmax(np.isfinite(cost.compute), axis=1)).sum()
+    """The activations every stage's device should keep room for: the graph's
+    :func:`~costmodel.simulate.activation_peak` less, in a training step, the
+    activations kept for the backward pass, which the stages count."""
     kept = sum(_kept_for_backward(graph).values()) if training else 0.0
-    return max(0.0, peak - graph.total_param_bytes() - kept)
+    return max(0.0, activation_peak(cost) - kept)
 
 
 def _training_units(graph, members, stage_of):
