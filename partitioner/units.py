@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.arrays import graph_arrays
+from costmodel.memory import size_text
 from costmodel.simulate import activation_peak
 from tfpart.errors import PlacementError
 
@@ -68,7 +69,9 @@ def expand(units, unit_device, n_ops):
 
 def no_device_error(unit, cost):
     return PlacementError("", f"no device can run and hold the ops colocated with "
-                          f"{cost.ops[unit.members[0]]} ({unit.footprint / 1e6:.1f} MB)")
+                          f"{cost.ops[unit.members[0]]} ({size_text(unit.footprint)} of "
+                          f"variables, beside {size_text(activation_peak(cost))} of "
+                          f"activations)")
 
 
 def variable_room(cost):
