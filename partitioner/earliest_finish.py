@@ -78,7 +78,7 @@ from costmodel.memory import size_text
 from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
                                         memory_topological, topological_split)
-from partitioner.units import placement_units
+from partitioner.units import expand, less_room, placement_units
 from partitioner.validate import kernel_problem, memory_hint
 from tfpart.errors import PlacementError
 
@@ -151,7 +151,6 @@ def greedy_placement(cost, options=GreedyOptions()):
 
 
 REPAIRS = 4  # list schedules made again with less room where the simulation overflowed
-REPAIR_STEP = 0.02
 
 
 def _list_schedule(cost, options, priority, contended):
@@ -170,6 +169,7 @@ def _list_schedule(cost, options, priority, contended):
     follower[free_groups(cost)] = True
     members = np.argsort(group_of, kind="stable").astype(np.int64)
     member_ptr = np.concatenate([[0], np.cumsum(np.bincount(group_of, minlength=len(params)))])
+    readers = data_readers(a)
     best = None  # (worst excess, placement) of the attempts
     for _ in range(REPAIRS + 1):
         device_of, failure = _earliest_finish(
@@ -177,7 +177,7 @@ def _list_schedule(cost, options, priority, contended):
             a.pred_ptr, a.pred_op, a.pred_edge, a.succ_ptr, a.succ_op, a.edge_bytes,
             a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
             group_of, params, a.group_runnable, capacity, a.out_bytes, a.own_bytes,
-            a.aliasing, data_readers(a), follower, member_ptr, members, packing,
+            a.aliasing, readers, follower, member_ptr, members, packing,
             options.insertion, contended)
         if failure[0] >= 0:
             if best is None:
@@ -189,8 +189,7 @@ def _list_schedule(cost, options, priority, contended):
             return device_of
         if best is None or excess.max() < best[0]:
             best = (excess.max(), device_of)
-        # at least REPAIR_STEP of the room: an excess of a few bytes changes no choice
-        capacity = capacity - np.where(excess > 0, np.maximum(excess, REPAIR_STEP * room), 0.0)
+        capacity = less_room(capacity, excess, room)
     repaired = _move_off_overflowing(cost, best[1].copy(), priority, room)
     if repaired is not None:
         return repaired
@@ -211,9 +210,7 @@ def _move_off_overflowing(cost, device_of, priority, room):
     that runs them, taking the first move (largest group first) that lowers the worst
     overflow; the placement once every device fits, None if no move helps."""
     units = placement_units(cost)
-    unit_of = np.empty(len(cost.ops), dtype=np.int64)
-    for k, unit in enumerate(units):
-        unit_of[unit.members] = k
+    unit_of = expand(units, np.arange(len(units)), len(cost.ops))
     a = graph_arrays(cost)
     size = np.bincount(unit_of, a.param_bytes + a.own_bytes, minlength=len(units))
     excess = live_peak(cost, device_of, priority) - room
@@ -612,9 +609,7 @@ def _gathered(cost, device_of, judge, device_moves, group_moves):
     units = placement_units(cost)
     members = [unit.members for unit in units]
     runnable = np.array([unit.runnable for unit in units])
-    unit_of = np.empty(len(cost.ops), dtype=np.int64)
-    for k, m in enumerate(members):
-        unit_of[m] = k
+    unit_of = expand(units, np.arange(len(units)), len(cost.ops))
     current = device_of.copy()
     best = judge(current)
     limit = best[0] * (1 + GATHER_TOLERANCE)

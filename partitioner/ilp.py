@@ -55,6 +55,7 @@ from partitioner.coarsen import CoarsenOptions, coarsen
 from partitioner.earliest_finish import greedy_placement
 from partitioner.finish import make_plan
 from partitioner.lower_bound import critical_path_bound
+from partitioner.units import less_room
 from partitioner.validate import memory_hint
 from tfpart.errors import PlacementError
 
@@ -470,47 +471,66 @@ def _solve_within_memory(cost, options, greedy):
     """:func:`_solve_model`, solved again (a few times at most) with each device's room
     cut by what the simulated live-range peak of the last solution put over it: the
     ILP's moments and its omission of received copies only estimate that peak."""
+    problem = _problem(cost, options, greedy)
     room = np.array([d.memory for d in cost.cluster.devices], dtype=float)
     capacity = room.copy()
     for _ in range(REPAIRS + 1):
-        device_of, result, units = _solve_model(cost, options, greedy, capacity)
+        device_of, result = _solve_model(cost, options, problem, capacity)
         excess = live_peak(cost, device_of) - room
         if (excess <= 0).all():
-            return device_of, result, units
-        capacity = capacity - np.where(excess > 0, np.maximum(excess, 0.02 * room), 0.0)
+            return device_of, result, len(problem.graph)
+        capacity = less_room(capacity, excess, room)
     result.status += ", over memory in simulation"
-    return device_of, result, units
+    return device_of, result, len(problem.graph)
 
 
-def _solve_model(cost, options, greedy, room=None):
-    """The ILP's placement (device index per op), its result, and the units solved."""
-    graph, cluster = cost.graph, cost.cluster
-    names = cluster.device_names
-    if len(graph) > options.max_units:
-        # weights join their readers: variables, which lead every topological order,
-        # would otherwise fill the first piece together, more than any device holds
-        target = CoarsenOptions(chains=options.coarsen.chains,
-                                name_scope_depth=options.coarsen.name_scope_depth,
-                                target_units=min(options.max_units,
-                                                 options.coarsen.target_units or 10**9),
-                                weights_with_reader=True)
-        coarse = coarsen(graph, cost, target)
-        coarse_cost = cost.of(coarse.graph)
-        start = None if greedy is None else _by_majority(coarse, cost, greedy, coarse_cost)
-        unit_index = {unit: k for k, unit in enumerate(coarse_cost.ops)}
-        unit_of = np.empty(len(cost.ops), dtype=np.int64)
-        for unit, members in coarse.members.items():
-            unit_of[[cost.index[op] for op in members]] = unit_index[unit]
-        result = solve(coarse.graph, coarse_cost, cluster, options, start,
-                       live_cuts(cost, unit_of, len(unit_index)), room)
-        assignment = coarse.expand({u: names[d] for u, d in result.unit_device.items()})
-        units = len(coarse.graph)
+@dataclass(frozen=True)
+class _Problem:
+    """What the ILP solves for a cost model: its graph, coarsened past ``max_units``
+    (``coarse``, None if not), that graph's cost model, the starting placement and the
+    units' bytes alive at the reference run's busiest moments (:func:`live_cuts`)."""
+
+    graph: object
+    cost: object
+    start: object
+    live: np.ndarray
+    coarse: object = None
+
+
+def _problem(cost, options, greedy):
+    """The :class:`_Problem` of ``cost``, started from the greedy's placement."""
+    graph = cost.graph
+    if len(graph) <= options.max_units:
+        return _Problem(graph, cost, greedy, live_cuts(cost))
+    # weights join their readers: variables, which lead every topological order,
+    # would otherwise fill the first piece together, more than any device holds
+    target = CoarsenOptions(chains=options.coarsen.chains,
+                            name_scope_depth=options.coarsen.name_scope_depth,
+                            target_units=min(options.max_units,
+                                             options.coarsen.target_units or 10**9),
+                            weights_with_reader=True)
+    coarse = coarsen(graph, cost, target)
+    coarse_cost = cost.of(coarse.graph)
+    start = None if greedy is None else _by_majority(coarse, cost, greedy, coarse_cost)
+    unit_index = {unit: k for k, unit in enumerate(coarse_cost.ops)}
+    unit_of = np.empty(len(cost.ops), dtype=np.int64)
+    for unit, members in coarse.members.items():
+        unit_of[[cost.index[op] for op in members]] = unit_index[unit]
+    return _Problem(coarse.graph, coarse_cost, start,
+                    live_cuts(cost, unit_of, len(unit_index)), coarse)
+
+
+def _solve_model(cost, options, problem, room):
+    """The ILP's placement of ``problem`` within ``room`` bytes per device (device
+    index per op of ``cost.ops``) and its result."""
+    names = cost.cluster.device_names
+    result = solve(problem.graph, problem.cost, cost.cluster, options, problem.start,
+                   problem.live, room)
+    assignment = {u: names[d] for u, d in result.unit_device.items()}
+    if problem.coarse is not None:
+        assignment = problem.coarse.expand(assignment)
         result.status = f"coarse {result.status}"
-    else:
-        result = solve(graph, cost, cluster, options, greedy, room=room)
-        assignment = {u: names[d] for u, d in result.unit_device.items()}
-        units = len(graph)
-    return np.array([names.index(assignment[op]) for op in cost.ops]), result, units
+    return np.array([names.index(assignment[op]) for op in cost.ops]), result
 
 
 def _by_majority(coarse, cost, device_of, coarse_cost):

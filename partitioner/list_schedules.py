@@ -83,14 +83,12 @@ def earliest_task_first(cost):
     cluster = cost.cluster
     a = graph_arrays(cost)
     units = placement_units(cost)
-    unit_of = np.empty(len(cost.ops), dtype=np.int64)
-    for k, unit in enumerate(units):
-        unit_of[unit.members] = k
+    unit_of = expand(units, np.arange(len(units)), len(cost.ops))
     capacity = variable_room(cost)
     device_of, failed = _earliest_task_first(
         upward_rank(cost), a.tie, cost.compute, a.pred_ptr, a.pred_op, a.pred_edge,
         a.succ_ptr, a.succ_op, a.edge_bytes, a.comm_row, a.comm, cost.latency,
-        cost.inverse_bandwidth, unit_of, np.array([u.footprint for u in units], dtype=float),
+        cost.inverse_bandwidth, unit_of, np.array([u.params for u in units], dtype=float),
         np.array([u.runnable for u in units], dtype=np.bool_).reshape(len(units), -1),
         capacity)
     if failed >= 0:
@@ -102,7 +100,7 @@ def earliest_task_first(cost):
 @numba.njit(cache=True)
 def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ_ptr,
                          succ_op, edge_bytes, comm_row, comm, latency, inverse_bandwidth,
-                         unit_of, footprint, runnable, capacity):
+                         unit_of, params, runnable, capacity):
     """m-ETF's loop: of all (ready op, device) pairs, start the one that can start
     first (ties: higher level, then lower ``tie``, then lower device), its unit within
     the device's memory. Returns the device per op, and the lowest ready op if some
@@ -117,7 +115,7 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
     n_ops, n_dev = compute.shape
     device_of, end = np.full(n_ops, -1, dtype=np.int64), np.zeros(n_ops)
     free, used = np.zeros(n_dev), np.zeros(n_dev)
-    unit_device = np.full(len(footprint), -1, dtype=np.int64)
+    unit_device = np.full(len(params), -1, dtype=np.int64)
     data_ready = np.zeros((n_ops, n_dev))  # fixed once an op is ready: its inputs are placed
     waiting = np.diff(pred_ptr)
     is_ready = np.zeros(n_ops, dtype=np.bool_)
@@ -157,7 +155,7 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
                     k = unit_of[i]
                     if device_of[i] < 0 and (unit_device[k] == d or (
                             unit_device[k] < 0 and runnable[k, d] and
-                            used[d] + footprint[k] <= capacity[d])):
+                            used[d] + params[k] <= capacity[d])):
                         break
                     # never valid here again: drop it
                     keyed_heap_pop(heap, size, d, data_ready, key, level, tie)
@@ -177,7 +175,7 @@ def _earliest_task_first(level, tie, compute, pred_ptr, pred_op, pred_edge, succ
         k = unit_of[i]
         if unit_device[k] < 0:
             unit_device[k] = d
-            used[d] += footprint[k]
+            used[d] += params[k]
         device_of[i], end[i] = d, best_start + compute[i, d]
         free[d] = end[i]
         for s in range(succ_ptr[i], succ_ptr[i + 1]):
@@ -203,13 +201,13 @@ def memory_topological(cost):
     units = placement_units(cost)
     ledger = MemoryLedger(cost)
     n = len(cluster)
-    share = sum(u.footprint for u in units) / n
+    share = sum(u.params for u in units) / n
     cursor, chosen = 0, []
     for unit in units:
         d = cursor
         while d < n and not (ledger.fits(unit, d) and (
                 d == n - 1 or ledger.used[d] == 0 or
-                ledger.used[d] + unit.footprint <= share * 1.0001)):
+                ledger.used[d] + unit.params <= share * 1.0001)):
             d += 1
         if d == n:  # no device from the cursor on has room: the first that does
             fits = [k for k in range(n) if ledger.fits(unit, k)]

@@ -27,8 +27,7 @@ from tfpart.errors import PlacementError
 class Unit:
     group: str
     members: list  # op indices
-    params: float  # variable bytes
-    footprint: float  # variables: what a unit holds for the whole step
+    params: float  # variable bytes: what a unit holds for the whole step
     runnable: np.ndarray  # bool per device
     time: np.ndarray  # seconds per device (inf where it cannot run)
 
@@ -50,12 +49,10 @@ def _units(cost):
     members = [ordered[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     first_seen = np.empty(len(names), dtype=np.int64)
     first_seen[group_of[a.topological[::-1]]] = np.arange(len(cost.ops))[::-1]
-    footprint = a.group_param_bytes
     time = np.zeros((len(names), cost.compute.shape[1]))
     np.add.at(time, group_of, cost.compute)
-    units = [Unit(group, m, p, f, r, t) for group, m, p, f, r, t in zip(
-        names.tolist(), members, a.group_param_bytes.tolist(), footprint.tolist(),
-        a.group_runnable, time)]
+    units = [Unit(group, m, p, r, t) for group, m, p, r, t in zip(
+        names.tolist(), members, a.group_param_bytes.tolist(), a.group_runnable, time)]
     return [units[g] for g in np.argsort(first_seen, kind="stable")]
 
 
@@ -69,7 +66,7 @@ def expand(units, unit_device, n_ops):
 
 def no_device_error(unit, cost):
     return PlacementError("", f"no device can run and hold the ops colocated with "
-                          f"{cost.ops[unit.members[0]]} ({size_text(unit.footprint)} of "
+                          f"{cost.ops[unit.members[0]]} ({size_text(unit.params)} of "
                           f"variables, beside {size_text(activation_peak(cost))} of "
                           f"activations)")
 
@@ -81,6 +78,21 @@ def variable_room(cost):
     return np.maximum(memory - activation_peak(cost), 0.0)
 
 
+REPAIR_STEP = 0.02  # the least room taken off a device that overflowed, of its room
+
+
+def less_room(capacity, excess, room):
+    """``capacity`` (bytes per device an algorithm may fill) cut where a placement's
+    simulated peak went ``excess`` over the device's ``room``: by the excess, and by at
+    least ``REPAIR_STEP`` of the room, since an excess of a few bytes changes no
+    choice.
+
+    >>> less_room(np.array([100.0, 100.0]), np.array([1.0, -5.0]), np.array([100.0, 100.0]))
+    array([ 98., 100.])
+    """
+    return capacity - np.where(excess > 0, np.maximum(excess, REPAIR_STEP * room), 0.0)
+
+
 class MemoryLedger:
     """Variable bytes committed per device against :func:`variable_room` (the simulated
     live-range peak, which check_plan holds, has the final word)."""
@@ -90,7 +102,7 @@ class MemoryLedger:
         self.used = np.zeros(len(cost.cluster))
 
     def fits(self, unit, d):
-        return unit.runnable[d] and self.used[d] + unit.footprint <= self.capacity[d]
+        return unit.runnable[d] and self.used[d] + unit.params <= self.capacity[d]
 
     def take(self, unit, d):
-        self.used[d] += unit.footprint
+        self.used[d] += unit.params

@@ -678,15 +678,16 @@ def cluster_of_devices(kind_names, memory=None, name="uniform"):
     return cluster_from_dict({"name": name, "devices": devices})
 
 
-def with_memory(cluster, index, memory):
-    """The cluster with device ``index``'s memory set to ``memory`` bytes.
+def with_memory(cluster, memory):
+    """The cluster with each device's memory set to the bytes of ``memory`` (one per
+    device, in order).
 
-    >>> with_memory(cluster_of_devices(["cpu", "T4"]), 1, 1e9).devices[1].memory
-    1000000000.0
+    >>> [d.memory for d in with_memory(cluster_of_devices(["cpu", "T4"]), [2e9, 1e9]).devices]
+    [2000000000.0, 1000000000.0]
     """
-    devices = list(cluster.devices)
-    devices[index] = dataclasses.replace(devices[index], memory=float(memory))
-    return dataclasses.replace(cluster, devices=tuple(devices))
+    return dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(device, memory=float(nbytes))
+        for device, nbytes in zip(cluster.devices, memory, strict=True)))
 
 
 def sub_cluster(cluster, indices):

@@ -88,10 +88,8 @@ def planning_cluster(cluster, unread, headroom):
                                  f"{size_text(unread['bytes'])} of the {unread['count']} "
                                  f"variables the signature never reads, which are kept "
                                  f"there (a Keras export's second copy of its variables)")
-    planned = cluster
-    for k, device in enumerate(cluster.devices):
-        planned = with_memory(planned, k, room[k] - headroom * device.memory)
-    return planned, index
+    return with_memory(cluster, [nbytes - headroom * device.memory
+                                 for nbytes, device in zip(room, cluster.devices)]), index
 
 
 def _whole_memory(plan, cluster, index, unread):
@@ -219,7 +217,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
             "filter_split": "a placement with filter splits",
             "hybrid": "replicas of a placement or of a pipeline"}
-    tried, failures, mixing_cache = {}, {}, {}
+    failures, mixing_cache = {}, {}
     if len(names) > 1 or get_algorithm(names[0]).stages:
         # the batch-mixing check runs the model, which starts TensorFlow: let this
         # process run the plan on logical CPUs afterwards
@@ -240,13 +238,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         names = [name for name in names if name not in refused]
     first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
         if kernels_to_compile() else ""
-    refused = dict(failures)
-    for margin in (headroom, 0.0):
-        if margin != headroom:  # nothing fitted beside the margin: plan without it
-            headroom = margin
-            cluster, _ = planning_cluster(whole_cluster, unread, headroom)
-            cost = CostModel(graph, cluster, measured=cost.measured, tf32=cost.tf32)
-            failures = dict(refused)
+
+    def partition_each(cost, known):
+        """Each strategy's plan for ``cost``, and why the others have none (beside the
+        ``known`` failures)."""
+        tried, failures = {}, dict(known)
         for name in names:
             step(f"partitioning {len(graph)} ops into "
                  f"{what.get(name, f'a placement with {name}')}{first_run}")
@@ -256,8 +252,15 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                                          microbatches, schedule, mixing_cache)
             except (PlacementError, ModelError) as exc:
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
-        if tried or not headroom:
-            break
+        return tried, failures
+
+    known = failures
+    tried, failures = partition_each(cost, known)
+    if not tried and headroom:  # nothing fitted beside the margin: plan without it
+        headroom = 0.0
+        cluster, _ = planning_cluster(whole_cluster, unread, headroom)
+        cost = CostModel(graph, cluster, measured=cost.measured, tf32=cost.tf32)
+        tried, failures = partition_each(cost, known)
     if not tried:
         raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
