@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from costmodel.memory import new_output_bytes, output_bytes
-from tfpart.ops import ALIASING_OPS
+from tfpart.ops import ALIASING_OPS, FORWARDING_OPS, WEIGHT_OPS
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class GraphArrays:
     own_bytes: np.ndarray
     param_bytes: np.ndarray
     aliasing: np.ndarray  # the op's output lives in its first input's buffer
+    forwarding: np.ndarray  # the op may write its output into a dying input's buffer
+    constant: np.ndarray  # a weight: its buffer is never written into
     group_of: np.ndarray  # colocation group per op, an index into group_names
     group_names: np.ndarray  # sorted
     group_param_bytes: np.ndarray  # variable bytes per group
@@ -104,6 +106,8 @@ def _build(cost):
         own_bytes=np.array([new_output_bytes(a) for a in attrs], dtype=float),
         param_bytes=param_bytes,
         aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_),
+        forwarding=np.array([a["op_type"] in FORWARDING_OPS for a in attrs], dtype=np.bool_),
+        constant=np.array([a["op_type"] in WEIGHT_OPS for a in attrs], dtype=np.bool_),
         group_of=group_of, group_names=group_names,
         group_param_bytes=np.bincount(group_of, param_bytes, minlength=len(group_names)),
         group_runnable=blocked == 0)

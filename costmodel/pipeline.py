@@ -177,6 +177,7 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     names = cluster.device_names
     replicated, placement = _replicate(graph, names, device_of, stage_of,
                                        microbatches, schedule)
+    feed_microbatches(replicated, placement, graph, microbatches)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=memory)
     end = dict(zip(cost.ops, schedule.end))
@@ -300,6 +301,28 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault"}
 
 
+def feed_microbatches(replicated, placement, graph, microbatches):
+    """Feed the micro-batches of a pipeline as the rewriter does: the whole batch of
+    each input op of ``graph`` arrives where its first copy runs, as an op
+    ``feed/<op>``, and every micro-batch's copy is a slice of it that shares its
+    buffer, so the batch stays alive until the last slice's readers are done; the
+    copies of each output op are concatenated there, by an op ``merge/<op>``
+    (:func:`feed_and_merge`)."""
+    def copies(r, op):
+        return [f"mb{m}/{op}" for m in range(microbatches)]
+
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] in INPUT_OPS and not list(graph.predecessors(op)):
+            feed = f"feed/{op}"
+            replicated.add_op(feed, **{k: v for k, v in attrs.items()
+                                       if k != "memory_fraction"})
+            placement[feed] = placement[copies(0, op)[0]]
+            for copy in copies(0, op):
+                replicated.ops[copy]["op_type"] = "Identity"  # a slice sharing the batch
+                replicated.add_edge(feed, copy)
+    feed_and_merge(replicated, placement, graph, [1.0], copies)
+
+
 def feed_and_merge(replicated, placement, graph, fractions, copies):
     """Route replicas' inputs and outputs as the rewriter does: every replica's copies
     (``copies(r, op)``) of an input op of ``graph`` take their rows where the first
@@ -328,7 +351,7 @@ def feed_and_merge(replicated, placement, graph, fractions, copies):
             size = sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
             merge = f"merge/{op}"
             replicated.add_op(merge, op_type="ConcatV2", colocation=merge,
-                              bytes_accessed=2.0 * size)
+                              bytes_accessed=2.0 * size, outputs=attrs["outputs"])
             placement[merge] = home
             for r, fraction in enumerate(fractions):
                 for copy in copies(r, op):

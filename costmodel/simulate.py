@@ -24,7 +24,9 @@ Model
 * Memory: each device holds its variables for the whole step, plus every activation
   from when it is produced (or starts arriving) until the last op on that device that
   reads it ends (ops such as ``ReadVariableOp`` or ``Reshape`` alias their input and
-  allocate nothing); graph outputs stay until the end.
+  allocate nothing; element-wise ops such as ``Relu`` or ``AddV2`` write into an input
+  of their size that nothing else reads any more, as TensorFlow's kernels do); graph
+  outputs stay until the end.
 
 The makespan is the predicted step time.
 """
@@ -437,7 +439,7 @@ def live_peak(cost, device_of, priority=None):
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
-    >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((10,), "float32")])
+    >>> for n in "abc": g.add_op(n, op_type="Transpose", outputs=[((10,), "float32")])
     >>> g.add_edge("w", "a"); g.add_edge("a", "b", bytes=40); g.add_edge("b", "c", bytes=40)
     >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
     >>> live_peak(cost, np.array([0, 0, 0, 0])).tolist()  # a freed once b has run
@@ -474,11 +476,11 @@ def _peak(cost, order, device_of, start, end, transfers, makespan):
     n_dev = cost.compute.shape[1]
     alloc_time, alloc_bytes, freed = _buffer_lifetimes(
         order, device_of, start, end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control,
-        a.aliasing, a.own_bytes, a.out_bytes, transfers, n_dev)
+        a.aliasing, a.forwarding, a.constant, a.own_bytes, a.out_bytes, transfers, n_dev,
+        np.diff(a.succ_ptr) == 0)
     owner, device = np.nonzero(alloc_bytes > 0)
     t0, nbytes = alloc_time[owner, device], alloc_bytes[owner, device]
-    is_output = np.diff(a.succ_ptr)[owner] == 0
-    t1 = np.where(is_output, makespan, np.maximum(freed[owner, device], t0))
+    t1 = np.minimum(makespan, np.maximum(freed[owner, device], t0))
     # at equal times frees (kind 0) before allocations (kind 1), as the sweep's order
     times, kinds = np.concatenate([t0, t1]), np.repeat([1, 0], len(t0))
     devices, deltas = np.concatenate([device, device]), np.concatenate([nbytes, -nbytes])
@@ -497,14 +499,23 @@ def _peak(cost, order, device_of, start, end, transfers, makespan):
 
 @numba.njit(cache=True)
 def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge,
-                      edge_control, aliasing, own_bytes, out_bytes, transfers, n_dev):
+                      edge_control, aliasing, forwarding, constant, own_bytes, out_bytes,
+                      transfers, n_dev, is_output):
     """Per (owner op, device): when its buffer is allocated, its bytes, and when its last
     reader (or send) there ends. An aliasing op's output lives in the buffer of its
-    first input when that is on its device; a received copy is a buffer of its own."""
+    first input when that is on its device; a received copy is a buffer of its own. A
+    forwarding op whose data input is a tensor of its own size, on its device, that
+    nothing else reads once it starts (its other readers and sends have ended, it is
+    not a weight) writes its output into that tensor's buffer, as TensorFlow's
+    element-wise kernels do: the buffer then lives until the output's readers end.
+    A graph output (``is_output``) holds its buffer to the end of the step."""
     n_ops = len(device_of)
     owner = np.arange(n_ops)
     alloc_time, alloc_bytes = np.zeros((n_ops, n_dev)), np.zeros((n_ops, n_dev))
     freed = np.zeros((n_ops, n_dev))
+    # the two latest ends among a buffer's readers there, and the reader of the latest
+    last, second = np.zeros((n_ops, n_dev)), np.zeros((n_ops, n_dev))
+    last_reader = np.full((n_ops, n_dev), -1)
     for i in order:
         d = device_of[i]
         first = -1
@@ -518,11 +529,45 @@ def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge
             alloc_time[i, d], alloc_bytes[i, d] = start[i], own_bytes[i]
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
             if not edge_control[pred_edge[k]]:
-                o = owner[pred_op[k]]
-                freed[o, d] = max(freed[o, d], end[i])
+                _read(owner[pred_op[k]], d, end[i], i, freed, last, second, last_reader)
     for row in range(len(transfers)):
         i, src, dst = int(transfers[row, 0]), int(transfers[row, 1]), int(transfers[row, 2])
         o = owner[i]
         alloc_time[o, dst], alloc_bytes[o, dst] = transfers[row, 3], out_bytes[i]
-        freed[o, src] = max(freed[o, src], transfers[row, 4])
+        _read(o, src, transfers[row, 4], -1, freed, last, second, last_reader)
+    for i in range(n_ops):
+        if is_output[i]:
+            freed[owner[i], device_of[i]] = np.inf
+    size = alloc_bytes.copy()
+    into = np.arange(n_ops)  # the buffer an op's output was forwarded into, on its device
+    for i in order:
+        d = device_of[i]
+        if not forwarding[i] or alloc_bytes[i, d] == 0:
+            continue
+        for k in range(pred_ptr[i], pred_ptr[i + 1]):
+            if edge_control[pred_edge[k]]:
+                continue
+            o = owner[pred_op[k]]
+            others = second[o, d] if last_reader[o, d] == i else last[o, d]
+            if constant[o] or abs(size[o, d] - own_bytes[i]) > 1e-6 * own_bytes[i] \
+                    or others > start[i]:
+                continue
+            target = into[o] if device_of[o] == d else o
+            alloc_bytes[i, d] = 0.0
+            into[i] = target
+            freed[target, d] = max(freed[target, d], freed[i, d])
+            break
     return alloc_time, alloc_bytes, freed
+
+
+@numba.njit(cache=True)
+def _read(o, d, until, reader, freed, last, second, last_reader):
+    """Record that ``reader`` (-1: a send) holds buffer ``o`` on device ``d`` until
+    ``until``."""
+    freed[o, d] = max(freed[o, d], until)
+    if until >= last[o, d]:
+        if last_reader[o, d] != reader:
+            second[o, d] = last[o, d]
+        last[o, d], last_reader[o, d] = until, reader
+    elif until > second[o, d]:
+        second[o, d] = until

@@ -20,7 +20,9 @@ def random_dags(draw, min_ops=2, max_ops=30, control=False, restricted=False):
         graph.add_op(f"op{i}", op_type=draw(st.sampled_from(["MatMul", "Relu", "Conv2D"])),
                      flops=draw(st.floats(1e6, 1e11)),
                      bytes_accessed=draw(st.floats(1e3, 1e8)),
-                     outputs=[((draw(st.integers(1, 10_000)),), "float32")],
+                     # equal sizes now and then: element-wise ops reuse their input's buffer
+                     outputs=[((draw(st.sampled_from([1024, 4096]) | st.integers(1, 10_000)),),
+                               "float32")],
                      param_bytes=draw(st.sampled_from([0, 0, 1_000, 100_000])),
                      allowed_kinds=allowed)
     for j in range(1, n):

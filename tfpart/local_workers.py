@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from tfpart.memory_stats import ALLOCATION_LOG, tensor_peak
+
 
 def free_port():
     """A TCP port nobody listens on right now."""
@@ -66,11 +68,14 @@ class LocalWorkers:
         Start every task with ``--memory-stats`` (on TensorFlow's BFC allocator), so
         that :meth:`memory` and :meth:`reset_memory` can read its CPU allocator's bytes
         in use and peak (:mod:`tfpart.memory_stats`).
+    allocation_log : bool
+        Start every task with TensorFlow's allocation log on (every tensor allocated
+        and freed, in its log), so that :meth:`tensor_peaks` can replay it.
     """
 
     def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=120,
-                 ps=0, memory_stats=False):
-        self.ps, self.memory_stats = ps, memory_stats
+                 ps=0, memory_stats=False, allocation_log=False):
+        self.ps, self.memory_stats, self.allocation_log = ps, memory_stats, allocation_log
         self.memory_files = {}  # task's CPU:0 device name -> its --memory-stats file
         self.ports = [free_port() for _ in range(count + ps)]
         jobs = {"worker": [f"localhost:{p}" for p in self.ports[:count]]}
@@ -118,7 +123,27 @@ class LocalWorkers:
             # TFPART_WORKER_PARENT: the task exits with this process, never left behind
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**os.environ, "TFPART_TF_LOG": log.name,
-                                         "TFPART_WORKER_PARENT": str(os.getpid())})
+                                         "TFPART_WORKER_PARENT": str(os.getpid()),
+                                         **(ALLOCATION_LOG if self.allocation_log else {})})
+
+    def log_lines(self):
+        """Each worker's CPU:0 device name -> the lines its log has now (a mark for
+        :meth:`tensor_peaks`)."""
+        return {name: len(_read_lines(path)) for name, path in self._logs().items()}
+
+    def tensor_peaks(self, since=None):
+        """Each worker's CPU:0 device name -> the most bytes of tensors its allocation
+        log shows alive at once after the mark ``since`` (:meth:`log_lines`; default
+        the start), as requested and as allocated
+        (:func:`tfpart.memory_stats.tensor_peak`). Needs ``allocation_log=True``."""
+        if not self.allocation_log:
+            raise RuntimeError("these workers were started without allocation_log=True")
+        return {name: tensor_peak(_read_lines(path), (since or {}).get(name, 0))
+                for name, path in self._logs().items()}
+
+    def _logs(self):
+        return {f"/job:worker/task:{k}/device:CPU:0": self.path.parent / f"worker-{k}.log"
+                for k in range(len(self.cluster["cluster"]["worker"]))}
 
     def process(self, task, job="worker"):
         """The ``subprocess.Popen`` of one task."""
@@ -184,6 +209,11 @@ class LocalWorkers:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _read_lines(path):
+    with open(path, errors="replace") as log:
+        return log.readlines()
 
 
 def _accepts(port):

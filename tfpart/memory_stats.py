@@ -25,11 +25,17 @@ and ``reset_memory``, or by hand with ``kill -USR1 PID``):
 
 FILE is replaced atomically (written beside it, then renamed), so a reader that
 removes it before signalling and waits for it to reappear reads one whole answer.
+
+The allocator's peak counts its chunks, not the tensors in them: the BFC allocator
+hands out a free chunk of up to twice the bytes asked for whole. A task started with
+:data:`ALLOCATION_LOG` in its environment logs every tensor allocated and freed;
+:func:`tensor_peak` replays that log for the peak of the tensors' own bytes.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -124,3 +130,54 @@ def ask(tasks, reset=False, timeout=30.0):
                                        f"figures to {path}") from None
                 time.sleep(0.01)
     return answers
+
+
+# TensorFlow's allocation log (``LogMemory``), on with ``TF_CPP_VMODULE=log_memory=2``
+ALLOCATION_LOG = {"TF_CPP_VMODULE": "log_memory=2", "TF_CPP_MIN_LOG_LEVEL": "0"}
+_ALLOCATED = re.compile(r"MemoryLogTensorAllocation \{.*? requested_bytes: (\d+) "
+                        r"allocated_bytes: (\d+) allocator_name: \"[^\"]*\" "
+                        r"allocation_id: (\d+)")
+_DEALLOCATED = re.compile(r"MemoryLogTensorDeallocation \{.*?allocation_id: (\d+)")
+
+
+def tensor_peak(lines, since=0):
+    """The most bytes of tensors alive at once in TensorFlow's allocation log, from the
+    ``since``-th line on: the tensors' own sizes (``requested``) and the allocator's
+    chunks that hold them (``allocated``: rounded up, and a chunk of up to twice the
+    size when the BFC allocator hands out a free chunk whole). Each is the running sum
+    of allocations less deallocations over the whole log (what was allocated before
+    ``since`` counts while it is alive), its peak taken from ``since`` on.
+
+    >>> log = ['__LOG_MEMORY__ MemoryLogTensorAllocation { step_id: 1 kernel_name: "a" '
+    ...        'tensor { allocation_description { requested_bytes: 400 allocated_bytes: 512 '
+    ...        'allocator_name: "cpu" allocation_id: 7 } } }',
+    ...        '__LOG_MEMORY__ MemoryLogTensorDeallocation { allocation_id: 7 }']
+    >>> tensor_peak(log)
+    {'requested': 400, 'allocated': 512}
+    >>> tensor_peak(log, since=1)  # the tensor is alive as the window opens
+    {'requested': 400, 'allocated': 512}
+    >>> tensor_peak(log + log, since=2)
+    {'requested': 400, 'allocated': 512}
+    >>> tensor_peak(log, since=2)
+    {'requested': 0, 'allocated': 0}
+    """
+    alive, requested, allocated = {}, 0, 0
+    peak = None
+    for number, line in enumerate(lines):
+        if number == since:  # what is alive as the window opens
+            peak = {"requested": requested, "allocated": allocated}
+        if "__LOG_MEMORY__" not in line:
+            continue
+        found = _ALLOCATED.search(line)
+        if found:
+            ask, got, key = int(found[1]), int(found[2]), found[3]
+            alive[key] = (ask, got)
+            requested, allocated = requested + ask, allocated + got
+        else:
+            found = _DEALLOCATED.search(line)
+            ask, got = alive.pop(found[1], (0, 0)) if found else (0, 0)
+            requested, allocated = requested - ask, allocated - got
+        if number >= since:
+            peak = {"requested": max(peak["requested"], requested),
+                    "allocated": max(peak["allocated"], allocated)}
+    return peak or {"requested": requested, "allocated": allocated}

@@ -50,6 +50,16 @@ SHAPE_ONLY_OPS = {"Shape", "ShapeN", "Size", "Rank", "TensorListLength", "Variab
 # Ops whose output shares their input's buffer (no new memory on their device).
 ALIASING_OPS = {"ReadVariableOp", "Identity", "IdentityN", "Reshape", "Squeeze",
                 "ExpandDims", "StopGradient", "Snapshot", "EnsureShape", "PreventGradient"}
+# Element-wise kernels that write their output into an input's buffer when they are
+# its last reader and the sizes match (TensorFlow's forward_input_or_allocate_output).
+FORWARDING_OPS = {
+    "Abs", "Neg", "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Exp",
+    "Expm1", "Log", "Log1p", "Sqrt", "Rsqrt", "Square", "Reciprocal", "Inv", "Softplus",
+    "Softsign", "Erf", "Erfc", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Softmax",
+    "LogSoftmax", "BiasAdd", "Add", "AddV2", "Sub", "Mul", "Div", "RealDiv", "DivNoNan",
+    "MulNoNan", "Maximum", "Minimum", "Pow", "SquaredDifference", "FloorDiv", "FloorMod",
+    "AddN", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad",
+    "SigmoidGrad", "TanhGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "SoftplusGrad"}
 IDENTITY_OPS = {"Identity", "IdentityN"}
 # Ops that write a variable through its resource handle (optimizer updates among them).
 RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",

@@ -94,8 +94,8 @@ def test_live_range_peak_is_bounded_and_equals_a_replay_of_the_schedule(case):
     a = graph_arrays(cost)
     for i, op in enumerate(cost.ops):
         d = device_of[i]
-        if cost.compute[i, d] <= 0:  # a zero-time op's inputs may be freed as it starts
-            continue
+        if cost.compute[i, d] <= 0 or a.forwarding[i]:  # a zero-time op's inputs may be
+            continue  # freed as it starts; a forwarding op may write into its input
         inputs = sum(a.out_bytes[p] if device_of[p] != d else
                      0.0 if a.aliasing[p] else a.own_bytes[p]
                      for p in {cost.index[u] for u, e in graph.in_edges(op).items()
@@ -108,26 +108,49 @@ def replay_peaks(cost, schedule):
     """Activation peak per device, replayed buffer by buffer in plain Python: an op's
     output from its start (a received copy from its transfer's start) until the last
     reader there ends (or its transfers finish, on the sender), through aliasing ops
-    on the same device; graph outputs to the end; at equal times frees first."""
+    on the same device and forwarding ops that write into an input's buffer once
+    every other reader of it is done; graph outputs to the end; at equal times frees
+    first."""
     graph, a = cost.graph, graph_arrays(cost)
     device = schedule.device
-    owner, begin, nbytes, end = {}, {}, {}, {}  # by (owner op, device)
+    owner, begin, nbytes = {}, {}, {}  # by (owner op, device)
+    readers = {}  # (owner op, device) -> [(reader op or None for a send, end)]
+    inputs = {i: [cost.index[u] for u, e in graph.in_edges(op).items() if not e["control"]]
+              for i, op in enumerate(cost.ops)}
     for i in schedule.order:
-        inputs = [cost.index[u] for u, e in graph.in_edges(cost.ops[i]).items()
-                  if not e["control"]]
-        if a.aliasing[i] and inputs and device[inputs[0]] == device[i]:
-            owner[i] = owner[inputs[0]]
+        if a.aliasing[i] and inputs[i] and device[inputs[i][0]] == device[i]:
+            owner[i] = owner[inputs[i][0]]
         else:
             owner[i] = i
             begin[i, device[i]], nbytes[i, device[i]] = schedule.start[i], a.own_bytes[i]
-        for p in inputs:
-            key = (owner[p], device[i])
-            end[key] = max(end.get(key, 0.0), schedule.end[i])
+        for p in inputs[i]:
+            readers.setdefault((owner[p], device[i]), []).append((i, schedule.end[i]))
     for i, src, dst, start, finish in schedule.transfers:
         begin[owner[i], dst], nbytes[owner[i], dst] = start, a.out_bytes[i]
-        end[owner[i], src] = max(end.get((owner[i], src), 0.0), finish)
-    buffers = {key: [begin[key], schedule.makespan if not graph.out_edges(cost.ops[key[0]])
-                     else max(end.get(key, 0.0), begin[key]), nbytes[key]] for key in begin}
+        readers.setdefault((owner[i], src), []).append((None, finish))
+    buffer = {key: key for key in begin}  # forwarded outputs live in an input's buffer
+    for i in schedule.order:
+        key = (i, device[i])
+        if not a.forwarding[i] or not nbytes.get(key):
+            continue
+        for p in inputs[i]:
+            source = (owner[p], device[i])
+            if not a.constant[owner[p]] and source in nbytes \
+                    and nbytes[source] == pytest.approx(a.own_bytes[i], rel=1e-6) \
+                    and all(end <= schedule.start[i] for r, end in readers[source] if r != i):
+                buffer[key] = buffer[source]
+                break
+    buffers = {}
+    for key, home in buffer.items():
+        last = schedule.makespan if not graph.out_edges(cost.ops[key[0]]) else \
+            max([end for _, end in readers.get(key, [])] + [begin[key]])
+        if home == key:
+            buffers[home] = [begin[key], last, nbytes[key]]
+    for key, home in buffer.items():
+        if home != key:
+            buffers[home][1] = max(buffers[home][1], schedule.makespan if not
+                                   graph.out_edges(cost.ops[key[0]]) else
+                                   max([end for _, end in readers.get(key, [])], default=0))
     peaks = np.zeros(len(cost.cluster))
     for d in range(len(peaks)):
         mine = [b for (o, dd), b in buffers.items() if dd == d and b[2] > 0]
@@ -137,10 +160,10 @@ def replay_peaks(cost, schedule):
     return peaks
 
 
-def chain(n, nbytes):
+def chain(n, nbytes, op_type="Relu"):
     graph = OpGraph()
     for i in range(n):
-        graph.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e9,
+        graph.add_op(f"op{i}", op_type=op_type, bytes_accessed=1e9,
                      outputs=[((nbytes // 4,), "float32")])
         if i:
             graph.add_edge(f"op{i - 1}", f"op{i}", bytes=nbytes)
@@ -148,9 +171,21 @@ def chain(n, nbytes):
 
 
 def test_chain_frees_activations_as_it_goes():
-    graph = chain(10, 4_000_000)
+    graph = chain(10, 4_000_000, "Transpose")
     s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(10, dtype=int))
     assert s.peak_memory[0] == pytest.approx(2 * 4_000_000)  # an op's input and output
+
+
+def test_element_wise_ops_write_into_the_buffer_of_an_input_they_read_last():
+    graph = chain(10, 4_000_000, "Relu")
+    s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(10, dtype=int))
+    assert s.peak_memory[0] == pytest.approx(4_000_000)  # one buffer, written over
+    graph.add_op("late", op_type="Transpose", bytes_accessed=1e9,
+                 outputs=[((1_000_000,), "float32")])
+    graph.add_edge("op0", "late", bytes=4_000_000)  # op0 is read after op1 starts
+    graph.add_edge("op9", "late", bytes=4_000_000)
+    s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(11, dtype=int))
+    assert s.peak_memory[0] == pytest.approx(3 * 4_000_000)  # op0, op9's chain, late
 
 
 def test_concurrent_transfers_share_a_link():

@@ -55,3 +55,20 @@ def test_memory_figures_need_the_option(tmp_path):
     with LocalWorkers(1, tmp_path, pin=False) as workers:
         with pytest.raises(RuntimeError, match="memory_stats=True"):
             workers.memory()
+
+
+def test_the_allocation_log_shows_the_tensor_and_where_the_window_opens(tmp_path):
+    with LocalWorkers(2, tmp_path, pin=False, allocation_log=True) as workers:
+        idle, busy = (f"/job:worker/task:{k}/device:CPU:0" for k in range(2))
+        mark = workers.log_lines()
+        done = subprocess.run([sys.executable, "-c", CLIENT, str(workers.path)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        peaks = workers.tensor_peaks(mark)
+        # the tensor at its own size, give or take the step's scalars; the allocator's
+        # chunk for it at least as big
+        assert TENSOR_BYTES <= peaks[busy]["requested"] < TENSOR_BYTES + 2**20, peaks
+        assert peaks[busy]["allocated"] >= peaks[busy]["requested"]
+        assert peaks[idle]["requested"] < 2**20
+        after = workers.log_lines()
+        assert workers.tensor_peaks(after)[busy]["requested"] < 2**20  # freed by then

@@ -201,3 +201,29 @@ def test_dp_on_a_published_graph_is_fast_enough_to_time():
     start = time.perf_counter()
     solution = solve(problem)
     assert solution.exact and time.perf_counter() - start < 5  # a sanity limit, not a benchmark
+
+
+def test_the_whole_batch_stays_on_the_first_stage_until_its_last_slice_is_read():
+    """The rewriter sends the client's whole batch to the first stage and slices it
+    there: the slices share its buffer, so it is alive until the last micro-batch's
+    first op has run, and the outputs are joined into one batch where they end."""
+    from tfpart.cluster import cluster_of_devices
+    from tfpart.graph import OpGraph
+
+    rows = 4 * 1000
+    graph = OpGraph()
+    graph.add_op("x", op_type="Placeholder", outputs=[((rows, 250), "float32")])  # 4 MB
+    graph.add_op("small", op_type="Conv2D", flops=6e10, bytes_accessed=1e6,
+                 outputs=[((rows, 1), "float32")])  # 16 KB
+    graph.add_op("out", op_type="Conv2D", flops=6e10, bytes_accessed=1e6,
+                 outputs=[((rows, 1), "float32")])
+    graph.add_edge("x", "small", bytes=4e6)
+    graph.add_edge("small", "out", bytes=16e3)
+    cluster = cluster_of_devices(["cpu", "cpu"])
+    placement = {"x": 0, "small": 0, "out": 1}
+    run = simulate_pipeline(microbatch_graph(graph, 4), cluster, placement, placement, 4,
+                            memory=True)
+    first, last = run.peak_memory.values()
+    assert first >= 4e6  # the whole batch, not a quarter of it at a time
+    assert first < 4e6 + 4 * 16e3 + 1  # and no copy of it
+    assert last >= 2 * 16e3  # each micro-batch's output, then the joined batch
