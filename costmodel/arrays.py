@@ -29,7 +29,8 @@ import numba
 import numpy as np
 
 from costmodel.memory import new_output_bytes, output_bytes
-from tfpart.ops import ALIASING_OPS, FORWARDING_OPS, WEIGHT_OPS
+from tfpart.ops import (ALIASING_OPS, FORWARDING_OPS, INPUT_COPYING_OPS, SHAPE_ONLY_OPS,
+                        WEIGHT_OPS)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class GraphArrays:
     aliasing: np.ndarray  # the op's output lives in its first input's buffer
     forwarding: np.ndarray  # the op may write its output into a dying input's buffer
     constant: np.ndarray  # a weight: its buffer is never written into
+    shape_only: np.ndarray  # the op reads only its inputs' shapes, never their buffers
+    scratch_bytes: np.ndarray  # bytes the op's kernel holds only while it runs
     group_of: np.ndarray  # colocation group per op, an index into group_names
     group_names: np.ndarray  # sorted
     group_param_bytes: np.ndarray  # variable bytes per group
@@ -108,6 +111,11 @@ def _build(cost):
         aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_),
         forwarding=np.array([a["op_type"] in FORWARDING_OPS for a in attrs], dtype=np.bool_),
         constant=np.array([a["op_type"] in WEIGHT_OPS for a in attrs], dtype=np.bool_),
+        shape_only=np.array([a["op_type"] in SHAPE_ONLY_OPS for a in attrs], dtype=np.bool_),
+        scratch_bytes=np.array([sum(edge["bytes"] for edge in predecessors[name].values()
+                                    if not edge["control"])
+                                if a["op_type"] in INPUT_COPYING_OPS else 0.0
+                                for name, a in zip(cost.ops, attrs)], dtype=float),
         group_of=group_of, group_names=group_names,
         group_param_bytes=np.bincount(group_of, param_bytes, minlength=len(group_names)),
         group_runnable=blocked == 0)

@@ -25,8 +25,9 @@ Model
   from when it is produced (or starts arriving) until the last op on that device that
   reads it ends (ops such as ``ReadVariableOp`` or ``Reshape`` alias their input and
   allocate nothing; element-wise ops such as ``Relu`` or ``AddV2`` write into an input
-  of their size that nothing else reads any more, as TensorFlow's kernels do); graph
-  outputs stay until the end.
+  of their size that nothing else reads any more, as TensorFlow's kernels do; ops
+  that read only shapes hold no buffer); graph outputs stay until the end; kernels that
+  copy their inputs (``Einsum``) hold the copies while they run.
 
 The makespan is the predicted step time.
 """
@@ -476,11 +477,15 @@ def _peak(cost, order, device_of, start, end, transfers, makespan):
     n_dev = cost.compute.shape[1]
     alloc_time, alloc_bytes, freed = _buffer_lifetimes(
         order, device_of, start, end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control,
-        a.aliasing, a.forwarding, a.constant, a.own_bytes, a.out_bytes, transfers, n_dev,
-        np.diff(a.succ_ptr) == 0)
+        a.aliasing, a.forwarding, a.constant, a.shape_only, a.own_bytes, a.out_bytes,
+        transfers, n_dev, np.diff(a.succ_ptr) == 0)
     owner, device = np.nonzero(alloc_bytes > 0)
     t0, nbytes = alloc_time[owner, device], alloc_bytes[owner, device]
     t1 = np.minimum(makespan, np.maximum(freed[owner, device], t0))
+    scratch = np.flatnonzero(a.scratch_bytes)  # held while the op runs
+    device = np.concatenate([device, device_of[scratch]])
+    t0, t1 = np.concatenate([t0, start[scratch]]), np.concatenate([t1, end[scratch]])
+    nbytes = np.concatenate([nbytes, a.scratch_bytes[scratch]])
     # at equal times frees (kind 0) before allocations (kind 1), as the sweep's order
     times, kinds = np.concatenate([t0, t1]), np.repeat([1, 0], len(t0))
     devices, deltas = np.concatenate([device, device]), np.concatenate([nbytes, -nbytes])
@@ -499,8 +504,8 @@ def _peak(cost, order, device_of, start, end, transfers, makespan):
 
 @numba.njit(cache=True)
 def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge,
-                      edge_control, aliasing, forwarding, constant, own_bytes, out_bytes,
-                      transfers, n_dev, is_output):
+                      edge_control, aliasing, forwarding, constant, shape_only, own_bytes,
+                      out_bytes, transfers, n_dev, is_output):
     """Per (owner op, device): when its buffer is allocated, its bytes, and when its last
     reader (or send) there ends. An aliasing op's output lives in the buffer of its
     first input when that is on its device; a received copy is a buffer of its own. A
@@ -508,7 +513,9 @@ def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge
     nothing else reads once it starts (its other readers and sends have ended, it is
     not a weight) writes its output into that tensor's buffer, as TensorFlow's
     element-wise kernels do: the buffer then lives until the output's readers end.
-    A graph output (``is_output``) holds its buffer to the end of the step."""
+    A graph output (``is_output``) holds its buffer to the end of the step. Ops that
+    read only shapes (``Shape``, ``Size``: Grappler folds them where shapes are known)
+    hold no buffer."""
     n_ops = len(device_of)
     owner = np.arange(n_ops)
     alloc_time, alloc_bytes = np.zeros((n_ops, n_dev)), np.zeros((n_ops, n_dev))
@@ -528,7 +535,7 @@ def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge
         else:
             alloc_time[i, d], alloc_bytes[i, d] = start[i], own_bytes[i]
         for k in range(pred_ptr[i], pred_ptr[i + 1]):
-            if not edge_control[pred_edge[k]]:
+            if not edge_control[pred_edge[k]] and not shape_only[i]:
                 _read(owner[pred_op[k]], d, end[i], i, freed, last, second, last_reader)
     for row in range(len(transfers)):
         i, src, dst = int(transfers[row, 0]), int(transfers[row, 1]), int(transfers[row, 2])
@@ -550,7 +557,7 @@ def _buffer_lifetimes(order, device_of, start, end, pred_ptr, pred_op, pred_edge
             o = owner[pred_op[k]]
             others = second[o, d] if last_reader[o, d] == i else last[o, d]
             if constant[o] or abs(size[o, d] - own_bytes[i]) > 1e-6 * own_bytes[i] \
-                    or others > start[i]:
+                    or others > start[i] or freed[o, d] == np.inf:  # not a graph output
                 continue
             target = into[o] if device_of[o] == d else o
             alloc_bytes[i, d] = 0.0

@@ -60,6 +60,9 @@ FORWARDING_OPS = {
     "MulNoNan", "Maximum", "Minimum", "Pow", "SquaredDifference", "FloorDiv", "FloorMod",
     "AddN", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad",
     "SigmoidGrad", "TanhGrad", "SqrtGrad", "RsqrtGrad", "ReciprocalGrad", "SoftplusGrad"}
+# Kernels that copy their data inputs into scratch buffers held while they run
+# (Einsum transposes its operands into the layout of a batched matmul).
+INPUT_COPYING_OPS = {"Einsum"}
 IDENTITY_OPS = {"Identity", "IdentityN"}
 # Ops that write a variable through its resource handle (optimizer updates among them).
 RESOURCE_WRITE_OPS = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",

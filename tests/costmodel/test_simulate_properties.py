@@ -109,8 +109,9 @@ def replay_peaks(cost, schedule):
     output from its start (a received copy from its transfer's start) until the last
     reader there ends (or its transfers finish, on the sender), through aliasing ops
     on the same device and forwarding ops that write into an input's buffer once
-    every other reader of it is done; graph outputs to the end; at equal times frees
-    first."""
+    every other reader of it is done, shape-only readers holding nothing; graph
+    outputs to the end; kernels' copies of their inputs while they run; at equal
+    times frees first."""
     graph, a = cost.graph, graph_arrays(cost)
     device = schedule.device
     owner, begin, nbytes = {}, {}, {}  # by (owner op, device)
@@ -123,7 +124,7 @@ def replay_peaks(cost, schedule):
         else:
             owner[i] = i
             begin[i, device[i]], nbytes[i, device[i]] = schedule.start[i], a.own_bytes[i]
-        for p in inputs[i]:
+        for p in inputs[i] if not a.shape_only[i] else ():
             readers.setdefault((owner[p], device[i]), []).append((i, schedule.end[i]))
     for i, src, dst, start, finish in schedule.transfers:
         begin[owner[i], dst], nbytes[owner[i], dst] = start, a.out_bytes[i]
@@ -135,7 +136,9 @@ def replay_peaks(cost, schedule):
             continue
         for p in inputs[i]:
             source = (owner[p], device[i])
-            if not a.constant[owner[p]] and source in nbytes \
+            output = any(not graph.out_edges(cost.ops[j]) for j in owner if owner[j] == owner[p]
+                         and device[j] == device[i])
+            if not a.constant[owner[p]] and source in nbytes and not output \
                     and nbytes[source] == pytest.approx(a.own_bytes[i], rel=1e-6) \
                     and all(end <= schedule.start[i] for r, end in readers[source] if r != i):
                 buffer[key] = buffer[source]
@@ -151,6 +154,9 @@ def replay_peaks(cost, schedule):
             buffers[home][1] = max(buffers[home][1], schedule.makespan if not
                                    graph.out_edges(cost.ops[key[0]]) else
                                    max([end for _, end in readers.get(key, [])], default=0))
+    for i in np.flatnonzero(a.scratch_bytes):  # a kernel's copies of its inputs
+        buffers[f"scratch of {i}", device[i]] = [schedule.start[i], schedule.end[i],
+                                                 a.scratch_bytes[i]]
     peaks = np.zeros(len(cost.cluster))
     for d in range(len(peaks)):
         mine = [b for (o, dd), b in buffers.items() if dd == d and b[2] > 0]
@@ -186,6 +192,19 @@ def test_element_wise_ops_write_into_the_buffer_of_an_input_they_read_last():
     graph.add_edge("op9", "late", bytes=4_000_000)
     s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(11, dtype=int))
     assert s.peak_memory[0] == pytest.approx(3 * 4_000_000)  # op0, op9's chain, late
+
+
+def test_shape_reads_hold_no_buffer_and_einsum_holds_copies_of_its_inputs_while_it_runs():
+    graph = chain(3, 4_000_000, "Transpose")
+    graph.add_op("shape", op_type="Shape", outputs=[((1,), "int32")])
+    graph.add_edge("op0", "shape", bytes=4_000_000)  # runs last: nothing reads it
+    cost = CostModel(graph, cluster_of_devices(["cpu"]))
+    s = simulate(cost, np.zeros(4, dtype=int), priority=np.array([3.0, 2.0, 1.0, 0.0]))
+    assert s.start[3] >= s.end[2]
+    assert s.peak_memory[0] == pytest.approx(2 * 4_000_000)  # not op0 beside op1 and op2
+    graph = chain(2, 4_000_000, "Einsum")
+    s = simulate(CostModel(graph, cluster_of_devices(["cpu"])), np.zeros(2, dtype=int))
+    assert s.peak_memory[0] == pytest.approx(3 * 4_000_000)  # input, its copy, output
 
 
 def test_concurrent_transfers_share_a_link():

@@ -77,7 +77,7 @@ def test_a_model_fits_three_workers_of_six_tenths_of_its_peak(name, tmp_path):
                         for name, d in result.plan.predicted.devices.items()}
             assert all(predicted[name] <= capacity[name] for name in predicted)
             assert sum(1 for p in predicted.values() if p > 0) >= 2, predicted  # spread
-            _, peaks = run_and_measure(workers, out, 2)
+            _, peaks, _ = run_and_measure(workers, out, 2)
             measured = {normalize_device_name(d): f["peak"] - f["start"]
                         for d, f in peaks.items()}
             print(name, strategy, {d[-18:]: (round(predicted[d] / 1e6, 2),
