@@ -135,9 +135,10 @@ def ask(tasks, reset=False, timeout=30.0):
 # TensorFlow's allocation log (``LogMemory``), on with ``TF_CPP_VMODULE=log_memory=2``
 ALLOCATION_LOG = {"TF_CPP_VMODULE": "log_memory=2", "TF_CPP_MIN_LOG_LEVEL": "0"}
 _ALLOCATED = re.compile(r"MemoryLogTensorAllocation \{.*? requested_bytes: (\d+) "
-                        r"allocated_bytes: (\d+) allocator_name: \"[^\"]*\" "
+                        r"allocated_bytes: (\d+) allocator_name: (\"[^\"]*\") "
                         r"allocation_id: (\d+)")
-_DEALLOCATED = re.compile(r"MemoryLogTensorDeallocation \{.*?allocation_id: (\d+)")
+_DEALLOCATED = re.compile(r"MemoryLogTensorDeallocation \{.*?allocation_id: (\d+) "
+                          r"allocator_name: (\"[^\"]*\")")
 
 
 def tensor_peak(lines, since=0):
@@ -151,7 +152,8 @@ def tensor_peak(lines, since=0):
     >>> log = ['__LOG_MEMORY__ MemoryLogTensorAllocation { step_id: 1 kernel_name: "a" '
     ...        'tensor { allocation_description { requested_bytes: 400 allocated_bytes: 512 '
     ...        'allocator_name: "cpu" allocation_id: 7 } } }',
-    ...        '__LOG_MEMORY__ MemoryLogTensorDeallocation { allocation_id: 7 }']
+    ...        '__LOG_MEMORY__ MemoryLogTensorDeallocation { allocation_id: 7 '
+    ...        'allocator_name: "cpu" }']
     >>> tensor_peak(log)
     {'requested': 400, 'allocated': 512}
     >>> tensor_peak(log, since=1)  # the tensor is alive as the window opens
@@ -169,14 +171,14 @@ def tensor_peak(lines, since=0):
         if "__LOG_MEMORY__" not in line:
             continue
         found = _ALLOCATED.search(line)
-        if found:
-            ask, got, key = int(found[1]), int(found[2]), found[3]
-            alive[key] = (ask, got)
-            requested, allocated = requested + ask, allocated + got
+        if found:  # ids are each allocator's own
+            wanted, got = int(found[1]), int(found[2])
+            alive[found[3], found[4]] = (wanted, got)
+            requested, allocated = requested + wanted, allocated + got
         else:
             found = _DEALLOCATED.search(line)
-            ask, got = alive.pop(found[1], (0, 0)) if found else (0, 0)
-            requested, allocated = requested - ask, allocated - got
+            wanted, got = alive.pop((found[2], found[1]), (0, 0)) if found else (0, 0)
+            requested, allocated = requested - wanted, allocated - got
         if number >= since:
             peak = {"requested": max(peak["requested"], requested),
                     "allocated": max(peak["allocated"], allocated)}
