@@ -27,7 +27,8 @@ Model
   allocate nothing; element-wise ops such as ``Relu`` or ``AddV2`` write into an input
   of their size that nothing else reads any more, as TensorFlow's kernels do; ops
   that read only shapes hold no buffer); graph outputs stay until the end; kernels that
-  copy their inputs (``Einsum``) hold the copies while they run.
+  copy their inputs (``Einsum``) hold the copies, and loops, conditionals and calls kept
+  whole one trip's tensors of their bodies, while they run.
 
 The makespan is the predicted step time.
 """

@@ -32,8 +32,8 @@ from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
 from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
                            check_tensor_sizes)
-from tfpart.ops import (CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS,
-                        RESOURCE_WRITE_OPS)
+from tfpart.ops import (ALIASING_OPS, CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS,
+                        LOOP_BACK_OPS, RESOURCE_WRITE_OPS)
 from tfpart.phases import timed
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
@@ -550,8 +550,9 @@ def opgraph_of(graph, owned, batch_size, functions):
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
         outputs = [(_concrete(t.shape, batch_size), t.dtype.name) for t in op.outputs]
         dtypes = {t.dtype.name for t in list(op.inputs) + list(op.outputs)}
+        body_bytes = 0
         if op.type in CONTROL_FLOW_OPS or op.type in CALL_OPS:  # kept whole
-            flops = body_cost.flops(op, in_shapes)
+            flops, body_bytes = body_cost.flops_and_bytes(op, in_shapes)
         else:
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
         bytes_accessed = (sum(tensor_bytes(s, t.dtype.name) for s, t in zip(in_shapes, op.inputs))
@@ -563,7 +564,7 @@ def opgraph_of(graph, owned, batch_size, functions):
                        bytes_accessed=float(bytes_accessed), param_bytes=param_bytes,
                        allowed_kinds=frozenset({"cpu"}) if host_only else None,
                        stateful=bool(op.op_def.is_stateful) if op.op_def else False,
-                       **_sliced(op))
+                       body_bytes=body_bytes, **_sliced(op))
         for k, tensor in enumerate(op.inputs):
             if tensor.op.type in LOOP_BACK_OPS:
                 continue  # a v1 while loop's back edge: the loop is one unit, no cycle
@@ -589,14 +590,15 @@ def opgraph_of(graph, owned, batch_size, functions):
 
 
 class _BodyCost:
-    """FLOPs of a control-flow op or a call kept whole: its bodies' ops at the op's input
-    shapes (one trip of a loop, the costlier branch of a conditional)."""
+    """FLOPs of a control-flow op or a call kept whole, and the bytes of the tensors its
+    bodies make: its bodies' ops at the op's input shapes (one trip of a loop, the
+    costlier branch of a conditional)."""
 
     def __init__(self, functions, batch_size):
         self.functions = functions
         self.batch_size = batch_size
 
-    def flops(self, op, in_shapes):
+    def flops_and_bytes(self, op, in_shapes):
         from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
         from tensorflow.core.framework.function_pb2 import FunctionDef
@@ -616,15 +618,19 @@ class _BodyCost:
                 body = function_def_to_graph(fdef, input_shapes=shapes)
             except (ValueError, tf.errors.OpError):
                 continue
-            per_body.append(sum(
-                op_flops(o.type, [_concrete(t.shape, self.batch_size) for t in o.inputs],
-                         [_concrete(t.shape, self.batch_size) for t in o.outputs],
-                         _plain_attrs(o))
-                for o in body.get_operations()))
+            outputs = {o: [_concrete(t.shape, self.batch_size) for t in o.outputs]
+                       for o in body.get_operations()}
+            per_body.append((
+                sum(op_flops(o.type, [_concrete(t.shape, self.batch_size) for t in o.inputs],
+                             shapes, _plain_attrs(o)) for o, shapes in outputs.items()),
+                sum(tensor_bytes(shape, t.dtype.name) for o, shapes in outputs.items()
+                    if o.type not in ALIASING_OPS and o.type != "Const"
+                    for shape, t in zip(shapes, o.outputs))))
         if not per_body:
-            return 0
-        loops = op.type in ("While", "StatelessWhile")
-        return sum(per_body) if loops else max(per_body)
+            return 0, 0
+        if op.type in ("While", "StatelessWhile"):  # the cond and the body, trip by trip
+            return sum(f for f, _ in per_body), sum(b for _, b in per_body)
+        return max(f for f, _ in per_body), max(b for _, b in per_body)
 
 
 __all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat",

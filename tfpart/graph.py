@@ -14,7 +14,9 @@ Node attributes
     ``cost`` (optional dict device-name -> seconds: an explicit cost table that
     overrides the roofline, used by imported benchmark graphs), ``sliced`` (optional,
     on ops whose output channels can be split across devices: ``{"input": index,
-    "axis": axis, "producer": op}``, the operand the slices cut; :mod:`tfpart.splits`).
+    "axis": axis, "producer": op}``, the operand the slices cut; :mod:`tfpart.splits`),
+    ``body_bytes`` (int, on a control-flow op or a call kept whole: the bytes of the
+    tensors one trip of its bodies makes, held while it runs).
 
 Edge attributes
     ``bytes`` (float, size of the tensors that flow), ``control`` (bool), ``comm``
@@ -40,6 +42,7 @@ NODE_DEFAULTS = {
     "allowed_kinds": None,
     "stateful": False,
     "phase": None,  # in a training step: "forward", "backward" or "update"
+    "body_bytes": 0,
 }
 
 
