@@ -46,12 +46,12 @@ tfpart used before, every tensor alive for the whole step
 plan's (the ``param_bytes`` of the ops it puts there) and "held" the measured bytes in
 use between steps, which they should make up nearly all of.
 
-Not modelled, and the likely causes of the errors (not checked one by one): the scratch
-buffers kernels allocate for themselves (``allocate_temp``: convolution backprop,
-oneDNN's reordered weights; with ``TF_ENABLE_ONEDNN_OPTS=0`` Eigen's convolution
-backprop made conv_tower's training peak twice the prediction), Grappler's fusions (a
-fused op's intermediate tensors never exist) and kernels that write their output into
-an input's buffer.
+Not modelled: the allocator's rounding (above); the order in which tensors arrive from
+another worker, which the simulated timing only approximates (on conv_tower's placed
+training step, the activations the first worker sends wait on the second); the scratch
+buffers kernels allocate for themselves other than Einsum's copies (convolution
+backprop: with ``TF_ENABLE_ONEDNN_OPTS=0`` Eigen's made conv_tower's training peak
+twice the prediction).
 """
 from __future__ import annotations
 
@@ -212,8 +212,7 @@ def run_and_measure(workers, out, steps):
     client = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.memory_accuracy", "--steps", str(steps),
          "--client", str(workers.path), str(out)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={key: value for key, value in os.environ.items() if key != "TF_CPP_VMODULE"})
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(client, "warm")
         held = workers.reset_memory()
