@@ -9,8 +9,8 @@ The measured peak is held to the memory only where the prediction is close enoug
 the 10% the compile keeps free (``tfpart.compile.MEMORY_HEADROOM``): on MobileNetV2 a
 worker's allocator holds 1.4 MB (32%) more than its 4.3 MB of variables right after the
 model is restored (the BFC allocator leaves chunks of less than twice a request
-unsplit), and the LSTM's loop bodies allocate tensors the cost model does not see
-inside its ``While`` ops; both are measured in benchmarks/memory_accuracy.py.
+unsplit), and the LSTM's workers hold more inside its ``While`` ops than the one trip
+of their bodies the cost model counts; see BENCHMARKS.md.
 Where a model's activations dominate (the small example CNNs at any batch), 0.6 x the
 peak is below what its largest op needs with its inputs and outputs, and the compile
 refuses with that bound (tests/partitioner/test_memory_models.py)."""
