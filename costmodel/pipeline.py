@@ -301,6 +301,11 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault"}
 
 
+def _is_input(graph, op):
+    """Whether ``op`` takes the client's batch: a placeholder that reads nothing."""
+    return graph.ops[op]["op_type"] in INPUT_OPS and not list(graph.predecessors(op))
+
+
 def feed_microbatches(replicated, placement, graph, microbatches):
     """Feed the micro-batches of a pipeline as the rewriter does: the whole batch of
     each input op of ``graph`` arrives where its first copy runs, as an op
@@ -312,7 +317,7 @@ def feed_microbatches(replicated, placement, graph, microbatches):
         return [f"mb{m}/{op}" for m in range(microbatches)]
 
     for op, attrs in graph.ops.items():
-        if attrs["op_type"] in INPUT_OPS and not list(graph.predecessors(op)):
+        if _is_input(graph, op):
             feed = f"feed/{op}"
             replicated.add_op(feed, **{k: v for k, v in attrs.items()
                                        if k != "memory_fraction"})
@@ -343,7 +348,7 @@ def feed_and_merge(replicated, placement, graph, fractions, copies):
         if op in shared:
             continue
         home = placement[copies(0, op)[0]]
-        if attrs["op_type"] in INPUT_OPS and not list(graph.predecessors(op)):
+        if _is_input(graph, op):
             for r in range(len(fractions)):
                 placement.update({copy: home for copy in copies(r, op)})
         elif attrs["outputs"] and all(graph.edge(op, dst)["control"]

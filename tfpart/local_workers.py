@@ -119,17 +119,24 @@ class LocalWorkers:
                                  threads=None if self.ps else 1, memory_stats=memory_file)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
-        with open(self.path.parent / f"{job}-{task}.log", "ab") as log:
+        with open(self._log(job, task), "ab") as log:
             # TFPART_WORKER_PARENT: the task exits with this process, never left behind
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**os.environ, "TFPART_TF_LOG": log.name,
                                          "TFPART_WORKER_PARENT": str(os.getpid()),
                                          **(ALLOCATION_LOG if self.allocation_log else {})})
 
+    def _log(self, job, task):
+        return self.path.parent / f"{job}-{task}.log"
+
     def log_lines(self):
         """Each worker's CPU:0 device name -> the lines its log has now (a mark for
         :meth:`tensor_peaks`)."""
-        return {name: len(_read_lines(path)) for name, path in self._logs().items()}
+        marks = {}
+        for name, path in self._logs().items():
+            with open(path, errors="replace") as log:
+                marks[name] = sum(1 for _ in log)
+        return marks
 
     def tensor_peaks(self, since=None):
         """Each worker's CPU:0 device name -> the most bytes of tensors its allocation
@@ -138,11 +145,14 @@ class LocalWorkers:
         (:func:`tfpart.memory_stats.tensor_peak`). Needs ``allocation_log=True``."""
         if not self.allocation_log:
             raise RuntimeError("these workers were started without allocation_log=True")
-        return {name: tensor_peak(_read_lines(path), (since or {}).get(name, 0))
-                for name, path in self._logs().items()}
+        peaks = {}
+        for name, path in self._logs().items():
+            with open(path, errors="replace") as log:
+                peaks[name] = tensor_peak(log, (since or {}).get(name, 0))
+        return peaks
 
     def _logs(self):
-        return {f"/job:worker/task:{k}/device:CPU:0": self.path.parent / f"worker-{k}.log"
+        return {f"/job:worker/task:{k}/device:CPU:0": self._log("worker", k)
                 for k in range(len(self.cluster["cluster"]["worker"]))}
 
     def process(self, task, job="worker"):
@@ -209,11 +219,6 @@ class LocalWorkers:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _read_lines(path):
-    with open(path, errors="replace") as log:
-        return log.readlines()
 
 
 def _accepts(port):

@@ -163,23 +163,21 @@ def tensor_peak(lines, since=0):
     >>> tensor_peak(log, since=2)
     {'requested': 0, 'allocated': 0}
     """
-    alive, requested, allocated = {}, 0, 0
-    peak = None
+    alive, now, peak = {}, [0, 0], None  # bytes (requested, allocated) alive
     for number, line in enumerate(lines):
         if number == since:  # what is alive as the window opens
-            peak = {"requested": requested, "allocated": allocated}
+            peak = list(now)
         if "__LOG_MEMORY__" not in line:
             continue
         found = _ALLOCATED.search(line)
         if found:  # ids are each allocator's own
-            wanted, got = int(found[1]), int(found[2])
-            alive[found[3], found[4]] = (wanted, got)
-            requested, allocated = requested + wanted, allocated + got
+            sizes = alive[found[3], found[4]] = (int(found[1]), int(found[2]))
+            now = [now[0] + sizes[0], now[1] + sizes[1]]
         else:
             found = _DEALLOCATED.search(line)
-            wanted, got = alive.pop((found[2], found[1]), (0, 0)) if found else (0, 0)
-            requested, allocated = requested - wanted, allocated - got
-        if number >= since:
-            peak = {"requested": max(peak["requested"], requested),
-                    "allocated": max(peak["allocated"], allocated)}
-    return peak or {"requested": requested, "allocated": allocated}
+            sizes = alive.pop((found[2], found[1]), (0, 0)) if found else (0, 0)
+            now = [now[0] - sizes[0], now[1] - sizes[1]]
+        if peak is not None:
+            peak = [max(peak[0], now[0]), max(peak[1], now[1])]
+    requested, allocated = peak or now
+    return {"requested": requested, "allocated": allocated}
