@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from costmodel.memory import new_output_bytes, output_bytes
-from tfpart.ops import (ALIASING_OPS, FORWARDING_OPS, INPUT_COPYING_OPS, SHAPE_ONLY_OPS,
-                        WEIGHT_OPS)
+from costmodel.memory import new_output_bytes, output_bytes, scratch_bytes
+from tfpart.ops import ALIASING_OPS, FORWARDING_OPS, SHAPE_ONLY_OPS, WEIGHT_OPS
 
 
 @dataclass(frozen=True)
@@ -112,27 +111,11 @@ def _build(cost):
         forwarding=np.array([a["op_type"] in FORWARDING_OPS for a in attrs], dtype=np.bool_),
         constant=np.array([a["op_type"] in WEIGHT_OPS for a in attrs], dtype=np.bool_),
         shape_only=np.array([a["op_type"] in SHAPE_ONLY_OPS for a in attrs], dtype=np.bool_),
-        scratch_bytes=np.array([_scratch_bytes(a, predecessors[name].values())
+        scratch_bytes=np.array([scratch_bytes(a, predecessors[name].values())
                                 for name, a in zip(cost.ops, attrs)], dtype=float),
         group_of=group_of, group_names=group_names,
         group_param_bytes=np.bincount(group_of, param_bytes, minlength=len(group_names)),
         group_runnable=blocked == 0)
-
-
-def _scratch_bytes(attrs, in_edges):
-    """Bytes an op holds only while it runs: the tensors of a control-flow op's or a
-    call's bodies (one trip), the copies a kernel makes of its inputs (Einsum's
-    operands, transposed for a batched matmul), at its share of the batch.
-
-    >>> _scratch_bytes({"op_type": "While", "body_bytes": 800, "memory_fraction": 0.5}, [])
-    400.0
-    >>> _scratch_bytes({"op_type": "Einsum", "body_bytes": 0},
-    ...                [{"bytes": 64.0, "control": False}, {"bytes": 0.0, "control": True}])
-    64.0
-    """
-    copies = sum(edge["bytes"] for edge in in_edges if not edge["control"]) \
-        if attrs["op_type"] in INPUT_COPYING_OPS else 0.0
-    return copies + attrs.get("body_bytes", 0) * attrs.get("memory_fraction", 1.0)
 
 
 def _structural_ranks(names, attrs, in_degree, out_degree):

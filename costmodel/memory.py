@@ -10,21 +10,38 @@ decision uses it.
 """
 from __future__ import annotations
 
-from tfpart.dtypes import tensor_bytes
-from tfpart.ops import ALIASING_OPS
+from tfpart.dtypes import chunk_bytes, tensor_bytes
+from tfpart.ops import ALIASING_OPS, INPUT_COPYING_OPS
 
 
 def output_bytes(attrs):
     """Bytes of all outputs of an op (from its ``outputs`` list of (shape, dtype), times
     its ``memory_fraction`` when it runs on a part of the batch: a micro-batch, a
     replica's share)."""
-    nbytes = sum(tensor_bytes(shape, dtype) for shape, dtype in attrs["outputs"])
-    return nbytes * attrs["memory_fraction"] if "memory_fraction" in attrs else nbytes
+    fraction = attrs.get("memory_fraction", 1.0)
+    return sum(chunk_bytes(tensor_bytes(shape, dtype) * fraction)
+               for shape, dtype in attrs["outputs"])
 
 
 def new_output_bytes(attrs):
     """Bytes an op's outputs add on its own device (nothing for aliasing ops)."""
     return 0 if attrs["op_type"] in ALIASING_OPS else output_bytes(attrs)
+
+
+def scratch_bytes(attrs, in_edges):
+    """Bytes an op holds only while it runs: the tensors of a control-flow op's or a
+    call's bodies (one trip), the copies a kernel makes of its inputs (Einsum's
+    operands, transposed for a batched matmul), at its share of the batch.
+
+    >>> scratch_bytes({"op_type": "While", "body_bytes": 800, "memory_fraction": 0.5}, [])
+    400.0
+    >>> scratch_bytes({"op_type": "Einsum", "body_bytes": 0},
+    ...                [{"bytes": 64.0, "control": False}, {"bytes": 0.0, "control": True}])
+    64.0
+    """
+    copies = sum(edge["bytes"] for edge in in_edges if not edge["control"]) \
+        if attrs["op_type"] in INPUT_COPYING_OPS else 0.0
+    return copies + attrs.get("body_bytes", 0) * attrs.get("memory_fraction", 1.0)
 
 
 def all_alive_memory(graph, assignment, device_names):
@@ -37,10 +54,10 @@ def all_alive_memory(graph, assignment, device_names):
     >>> from tfpart.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
-    >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")])
+    >>> g.add_op("y", op_type="MatMul", outputs=[((64,), "float32")])
     >>> g.add_edge("w", "y")
     >>> all_alive_memory(g, {"w": "A", "y": "B"}, ["A", "B"])
-    {'A': 400, 'B': 40}
+    {'A': 400, 'B': 256}
     """
     memory = {name: 0 for name in device_names}
     received = set()
@@ -70,11 +87,12 @@ def memory_lower_bound(graph, n_devices):
     >>> from tfpart.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
-    >>> g.add_op("y", op_type="MatMul", outputs=[((10,), "float32")], colocation="w")
-    >>> g.add_op("z", op_type="Relu", outputs=[((10,), "float32")])
-    >>> g.add_edge("w", "y"); g.add_edge("y", "z", bytes=40)
+    >>> g.add_op("y", op_type="MatMul", outputs=[((64,), "float32")], colocation="w")
+    >>> g.add_op("z", op_type="Relu", outputs=[((64,), "float32")])
+    >>> g.add_edge("w", "y"); g.add_edge("y", "z", bytes=256)
     >>> memory_lower_bound(g, 2)
-    (440, 'y (MatMul) with its inputs, outputs and the 400 B of variables it is colocated with')
+    (656.0, 'y (MatMul) with its inputs, outputs, scratch and the 400 B of variables it is \
+colocated with')
     """
     group_params = {}
     for attrs in graph.ops.values():
@@ -84,9 +102,11 @@ def memory_lower_bound(graph, n_devices):
     for op, attrs in graph.ops.items():
         inputs = sum(output_bytes(graph.ops[src]) for src, edge in graph.in_edges(op).items()
                      if not edge["control"] and graph.ops[src]["op_type"] not in ALIASING_OPS)
-        need = group_params[attrs["colocation"]] + inputs + new_output_bytes(attrs)
+        need = group_params[attrs["colocation"]] + inputs + new_output_bytes(attrs) + \
+            scratch_bytes(attrs, graph.in_edges(op).values())
         if need > best:
-            best, why = need, (f"{op} ({attrs['op_type']}) with its inputs, outputs and the "
+            best, why = need, (f"{op} ({attrs['op_type']}) with its inputs, outputs, scratch "
+                               f"and the "
                                f"{size_text(group_params[attrs['colocation']])} of variables it "
                                f"is colocated with")
     spread = graph.total_param_bytes() / max(n_devices, 1)

@@ -441,11 +441,11 @@ def live_peak(cost, device_of, priority=None):
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
-    >>> for n in "abc": g.add_op(n, op_type="Transpose", outputs=[((10,), "float32")])
-    >>> g.add_edge("w", "a"); g.add_edge("a", "b", bytes=40); g.add_edge("b", "c", bytes=40)
+    >>> for n in "abc": g.add_op(n, op_type="Transpose", outputs=[((64,), "float32")])
+    >>> g.add_edge("w", "a"); g.add_edge("a", "b", bytes=256); g.add_edge("b", "c", bytes=256)
     >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
     >>> live_peak(cost, np.array([0, 0, 0, 0])).tolist()  # a freed once b has run
-    [480.0, 0.0]
+    [912.0, 0.0]
     """
     device_of = np.asarray(device_of, dtype=np.int64)
     if priority is None:

@@ -216,7 +216,8 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, links):
     index = cost.index
     for same, first, u, v in pairs:
         values[same.name] = float(executors[where[u]] == executors[where[v]])
-        values[first.name] = float(schedule.start[index[u]] <= schedule.start[index[v]])
+        values[first.name] = float(schedule.end[index[u]] <= schedule.start[index[v]] +
+                                   1e-9 * max(1.0, schedule.start[index[v]]))
     sent = {(cost.ops[i], dst): (begin, finish) for i, _, dst, begin, finish in
             schedule.transfers}
     span = {}
@@ -231,11 +232,12 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, links):
         values[begin.name] = start_at / unit
         values[on_link.name] = link / unit if shipped else 0.0
         values[latency.name] = (finish - start_at - link) / unit if shipped else 0.0
-        span[k] = (start_at, shipped, a)
+        span[k] = (start_at, start_at + (link if shipped else 0.0), shipped, a)
     for same, first, i, j in links.pairs:
-        (q1, on1, a1), (q2, on2, a2) = span[i], span[j]
+        (_, end1, on1, a1), (q2, _, on2, a2) = span[i], span[j]
         values[same.name] = float(on1 and on2 and a1 == a2)
-        values[first.name] = float(q1 <= q2)
+        # i first if it is off the link when j starts (at a tie, an empty copy is first)
+        values[first.name] = float(end1 <= q2 + 1e-9 * max(1.0, abs(q2)))
     return values
 
 
@@ -366,10 +368,10 @@ def live_cuts(cost, unit_of=None, n_units=None, cuts=MEMORY_CUTS):
     >>> from tfpart.cluster import cluster_of_devices
     >>> from costmodel import CostModel
     >>> g = OpGraph()
-    >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((10,), "float32")])
-    >>> g.add_edge("a", "b", bytes=40); g.add_edge("b", "c", bytes=40)
+    >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((64,), "float32")])
+    >>> g.add_edge("a", "b", bytes=256); g.add_edge("b", "c", bytes=256)
     >>> live_cuts(CostModel(g, cluster_of_devices(["cpu"]))).tolist()  # a freed once b ran
-    [[0.0, 40.0, 40.0]]
+    [[0.0, 256.0, 256.0]]
     """
     a = graph_arrays(cost)
     n_ops = len(cost.ops)

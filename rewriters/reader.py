@@ -25,6 +25,8 @@ from rewriters.captures import add_capture, resource_bytes
 from rewriters.fusion import fusion_groups
 from rewriters.functions import (body_functions, callee, inlined_callee,
                                  library_index, split_input, topological_nodes)
+from rewriters.loops import (LOOP_OPS, held_by_loop, is_held, list_contents, run_ahead_ops,
+                             trips_bound)
 from rewriters.tf_import import tensorflow
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
@@ -32,8 +34,8 @@ from tfpart.flops import op_flops
 from tfpart.graph import OpGraph, UnionFind
 from tfpart.limits import (MAX_CALL_DEPTH, check_batch_size, check_graph_ops,
                            check_tensor_sizes)
-from tfpart.ops import (ALIASING_OPS, CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS,
-                        LOOP_BACK_OPS, RESOURCE_WRITE_OPS)
+from tfpart.ops import (CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS,
+                        RESOURCE_WRITE_OPS)
 from tfpart.phases import timed
 from tfpart.splits import SPLITTABLE_OPS, sliced_operand
 
@@ -546,17 +548,23 @@ def opgraph_of(graph, owned, batch_size, functions):
     opgraph = OpGraph()
     groups = UnionFind()
     body_cost = _BodyCost(functions, batch_size)
+    lists = {}  # a TensorList's name: the (shape, dtype) of the elements it holds
     for op in graph.get_operations():
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
-        outputs = [(_concrete(t.shape, batch_size), t.dtype.name) for t in op.outputs]
+        held = [lists.get(t.name) or (shape, t.dtype.name)
+                for t, shape in zip(op.inputs, in_shapes)]
+        contents = list_contents(op, [lists.get(t.name) for t in op.inputs],
+                                 lambda shape: _concrete(shape, batch_size))
+        lists.update((t.name, c) for t, c in zip(op.outputs, contents) if c is not None)
+        outputs = [c or (_concrete(t.shape, batch_size), t.dtype.name)
+                   for t, c in zip(op.outputs, contents)]
         dtypes = {t.dtype.name for t in list(op.inputs) + list(op.outputs)}
         body_bytes = 0
         if op.type in CONTROL_FLOW_OPS or op.type in CALL_OPS:  # kept whole
             flops, body_bytes = body_cost.flops_and_bytes(op, in_shapes)
         else:
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
-        bytes_accessed = (sum(tensor_bytes(s, t.dtype.name) for s, t in zip(in_shapes, op.inputs))
-                          + sum(tensor_bytes(s, d) for s, d in outputs))
+        bytes_accessed = sum(tensor_bytes(s, d) for s, d in held + outputs)
         param_bytes = owned.get(op.name, 0)
         host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
         opgraph.add_op(op.name, op_type=op.type, outputs=outputs, input_shapes=tuple(in_shapes),
@@ -568,9 +576,11 @@ def opgraph_of(graph, owned, batch_size, functions):
         for k, tensor in enumerate(op.inputs):
             if tensor.op.type in LOOP_BACK_OPS:
                 continue  # a v1 while loop's back edge: the loop is one unit, no cycle
-            nbytes = tensor_bytes(in_shapes[k], tensor.dtype.name)
+            nbytes = tensor_bytes(*held[k])
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
-            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref"):
+            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref") or \
+                    tensor.dtype.name == "variant" and op.type in LOOP_OPS:
+                # a loop's TensorList from another device is sent again on every trip
                 groups.union(op.name, tensor.op.name)
         for dep in op.control_inputs:
             opgraph.add_edge(dep.name, op.name, control=True)
@@ -591,46 +601,60 @@ def opgraph_of(graph, owned, batch_size, functions):
 
 class _BodyCost:
     """FLOPs of a control-flow op or a call kept whole, and the bytes of the tensors its
-    bodies make: its bodies' ops at the op's input shapes (one trip of a loop, the
-    costlier branch of a conditional)."""
+    bodies hold at once: its bodies' ops at the op's input shapes (every trip of a loop
+    whose trips are known, else one; the costlier branch of a conditional), a loop's
+    trips in flight counted as :mod:`rewriters.loops` says."""
 
     def __init__(self, functions, batch_size):
         self.functions = functions
         self.batch_size = batch_size
 
     def flops_and_bytes(self, op, in_shapes):
+        bodies = [body for body in (self._graph(name, op, in_shapes)
+                                    for name in body_functions(op.node_def)) if body]
+        if not bodies:
+            return 0, 0
+        per_body = [(sum(op_flops(o.type, [_concrete(t.shape, self.batch_size) for t in o.inputs],
+                                  [_concrete(t.shape, self.batch_size) for t in o.outputs],
+                                  _plain_attrs(o)) for o in body.get_operations()),
+                     self._held_bytes(body.get_operations())) for body in bodies]
+        if op.type not in LOOP_OPS:
+            return max(f for f, _ in per_body), max(b for _, b in per_body)
+        flops, trip_bytes = sum(f for f, _ in per_body), sum(b for _, b in per_body)
+        if len(bodies) != 2:
+            return flops, trip_bytes
+        cond_name = op.get_attr("cond").name
+        cond, body = sorted(bodies, key=lambda g: g.tfpart_function != cond_name)
+        trips = trips_bound(cond, list(op.inputs))
+        return flops * (trips or 1), held_by_loop(
+            trip_bytes, self._held_bytes(run_ahead_ops(body, cond)), trips,
+            op.get_attr("parallel_iterations"))
+
+    def _graph(self, fname, op, in_shapes):
+        """The FuncGraph of function ``fname`` at ``op``'s input shapes, or None."""
         from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
         from tensorflow.core.framework.function_pb2 import FunctionDef
 
         tf = tensorflow()
-        per_body = []
-        for fname in body_functions(op.node_def):
-            fdef = FunctionDef()
-            fdef.CopyFrom(self.functions[fname])
-            for arg in fdef.arg_attr.values():
-                arg.attr.pop("_output_shapes", None)
-            args = fdef.signature.input_arg
-            offset = len(in_shapes) - len(args)  # If/Case take the predicate first
-            shapes = [tf.TensorShape(in_shapes[offset + k]) if offset + k >= 0 else None
-                      for k in range(len(args))]
-            try:
-                body = function_def_to_graph(fdef, input_shapes=shapes)
-            except (ValueError, tf.errors.OpError):
-                continue
-            outputs = {o: [_concrete(t.shape, self.batch_size) for t in o.outputs]
-                       for o in body.get_operations()}
-            per_body.append((
-                sum(op_flops(o.type, [_concrete(t.shape, self.batch_size) for t in o.inputs],
-                             shapes, _plain_attrs(o)) for o, shapes in outputs.items()),
-                sum(tensor_bytes(shape, t.dtype.name) for o, shapes in outputs.items()
-                    if o.type not in ALIASING_OPS and o.type != "Const"
-                    for shape, t in zip(shapes, o.outputs))))
-        if not per_body:
-            return 0, 0
-        if op.type in ("While", "StatelessWhile"):  # the cond and the body, trip by trip
-            return sum(f for f, _ in per_body), sum(b for _, b in per_body)
-        return max(f for f, _ in per_body), max(b for _, b in per_body)
+        fdef = FunctionDef()
+        fdef.CopyFrom(self.functions[fname])
+        for arg in fdef.arg_attr.values():
+            arg.attr.pop("_output_shapes", None)
+        args = fdef.signature.input_arg
+        offset = len(in_shapes) - len(args)  # If/Case take the predicate first
+        shapes = [tf.TensorShape(in_shapes[offset + k]) if offset + k >= 0 else None
+                  for k in range(len(args))]
+        try:
+            body = function_def_to_graph(fdef, input_shapes=shapes)
+        except (ValueError, tf.errors.OpError):
+            return None
+        body.tfpart_function = fname
+        return body
+
+    def _held_bytes(self, ops):
+        return sum(tensor_bytes(_concrete(t.shape, self.batch_size), t.dtype.name)
+                   for o in ops if is_held(o) for t in o.outputs)
 
 
 __all__ = ["FlatSignature", "ModelInfo", "flatten_signature", "import_flat",
