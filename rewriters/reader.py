@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rewriters.captures import add_capture, resource_bytes
+from rewriters.dead_ops import dead_ops, drop_costs
 from rewriters.fusion import fusion_groups
 from rewriters.functions import (body_functions, callee, inlined_callee,
                                  library_index, split_input, topological_nodes)
@@ -242,6 +243,7 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
     with graph.as_default():
         opgraph = opgraph_of(graph, _capture_bytes(meta, flat, path),
                               flat.info.batch_size, library_index(meta.graph_def.library))
+    drop_costs(opgraph, dead_ops(opgraph, {t.rsplit(":", 1)[0] for t in flat.outputs}))
     check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
     with timed(timings, "analyse"):
         flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)

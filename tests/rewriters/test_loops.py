@@ -31,3 +31,18 @@ def test_a_recurrent_layer_holds_its_sequences_and_the_input_projections_run_ahe
         # and its time is every trip's: the two matmuls of the cell, twelve times
         cell = 2 * BATCH * 4 * UNITS * (UNITS + (FEATURES if loop == loops[0] else UNITS))
         assert graph.ops[loop]["flops"] >= SEQ * cell
+
+
+def test_ops_tensorflow_prunes_cost_nothing_and_receive_nothing(exported):
+    """Keras computes one LSTM cell step outside each loop, to learn its output shapes;
+    nothing reads it, so TensorFlow never runs it."""
+    model = exported("stacked_lstm")
+    graph, _ = read_model(read_saved_model(model), model, batch_size=BATCH)
+    outside = [op for op, a in graph.ops.items() if a["op_type"] == "MatMul"
+               and "/lstm_cell_1/" in op and "/while/" not in op]
+    assert len(outside) == 4  # two per layer
+    for op in outside:
+        assert graph.ops[op]["flops"] == 0 and graph.ops[op]["outputs"] == []
+        assert all(edge["control"] for edge in graph.in_edges(op).values())
+    heads = [op for op, a in graph.ops.items() if a["op_type"] == "MatMul" and "dense" in op]
+    assert heads and all(graph.ops[op]["flops"] > 0 for op in heads)  # what the outputs need
