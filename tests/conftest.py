@@ -1,22 +1,7 @@
-"""Shared fixtures. TensorFlow gets four logical CPU devices before any test starts it,
-so compiled models can run their multi-device plans in this process."""
+"""Shared fixtures of the tests (TensorFlow's logical CPUs: the root conftest.py)."""
 import json
-import os
 
 import pytest
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-LOGICAL_CPUS = 4
-
-
-@pytest.fixture(scope="session", autouse=True)
-def local_cpus():
-    """Logical CPU devices exist only if made before TensorFlow starts its devices, so
-    every session makes them first, whichever test runs first."""
-    from tfpart.runtime import ensure_local_cpus
-
-    ensure_local_cpus(LOGICAL_CPUS)
-    return LOGICAL_CPUS
 
 
 @pytest.fixture

@@ -159,19 +159,6 @@ def test_a_kinds_file_beside_the_cluster_file(tmp_path):
     assert cluster.devices[0].memory == 4.8e10
 
 
-def test_a_kind_inheriting_from_an_unknown_kind_is_a_one_line_error(capsys, tmp_path):
-    cluster = tmp_path / "cluster.json"
-    cluster.write_text(json.dumps({
-        "kinds": {"X": {"peak_flops": {"fp32": 1e13}, "memory_bandwidth": 1e12, "memory": 1e10,
-                        "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10,
-                        "efficiency_from": "Nope", "source": "a test"}},
-        "devices": [{"name": "/device:GPU:0", "kind": "X"}]}))
-    code, err = run_cli(capsys, "compile", "--cluster", str(cluster), "-o",
-                        str(tmp_path / "out"))
-    assert_clean_failure(code, err, str(cluster), "kinds", "unknown kind 'Nope'",
-                         out=tmp_path / "out")
-
-
 # -- kernel tables and tfpart calibrate ------------------------------------------------
 def kernel_table(ops):
     return {"format": "tfpart-measured-profile/1", "device_kind": "H100", "model": "t",
@@ -264,16 +251,3 @@ def test_the_measured_h100_table_loads_as_a_profile():
     assert {name: KernelEfficiency.parse(value) for name, value in
             profile.fitted["efficiency"].items()} == shipped.efficiency
     assert profile.fitted["dispatch_overhead_s"] == shipped.op_overhead_s
-
-
-def test_compile_without_tf32_predicts_a_slower_step_and_says_so(tmp_path, write_cluster):
-    from profiles import DEFAULT_MODEL_DIR
-    from tfpart.compile import plan_model
-    from tfpart.cluster import load_cluster
-
-    cluster = load_cluster(write_cluster({"devices": [
-        {"name": "/device:GPU:0", "kind": "A100"}, {"name": "/device:GPU:1", "kind": "L4"}]}))
-    plans = {tf32: plan_model(DEFAULT_MODEL_DIR, cluster, batch_size=64, tf32=tf32)[0]
-             for tf32 in (None, False)}
-    assert plans[None].context["tf32"] is True and plans[False].context["tf32"] is False
-    assert plans[False].step_time > plans[None].step_time

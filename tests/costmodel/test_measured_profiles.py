@@ -1,17 +1,13 @@
 """Measured profiles: JSON round trip, their effect on predictions, clean errors."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from costmodel import CostModel
-from costmodel.measured import MeasuredProfile, shape_key
+from costmodel.measured import MeasuredProfile
 from costmodel.roofline import roofline_time
-from profiles import DEFAULT_MODEL_DIR
 from tfpart.cluster import cluster_of_devices, load_device_kinds
 from tfpart.errors import ProfileError
 from tfpart.graph import OpGraph
@@ -87,63 +83,6 @@ def test_corrupt_profiles_are_clean_errors(tmp_path, mutate, words):
     with pytest.raises(ProfileError) as error:
         MeasuredProfile.load(path)
     assert str(path) in str(error.value) and words in str(error.value)
-
-
-def test_cli_rejects_a_corrupt_profile_in_one_line(tmp_path, capsys):
-    from tfpart.cli import main
-
-    path = tmp_path / "bad.json"
-    path.write_text("{}")
-    assert main(["compile", "--profile", str(path), "-o", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(path) in err
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.slow
-def test_tfpart_profile_measures_every_op_of_the_example(tmp_path):
-    out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
-                           "--batch-size", "2", "--repeats", "3", "--warmup", "1", "-o", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    profile = MeasuredProfile.load(out)
-    conv = [op for op in profile.ops if op["op_type"] == "Conv2D"]
-    assert conv and all(op["time_s"] > 0 and op["input_shapes"][0][0] == 2 for op in conv)
-    # Timed as TensorFlow runs it (fused kernels), yet no compute op of a group at zero.
-    compute = [op for op in profile.ops if op["op_type"] in ("Conv2D", "MatMul", "BiasAdd")]
-    assert {op["op_type"] for op in compute} == {"Conv2D", "MatMul", "BiasAdd"}
-    assert all(op["time_s"] > 0 for op in compute), compute
-    hardware = profile.meta["hardware"]
-    forced = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-    assert hardware["onednn"] == (forced == "1") if forced in ("0", "1") else \
-        isinstance(hardware["onednn"], bool)
-    assert "avx" in hardware["cpu_flags"] or "asimd" in hardware["cpu_flags"]
-    assert profile.meta["tensorflow"] and profile.meta["hardware"]["intra_op_threads"] == 1
-    assert profile.meta["step_time_s"] > 0
-    assert shape_key(conv[0]["op_type"], conv[0]["input_shapes"]) in profile._table
-
-
-@pytest.mark.slow
-def test_compile_names_a_profile_measured_with_the_other_onednn_mode(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
-                           "--batch-size", "2", "--repeats", "2", "--warmup", "1",
-                           "-o", str(tmp_path / "p.json")], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads((tmp_path / "p.json").read_text())
-    same = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
-                           str(tmp_path / "p.json"), "-o", str(tmp_path / "a")],
-                          capture_output=True, text=True, timeout=600)
-    assert same.returncode == 0 and "Note:" not in same.stdout
-    data["hardware"]["onednn"] = not data["hardware"]["onednn"]
-    (tmp_path / "other.json").write_text(json.dumps(data))
-    other = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
-                            str(tmp_path / "other.json"), "-o", str(tmp_path / "b")],
-                           capture_output=True, text=True, timeout=600)
-    assert other.returncode == 0, other.stderr
-    notes = [line for line in other.stdout.splitlines() if line.startswith("Note:")]
-    assert len(notes) == 1 and "oneDNN" in notes[0] and "other.json" in notes[0]
 
 
 def test_a_profile_of_a_kind_the_cluster_declares_is_read_with_that_cluster(tmp_path):

@@ -1,0 +1,96 @@
+"""The cost model's inputs given to ``tfpart compile`` and ``tfpart profile`` (device
+kinds, kernel tables, TF32): these read and run a real model, so they need TensorFlow;
+the cost model's own tests (tests/costmodel/) run on numpy alone."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from costmodel.measured import MeasuredProfile, shape_key
+from profiles import DEFAULT_MODEL_DIR
+from tests.test_cli_errors import assert_clean_failure, run_cli
+
+
+def test_a_kind_inheriting_from_an_unknown_kind_is_a_one_line_error(capsys, tmp_path):
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({
+        "kinds": {"X": {"peak_flops": {"fp32": 1e13}, "memory_bandwidth": 1e12, "memory": 1e10,
+                        "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10,
+                        "efficiency_from": "Nope", "source": "a test"}},
+        "devices": [{"name": "/device:GPU:0", "kind": "X"}]}))
+    code, err = run_cli(capsys, "compile", "--cluster", str(cluster), "-o",
+                        str(tmp_path / "out"))
+    assert_clean_failure(code, err, str(cluster), "kinds", "unknown kind 'Nope'",
+                         out=tmp_path / "out")
+
+
+def test_cli_rejects_a_corrupt_profile_in_one_line(tmp_path, capsys):
+    from tfpart.cli import main
+
+    path = tmp_path / "bad.json"
+    path.write_text("{}")
+    assert main(["compile", "--profile", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_compile_without_tf32_predicts_a_slower_step_and_says_so(tmp_path, write_cluster):
+    from profiles import DEFAULT_MODEL_DIR
+    from tfpart.compile import plan_model
+    from tfpart.cluster import load_cluster
+
+    cluster = load_cluster(write_cluster({"devices": [
+        {"name": "/device:GPU:0", "kind": "A100"}, {"name": "/device:GPU:1", "kind": "L4"}]}))
+    plans = {tf32: plan_model(DEFAULT_MODEL_DIR, cluster, batch_size=64, tf32=tf32)[0]
+             for tf32 in (None, False)}
+    assert plans[None].context["tf32"] is True and plans[False].context["tf32"] is False
+    assert plans[False].step_time > plans[None].step_time
+
+
+@pytest.mark.slow
+def test_tfpart_profile_measures_every_op_of_the_example(tmp_path):
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
+                           "--batch-size", "2", "--repeats", "3", "--warmup", "1", "-o", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    profile = MeasuredProfile.load(out)
+    conv = [op for op in profile.ops if op["op_type"] == "Conv2D"]
+    assert conv and all(op["time_s"] > 0 and op["input_shapes"][0][0] == 2 for op in conv)
+    # Timed as TensorFlow runs it (fused kernels), yet no compute op of a group at zero.
+    compute = [op for op in profile.ops if op["op_type"] in ("Conv2D", "MatMul", "BiasAdd")]
+    assert {op["op_type"] for op in compute} == {"Conv2D", "MatMul", "BiasAdd"}
+    assert all(op["time_s"] > 0 for op in compute), compute
+    hardware = profile.meta["hardware"]
+    forced = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    assert hardware["onednn"] == (forced == "1") if forced in ("0", "1") else \
+        isinstance(hardware["onednn"], bool)
+    assert "avx" in hardware["cpu_flags"] or "asimd" in hardware["cpu_flags"]
+    assert profile.meta["tensorflow"] and profile.meta["hardware"]["intra_op_threads"] == 1
+    assert profile.meta["step_time_s"] > 0
+    assert shape_key(conv[0]["op_type"], conv[0]["input_shapes"]) in profile._table
+
+
+@pytest.mark.slow
+def test_compile_names_a_profile_measured_with_the_other_onednn_mode(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
+                           "--batch-size", "2", "--repeats", "2", "--warmup", "1",
+                           "-o", str(tmp_path / "p.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "p.json").read_text())
+    same = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
+                           str(tmp_path / "p.json"), "-o", str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=600)
+    assert same.returncode == 0 and "Note:" not in same.stdout
+    data["hardware"]["onednn"] = not data["hardware"]["onednn"]
+    (tmp_path / "other.json").write_text(json.dumps(data))
+    other = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
+                            str(tmp_path / "other.json"), "-o", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=600)
+    assert other.returncode == 0, other.stderr
+    notes = [line for line in other.stdout.splitlines() if line.startswith("Note:")]
+    assert len(notes) == 1 and "oneDNN" in notes[0] and "other.json" in notes[0]
