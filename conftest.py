@@ -1,23 +1,29 @@
 """Fixtures of every test and doctest. TensorFlow gets four logical CPU devices before
 any test or doctest starts it, so compiled models can run their multi-device plans in
 this process."""
+import importlib.util
 import os
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 LOGICAL_CPUS = 4
-# The algorithms and the cost model, and their tests, run on numpy alone (DESIGN.md's
-# layers): they neither start TensorFlow nor need it installed (tests/test_tiers.py).
-WITHOUT_TENSORFLOW = ("partitioner", "costmodel")
 
 
-@pytest.fixture(autouse=True)
-def local_cpus(request):
+def tensorflow_installed():
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except ValueError:  # blocked (tests/block_tensorflow.py)
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def local_cpus():
     """Logical CPU devices exist only if made before TensorFlow starts its devices, so
-    every test or doctest that may start TensorFlow makes them first (the first one in
-    a process does the work)."""
-    if request.path.parent.name in WITHOUT_TENSORFLOW:
+    every session makes them first, whichever test or doctest runs first (before the
+    module fixtures that export models). Where TensorFlow is not installed, the tests
+    that run (the algorithms' and the cost model's, tests/test_tiers.py) need none."""
+    if not tensorflow_installed():
         return None
     from tfpart.runtime import ensure_local_cpus
 
