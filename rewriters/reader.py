@@ -243,7 +243,6 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
     with graph.as_default():
         opgraph = opgraph_of(graph, _capture_bytes(meta, flat, path),
                               flat.info.batch_size, library_index(meta.graph_def.library))
-    drop_costs(opgraph, dead_ops(opgraph, {t.rsplit(":", 1)[0] for t in flat.outputs}))
     check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
     with timed(timings, "analyse"):
         flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
@@ -252,6 +251,8 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
             opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
         if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
             _mark_phases(opgraph, flat.info, proto, path, signature)
+        if not flat.info.training:  # a training step's pruned ops: not checked yet
+            drop_costs(opgraph, dead_ops(opgraph, {t.rsplit(":", 1)[0] for t in flat.outputs}))
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),
@@ -580,9 +581,7 @@ def opgraph_of(graph, owned, batch_size, functions):
                 continue  # a v1 while loop's back edge: the loop is one unit, no cycle
             nbytes = tensor_bytes(*held[k])
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
-            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref") or \
-                    tensor.dtype.name == "variant" and op.type in LOOP_OPS:
-                # a loop's TensorList from another device is sent again on every trip
+            if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref"):
                 groups.union(op.name, tensor.op.name)
         for dep in op.control_inputs:
             opgraph.add_edge(dep.name, op.name, control=True)
