@@ -106,9 +106,8 @@ colocated with')
             scratch_bytes(attrs, graph.in_edges(op).values())
         if need > best:
             best, why = need, (f"{op} ({attrs['op_type']}) with its inputs, outputs, scratch "
-                               f"and the "
-                               f"{size_text(group_params[attrs['colocation']])} of variables it "
-                               f"is colocated with")
+                               f"and the {size_text(group_params[attrs['colocation']])} of "
+                               f"variables it is colocated with")
     spread = graph.total_param_bytes() / max(n_devices, 1)
     if spread > best:
         best, why = spread, f"the model's variables spread evenly over {n_devices} devices"

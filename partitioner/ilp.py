@@ -216,8 +216,7 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, links):
     index = cost.index
     for same, first, u, v in pairs:
         values[same.name] = float(executors[where[u]] == executors[where[v]])
-        values[first.name] = float(schedule.end[index[u]] <= schedule.start[index[v]] +
-                                   1e-9 * max(1.0, schedule.start[index[v]]))
+        values[first.name] = float(_not_after(schedule.end[index[u]], schedule.start[index[v]]))
     sent = {(cost.ops[i], dst): (begin, finish) for i, _, dst, begin, finish in
             schedule.transfers}
     span = {}
@@ -237,8 +236,14 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, links):
         (_, end1, on1, a1), (q2, _, on2, a2) = span[i], span[j]
         values[same.name] = float(on1 and on2 and a1 == a2)
         # i first if it is off the link when j starts (at a tie, an empty copy is first)
-        values[first.name] = float(end1 <= q2 + 1e-9 * max(1.0, abs(q2)))
+        values[first.name] = float(_not_after(end1, q2))
     return values
+
+
+def _not_after(end, start):
+    """Whether one span ends by the time another starts (to a relative 1e-9): which of
+    two spans that do not overlap comes first, even when one is empty."""
+    return end <= start + 1e-9 * max(1.0, abs(start))
 
 
 def _no_overlap(prob, graph, units, x, start, duration, executors, n_dev, horizon):

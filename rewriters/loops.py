@@ -94,25 +94,20 @@ def trips_bound(cond, loop_inputs):
     a constant (``i < 12``, as Keras RNNs and ``tf.range`` loops do), else None.
     ``loop_inputs`` are the loop op's inputs in the outer graph (their constant values
     stand for the cond's arguments)."""
-    from tensorflow.python.framework import tensor_util
-
     bounds = []
-    arg_index = {arg.op: k for k, arg in enumerate(cond.inputs)}
+    outer = {arg.op: loop_inputs[k] for k, arg in enumerate(cond.inputs) if k < len(loop_inputs)}
     for op in cond.get_operations():
         if op.type not in ("Less", "LessEqual") or len(op.inputs) != 2:
             continue
-        value = _constant(op.inputs[1], arg_index, loop_inputs, tensor_util)
+        value = _constant(outer.get(op.inputs[1].op, op.inputs[1]))
         if value is not None and value.ndim == 0 and value.dtype.kind == "i":
             bounds.append(int(value) + (op.type == "LessEqual"))
     return min(bounds) if bounds else None
 
 
-def _constant(tensor, arg_index, loop_inputs, tensor_util):
-    if tensor.op in arg_index:
-        k = arg_index[tensor.op]
-        tensor = loop_inputs[k] if k < len(loop_inputs) else None
-        if tensor is None:
-            return None
+def _constant(tensor):
+    from tensorflow.python.framework import tensor_util
+
     try:
         return tensor_util.constant_value(tensor)
     except (TypeError, ValueError):

@@ -251,7 +251,9 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
             opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
         if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
             _mark_phases(opgraph, flat.info, proto, path, signature)
-        if not flat.info.training:  # a training step's pruned ops: not checked yet
+        # not in a training step: there, making the pruned ops' inputs control edges
+        # crashed a GRU pipeline (BENCHMARKS.md, "Models bigger than a device")
+        if not flat.info.training:
             drop_costs(opgraph, dead_ops(opgraph, {t.rsplit(":", 1)[0] for t in flat.outputs}))
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
@@ -554,10 +556,9 @@ def opgraph_of(graph, owned, batch_size, functions):
     lists = {}  # a TensorList's name: the (shape, dtype) of the elements it holds
     for op in graph.get_operations():
         in_shapes = [_concrete(t.shape, batch_size) for t in op.inputs]
-        held = [lists.get(t.name) or (shape, t.dtype.name)
-                for t, shape in zip(op.inputs, in_shapes)]
-        contents = list_contents(op, [lists.get(t.name) for t in op.inputs],
-                                 lambda shape: _concrete(shape, batch_size))
+        in_lists = [lists.get(t.name) for t in op.inputs]
+        held = [c or (shape, t.dtype.name) for t, shape, c in zip(op.inputs, in_shapes, in_lists)]
+        contents = list_contents(op, in_lists, lambda shape: _concrete(shape, batch_size))
         lists.update((t.name, c) for t, c in zip(op.outputs, contents) if c is not None)
         outputs = [c or (_concrete(t.shape, batch_size), t.dtype.name)
                    for t, c in zip(op.outputs, contents)]
