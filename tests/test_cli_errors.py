@@ -183,3 +183,20 @@ def test_calibrate_never_writes_over_its_measurements(capsys, tmp_path):
     code, err = run_cli(capsys, "calibrate", str(kernels), "-o", str(kernels))
     assert_clean_failure(code, err, "holds the input")
     assert kernels.read_text() == "{}"
+
+
+def test_a_signal_wrapped_by_a_library_is_still_one_line(capsys, monkeypatch):
+    """SIGTERM landing inside a C extension's callback (numba's unpickling) reaches the
+    command as that extension's ``SystemError`` with tfpart's ``Terminated`` as cause."""
+    import tfpart.cli as cli
+
+    def command_hit_by_a_signal(args):
+        try:
+            cli._raise_terminated(15, None)
+        except KeyboardInterrupt as interrupt:
+            raise SystemError("<function _numba_unpickle> returned a result with an "
+                              "exception set") from interrupt
+
+    monkeypatch.setattr(cli, "cmd_diff", command_hit_by_a_signal)
+    assert main(["diff", "a.json", "b.json"]) == 128 + 15
+    assert capsys.readouterr().err.strip() == "tfpart: interrupted (SIGTERM)"

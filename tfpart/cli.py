@@ -785,9 +785,43 @@ def main(argv=None):
               file=user_stderr())
         return 2
     except KeyboardInterrupt as exc:
-        signum = getattr(exc, "signum", signal.SIGINT)
-        print(f"tfpart: interrupted ({signal.Signals(signum).name})", file=user_stderr())
-        return 128 + signum
+        return _interrupted(exc)
+    except Exception as exc:
+        # A signal that lands inside a C extension's callback (numba's unpickling, for
+        # one) reaches us wrapped in the extension's own error, with ours as its cause.
+        interrupt = _interrupt_behind(exc)
+        if interrupt is None:
+            raise
+        return _interrupted(interrupt)
+
+
+def _interrupted(interrupt):
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    print(f"tfpart: interrupted ({signal.Signals(signum).name})", file=user_stderr())
+    return 128 + signum
+
+
+def _interrupt_behind(exc):
+    """The ``KeyboardInterrupt`` an error was raised from, if any.
+
+    >>> try:
+    ...     try:
+    ...         raise KeyboardInterrupt
+    ...     except KeyboardInterrupt as interrupt:
+    ...         raise SystemError("wrapped") from interrupt
+    ... except SystemError as error:
+    ...     type(_interrupt_behind(error)).__name__
+    'KeyboardInterrupt'
+    >>> _interrupt_behind(ValueError("plain")) is None
+    True
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class Terminated(KeyboardInterrupt):
