@@ -20,7 +20,8 @@ from rich.table import Table
 
 from profiles import CLUSTERS_DIR, DEFAULT_MODEL_DIR
 from tfpart.cluster import load_cluster
-from tfpart.compile import STRATEGIES, plan_model
+from tfpart.compile import plan_model
+from tfpart.strategy_request import STRATEGIES
 
 CLUSTERS = ["local_3cpu.json", "4xT4_one_host.json", "hetero_2v100_2t4.json",
             "a100_l4_one_host.json", "h100_a100_l4_one_host.json"]

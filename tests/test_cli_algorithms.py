@@ -87,3 +87,30 @@ def test_a_forced_strategy_is_the_plan(strategy, algorithm, capsys, tmp_path):
     assert bool(plan.get("splits")) == (strategy == "filter_split")
     if strategy == "filter_split":
         assert "Filter split: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--strategy", "hybrid", "--microbatches", "2"], "--strategy hybrid and a pipeline flag"),
+    (["--strategy", "auto", "--algorithm", "ilp"], "--strategy auto plans every strategy"),
+    (["--strategy", "auto", "--option", "seed=1"], "--strategy auto plans every strategy"),
+    (["--pipeline", "--algorithm", "greedy"], "--algorithm greedy and a pipeline ask"),
+    (["--strategy", "data_parallel", "--algorithm", "ilp"],
+     "--algorithm ilp and --strategy data_parallel ask"),
+    (["--pipeline", "--option", "batch_size=3", "--batch-size", "4"],
+     "--option batch_size=3: the batch size is the model's (4"),
+])
+def test_flags_that_ask_for_two_things_are_refused(flags, words, capsys, tmp_path):
+    """Before, the pipeline flags won over --strategy, --strategy over --algorithm, and a
+    pipeline's batch size overwrote --option batch_size=, all without a word."""
+    code = main(["compile", *flags, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags", [["--pipeline"], ["--strategy", "pipeline"],
+                                   ["--algorithm", "pipeline"], ["--schedule", "gpipe"]])
+def test_every_way_of_asking_for_a_pipeline_is_one(flags, capsys, tmp_path):
+    assert main(["compile", *flags, "--batch-size", "4", "-o", str(tmp_path / "out")]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["algorithm"] == "pipeline" and plan["stages"]

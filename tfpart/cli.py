@@ -23,6 +23,7 @@ from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.errors import OutputError, TfpartError, VerificationError
 from tfpart.output_folders import check_inputs_outside, check_replaceable
 from tfpart.report import replicas_line
+from tfpart.strategy_request import STRATEGY_CHOICES
 from tfpart.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
@@ -221,24 +222,17 @@ def cmd_compile(args):
     check_replaceable(args.output, "compile", args.force)
     if args.draw:
         check_inputs_outside(args.draw, inputs)
-    from tfpart.compile import algorithm_options, compile_model
+    from tfpart.compile import compile_model
+    from tfpart.strategy_request import resolve_strategy
 
-    pipeline = args.pipeline or args.microbatches is not None or args.schedule is not None \
-        or args.strategy == "pipeline"
-    strategy = args.strategy or ("auto" if args.algorithm is None and not pipeline
-                                 and not args.option else None)
-    algorithm = "pipeline" if pipeline else strategy \
-        if strategy in ("data_parallel", "filter_split", "hybrid") else args.algorithm or "greedy"
-    options = algorithm_options(algorithm, args.option or ())  # fails before reading
+    request = resolve_strategy(args.strategy, args.algorithm, pipeline=args.pipeline,
+                               microbatches=args.microbatches, schedule=args.schedule,
+                               options=args.option)  # fails before reading
     with progress_display() as progress:
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
-                               signature=args.signature, algorithm=algorithm,
-                               options=options,
+                               signature=args.signature, strategy=request,
                                profiles=args.profile, force=args.force, progress=progress,
-                               pipeline=pipeline, microbatches=args.microbatches,
-                               schedule=args.schedule, verify=args.verify,
-                               tf32=False if args.no_tf32 else None,
-                               strategy="auto" if strategy == "auto" else None)
+                               verify=args.verify, tf32=False if args.no_tf32 else None)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -590,9 +584,7 @@ def build_parser():
                           "(default: from the signature, else 1)")
     compile_.add_argument("--signature", help="signature to optimise "
                           "(default: serving_default)")
-    compile_.add_argument("--strategy", choices=["auto", "placement", "pipeline",
-                                                 "data_parallel", "filter_split",
-                                                 "hybrid"],
+    compile_.add_argument("--strategy", choices=STRATEGY_CHOICES,
                           help="auto (the default without --algorithm, --option or "
                           "pipeline flags): the fastest by predicted step of an op "
                           "placement, a pipeline, data-parallel replicas, an op "

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
-from partitioner.registry import parse_options
 from partitioner.validate import check_kernels
 from tfpart.cluster import load_cluster
 from tfpart.errors import ModelError, PlacementError, VerificationError, model_errors
@@ -29,6 +28,7 @@ from tfpart.output_folders import check_free_space, check_inputs_outside, folder
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.phases import timed
 from tfpart.report import placement_section, write_report
+from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
 REPORT_FILE = "report.html"
 
@@ -159,28 +159,21 @@ def profile_notes(paths, cluster=None):
     return notes
 
 
-def algorithm_options(name, options=None):
-    """The options dataclass of algorithm ``name`` from ``options``: None (defaults),
-    an instance, a dict of field -> value, or ``key=value`` strings (``--option``)."""
-    if options is None or dataclasses.is_dataclass(options):
-        return parse_options(name, (), base=options)
-    if isinstance(options, dict):
-        options = [f"{key}={value}" for key, value in options.items()]
-    return parse_options(name, options)
-
-
-def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm="greedy",
+def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm=None,
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
                schedule=None, tf32=None, strategy=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
-    ``algorithm`` names an entry of :mod:`partitioner.registry`, ``options`` its options
-    (see :func:`algorithm_options`). With ``pipeline`` (implied by ``microbatches``) the
-    algorithm is ``pipeline``: stages run over micro-batches, for throughput, instead of
-    a placement for the latency of one batch; ``schedule`` ("gpipe" or "1f1b") fixes a
-    training step's pipeline schedule, else the faster one within memory. ``tf32`` (default: the cluster's)
-    says whether float32 matmuls run on TF32 units (:mod:`costmodel.roofline`).
-    ``strategy="auto"`` (unless a pipeline is asked for) plans an op placement
+    What is planned is :func:`tfpart.strategy_request.resolve_strategy` of ``strategy``,
+    ``algorithm``, ``options``, ``pipeline``, ``microbatches`` and ``schedule`` (with
+    none of them, an op placement by the greedy), or ``strategy`` itself if it is a
+    :class:`~tfpart.strategy_request.StrategyRequest`. ``algorithm`` names an entry of
+    :mod:`partitioner.registry`, ``options`` its options. With ``pipeline`` (implied by
+    ``microbatches`` and ``schedule``) stages run over micro-batches, for throughput,
+    instead of a placement for the latency of one batch; ``schedule`` ("gpipe" or
+    "1f1b") fixes a training step's pipeline schedule, else the faster one within
+    memory. ``tf32`` (default: the cluster's) says whether float32 matmuls run on TF32
+    units (:mod:`costmodel.roofline`). ``strategy="auto"`` plans an op placement
     (greedy), a pipeline, data-parallel replicas, a placement with filter splits and
     replicas of a placement or of a pipeline (hybrid), each with default options, and
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
@@ -188,6 +181,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
+    request = strategy if isinstance(strategy, StrategyRequest) else resolve_strategy(
+        strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
+        schedule=schedule, options=options, default="placement")
     check_planned_devices(cluster)
     step = progress or (lambda name: None)
     timings = {"read": 0.0, "analyse": 0.0}
@@ -203,7 +199,6 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     headroom = MEMORY_HEADROOM
     cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
 
-    pipeline = pipeline or microbatches is not None or schedule is not None
     with timed(timings, "cost"):
         cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
                          tf32=tf32)
@@ -212,8 +207,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     except PlacementError as exc:
         raise PlacementError(cluster.source, exc.problem) from None
     t0 = time.perf_counter()
-    names = STRATEGIES if strategy == "auto" and not pipeline else \
-        ["pipeline" if pipeline else algorithm]
+    names = list(request.algorithms)
     what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
             "filter_split": "a placement with filter splits",
             "hybrid": "replicas of a placement or of a pipeline"}
@@ -247,9 +241,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             step(f"partitioning {len(graph)} ops into "
                  f"{what.get(name, f'a placement with {name}')}{first_run}")
             try:
-                tried[name] = _partition(get_algorithm(name), options if len(names) == 1
-                                         else None, cost, proto, model_dir, info,
-                                         microbatches, schedule, mixing_cache)
+                tried[name] = _partition(get_algorithm(name), request, cost, proto,
+                                         model_dir, info, mixing_cache)
             except (PlacementError, ModelError) as exc:
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
         return tried, failures
@@ -283,7 +276,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         plan.context["kept"] = dict(kept_endpoints(proto, info.signature), runs=(
             "the original graph's nodes, placed by the plan" if info.format == "tf1" else
             "the original graphs, not pipelined, reading the placed variables"))
-    if strategy == "auto" and not pipeline:
+    if request.compares:
         plan.context["strategy"] = {
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
             "refused": {name: failure.problem for name, failure in failures.items()}}
@@ -315,8 +308,6 @@ def kernels_to_compile():
     return missing
 
 
-# what --strategy auto compares; on equal steps the first (the simplest) wins
-STRATEGIES = ("greedy", "pipeline", "data_parallel", "filter_split", "hybrid")
 # strategies whose plans the pipeline pass rebuilds
 REBUILT = ("pipeline", "data_parallel", "filter_split", "hybrid")
 REPLICATED = ("data_parallel", "hybrid")  # strategies that split every batch into replicas
@@ -324,15 +315,17 @@ TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are
                "for inference signatures (a training step gets an op placement)")
 
 
-def _partition(chosen, options, cost, proto, model_dir, info, microbatches, schedule,
-               cache):
-    """``chosen``'s plan (and the ops that mix a batch's samples, if it uses
-    micro-batches and some do: then it keeps whole batches). Replicas of a batch that
-    some op mixes are refused, naming the op."""
-    settings = algorithm_options(chosen.name, options)
+def _partition(chosen, request, cost, proto, model_dir, info, cache):
+    """``chosen``'s plan for ``request`` (and the ops that mix a batch's samples, if it
+    uses micro-batches and some do: then it keeps whole batches). Replicas of a batch
+    that some op mixes are refused, naming the op."""
+    settings = algorithm_options(chosen.name, None if request.compares else request.options)
     mixing = []
     if chosen.stages:
         fields = {f.name for f in dataclasses.fields(settings)}
+        if "batch_size" in fields:
+            _check_batch_option(settings, info.batch_size)
+        microbatches, schedule = request.microbatches, request.schedule
         if "microbatches" in fields:
             microbatches = settings.microbatches if microbatches is None else microbatches
         mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache)
@@ -355,16 +348,39 @@ def _partition(chosen, options, cost, proto, model_dir, info, microbatches, sche
     return chosen.partition(cost, options=settings), mixing
 
 
+def _check_batch_option(settings, batch_size):
+    """A stage-building algorithm's ``batch_size`` option is the model's batch size:
+    one set otherwise (``--option batch_size=``) is refused, not overwritten.
+
+    >>> from partitioner.pipeline_stages import PipelineOptions
+    >>> _check_batch_option(PipelineOptions(), 8)
+    >>> _check_batch_option(PipelineOptions(batch_size=4), 8)
+    Traceback (most recent call last):
+    ...
+    tfpart.errors.PlacementError: --option batch_size=4: the batch size is the model's (8; set it with --batch-size)
+    """
+    default = next(f.default for f in dataclasses.fields(settings) if f.name == "batch_size")
+    if settings.batch_size not in (default, batch_size):
+        raise PlacementError("", f"--option batch_size={settings.batch_size}: the batch size "
+                             f"is the model's ({batch_size}; set it with --batch-size)")
+
+
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
-                  algorithm="greedy", options=None, profiles=(), force=False, progress=None,
+                  algorithm=None, options=None, profiles=(), force=False, progress=None,
                   pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None,
                   strategy=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
+
+    What is planned is as in :func:`plan_model` (by default an op placement by the
+    greedy; ``strategy="auto"``: the fastest strategy), resolved before any work.
 
     With ``verify`` the compiled model is run against the original
     (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
     or a failed verification (:class:`~tfpart.errors.VerificationError`), leaves no
     output behind; the report is ``result.verification``."""
+    request = strategy if isinstance(strategy, StrategyRequest) else resolve_strategy(
+        strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
+        schedule=schedule, options=options, default="placement")
     cluster = load_cluster(cluster_file)
     check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
     # twice the model: the rewriters' working copy and the output
@@ -377,10 +393,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     with removed_on_failure(staging):
         return _compile_into(staging, model_dir, cluster, out, plan_model(
             model_dir, cluster, batch_size=batch_size, signature=signature,
-            algorithm=algorithm, options=options, profiles=profiles, progress=progress,
-            pipeline=pipeline, microbatches=microbatches, schedule=schedule, tf32=tf32,
-            strategy=strategy), profiles=profiles, force=force, progress=progress,
-            verify=verify)
+            profiles=profiles, progress=progress, tf32=tf32, strategy=request),
+            profiles=profiles, force=force, progress=progress, verify=verify)
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,

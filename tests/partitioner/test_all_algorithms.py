@@ -114,7 +114,7 @@ def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, clust
 
     from partitioner.registry import get
     from partitioner.validate import kernel_problem
-    from tfpart.compile import STRATEGIES
+    from tfpart.strategy_request import STRATEGIES
     from tfpart.errors import PlacementError
 
     cost = CostModel(graph, cluster)

@@ -1,0 +1,121 @@
+"""What a compile plans, resolved once from the user's flags: the algorithms it
+compares, and the options, micro-batches and schedule they get.
+
+``--pipeline``, ``--strategy pipeline``, ``--algorithm pipeline``, ``--microbatches``
+and ``--schedule`` all ask for one thing, pipeline stages; ``--strategy auto`` (the
+default when nothing names an algorithm) compares every strategy with its default
+options. Flags that ask for two different things are refused, not one of them dropped.
+
+Examples
+--------
+>>> resolve_strategy().algorithms
+('greedy', 'pipeline', 'data_parallel', 'filter_split', 'hybrid')
+>>> resolve_strategy(microbatches=4).algorithms
+('pipeline',)
+>>> resolve_strategy(algorithm="ilp", options=["time_limit=5"]).options.time_limit
+5.0
+>>> resolve_strategy(strategy="hybrid", schedule="gpipe")
+Traceback (most recent call last):
+...
+tfpart.errors.PlacementError: --strategy hybrid and a pipeline flag (--pipeline, --microbatches, --schedule, --algorithm pipeline) ask for two strategies
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tfpart.errors import PlacementError
+
+PIPELINE = "pipeline"
+# what --strategy auto compares; on equal steps the first (the simplest) wins
+STRATEGIES = ("greedy", PIPELINE, "data_parallel", "filter_split", "hybrid")
+# strategies that are one algorithm of the registry each (a placement has several)
+WHOLE_STRATEGIES = ("data_parallel", "filter_split", "hybrid")
+STRATEGY_CHOICES = ("auto", "placement", PIPELINE, *WHOLE_STRATEGIES)
+
+
+@dataclass(frozen=True)
+class StrategyRequest:
+    """The algorithms a compile plans with (several: ``--strategy auto``, the least
+    predicted step wins) and, for a single one, its options; the micro-batches and
+    training schedule a pipeline is held to (None: chosen by simulation)."""
+
+    algorithms: tuple[str, ...]
+    options: object = None
+    microbatches: int | None = None
+    schedule: str | None = None
+
+    @property
+    def compares(self):
+        """Whether several strategies are planned and the fastest kept."""
+        return len(self.algorithms) > 1
+
+    @property
+    def pipelined(self):
+        return self.algorithms == (PIPELINE,)
+
+
+def algorithm_options(name, options=None):
+    """The options dataclass of algorithm ``name`` from ``options``: None (defaults),
+    an instance, a dict of field -> value, or ``key=value`` strings (``--option``).
+
+    >>> algorithm_options("random", {"seed": 3}).seed
+    3
+    """
+    from partitioner.registry import parse_options  # the algorithms: slow to import
+
+    if options is None or dataclasses.is_dataclass(options):
+        return parse_options(name, (), base=options)
+    if isinstance(options, dict):
+        options = [f"{key}={value}" for key, value in options.items()]
+    return parse_options(name, options)
+
+
+def resolve_strategy(strategy=None, algorithm=None, *, pipeline=False, microbatches=None,
+                     schedule=None, options=None, default="auto"):
+    """The :class:`StrategyRequest` of a compile's flags (or of the same keywords of
+    :func:`tfpart.compile.compile_model`).
+
+    ``strategy``: one of :data:`STRATEGY_CHOICES` or None (``default``, the CLI's
+    ``auto`` or the Python API's ``placement``, unless an algorithm, options or a
+    pipeline flag is given); ``algorithm``: an entry of
+    :mod:`partitioner.registry`; ``options``: its options (see
+    :func:`algorithm_options`).
+
+    Raises
+    ------
+    PlacementError
+        If the flags ask for two strategies, or options for an algorithm that is not
+        used, or the options are invalid.
+
+    >>> resolve_strategy(default="placement").algorithms
+    ('greedy',)
+    >>> resolve_strategy(algorithm="pipeline", schedule="1f1b").schedule
+    '1f1b'
+    """
+    if strategy is not None and strategy not in STRATEGY_CHOICES:
+        raise PlacementError("", f"no strategy {strategy!r}; the strategies are "
+                             f"{', '.join(STRATEGY_CHOICES)}")
+    pipeline_flags = pipeline or microbatches is not None or schedule is not None \
+        or algorithm == PIPELINE
+    if pipeline_flags and strategy not in (None, PIPELINE):
+        raise PlacementError("", f"--strategy {strategy} and a pipeline flag (--pipeline, "
+                             "--microbatches, --schedule, --algorithm pipeline) ask for two "
+                             "strategies")
+    if strategy is None and algorithm is None and not pipeline_flags and not options:
+        strategy = default
+    if strategy == "auto":
+        if algorithm is not None or options:
+            raise PlacementError("", "--strategy auto plans every strategy with its default "
+                                 "options; --algorithm and --option need --strategy "
+                                 "placement or the strategy they are for")
+        return StrategyRequest(STRATEGIES)
+    named = PIPELINE if pipeline_flags or strategy == PIPELINE else \
+        strategy if strategy in WHOLE_STRATEGIES else None
+    if named is not None and algorithm not in (None, named):
+        raise PlacementError("", f"--algorithm {algorithm} and "
+                             f"{'a pipeline' if named == PIPELINE else '--strategy ' + named} "
+                             "ask for two strategies")
+    chosen = named or algorithm or "greedy"
+    return StrategyRequest((chosen,), algorithm_options(chosen, options), microbatches,
+                           schedule)
