@@ -14,9 +14,7 @@ import os, tempfile
 from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfpart
-from profiles import CLUSTERS_DIR
-from tfpart.runtime import ensure_local_cpus
-ensure_local_cpus(8)  # logical CPUs standing in for a cluster's devices, before Keras starts TF
+tfpart.ensure_local_cpus(8)  # logical CPUs standing in for a cluster's devices, before Keras starts TF
 WORK = Path(tempfile.mkdtemp(prefix="tfpart-notebook-"))
 def per_device(plan):
     print(f"{'device':48s} {'kind':6s} {'ops':>5s} {'busy ms':>9s} {'peak MB':>9s}")
@@ -51,7 +49,7 @@ NOTEBOOKS = {
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
-result = tfpart.compile_model(MODEL, CLUSTERS_DIR / "hetero_2v100_2t4.json", WORK / "out",
+result = tfpart.compile_model(MODEL, tfpart.CLUSTERS_DIR / "hetero_2v100_2t4.json", WORK / "out",
                               batch_size=16, verify=True)
 per_device(result.plan)
 print("verified:", result.verification.ok,
@@ -65,21 +63,17 @@ print(note)
 display(SVG(filename=str(path)) if path.suffix == ".svg" else note)'''),
         ("markdown", "The simulated step as a Gantt chart (one row per device and link)."),
         ("code", '''\
-from costmodel import CostModel
-from costmodel.gantt import write_gantt
-from costmodel.simulate import simulate_plan
-cost = CostModel(result.graph, result.cluster)
-schedule = simulate_plan(result.plan, cost)
-display(Image(filename=str(write_gantt(schedule, cost, WORK / "gantt.png"))))'''),
+cost = tfpart.CostModel(result.graph, result.cluster)
+schedule = tfpart.simulate_plan(result.plan, cost)
+display(Image(filename=str(tfpart.write_gantt(schedule, cost, WORK / "gantt.png"))))'''),
         ("markdown", "The output is a SavedModel that stock TensorFlow loads; on this "
                      "machine its GPUs and hosts are stood in for by logical CPUs."),
         ("code", '''\
 import numpy as np
 import tensorflow as tf
-from tfpart.runtime import runnable
 x = np.random.default_rng(0).standard_normal((16, 32, 32, 3)).astype(np.float32)
 original = tf.saved_model.load(str(MODEL)).signatures["serving_default"]
-with runnable(WORK / "out", None, False) as (plan, _, local_dir, _):
+with tfpart.runnable(WORK / "out", None, False) as (plan, _, local_dir, _):
     compiled = tf.saved_model.load(str(local_dir)).signatures["serving_default"]
     got, want = compiled(image=x), original(image=x)
 difference = max(float(np.abs(got[k].numpy() - want[k].numpy()).max()) for k in want)
@@ -92,12 +86,11 @@ print(f"largest difference between original and compiled outputs: {difference:.2
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
-from tfpart.cluster import load_cluster
 CLUSTERS = ["4xT4_one_host", "hetero_2v100_2t4", "a100_l4_one_host"]
 ALGORITHMS = ["greedy", "m_etf", "m_topo", "topo_split", "round_robin", "single", "ilp"]
 rows = {}
 for name in CLUSTERS:
-    cluster = load_cluster(CLUSTERS_DIR / f"{name}.json")
+    cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / f"{name}.json")
     for algorithm in ALGORITHMS:
         options = {"time_limit": 10} if algorithm == "ilp" else None
         plan, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32,
@@ -135,7 +128,7 @@ profile_file = WORK / "cpu_profile.json"  # profiled in a fresh process: its own
 subprocess.run([str(Path(sys.executable).parent / "tfpart"), "profile", str(MODEL),
                 "--batch-size", "32", "--repeats", "5", "-o", str(profile_file)],
                check=True, capture_output=True)
-cluster = load_cluster(CLUSTERS_DIR / "local_3cpu.json")
+cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / "local_3cpu.json")
 roofline, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32)
 measured, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32, profiles=[profile_file])
 moved = sum(roofline.assignment[op] != measured.assignment[op] for op in graph.ops)
@@ -151,8 +144,7 @@ print(f"{moved} of {len(graph)} ops placed differently with the measured profile
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
-from tfpart.cluster import load_cluster
-cluster = load_cluster(CLUSTERS_DIR / "4xT4_one_host.json")
+cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / "4xT4_one_host.json")
 figures = {}
 for m in (1, 2, 4, 8, 16):
     plan, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=64, microbatches=m)
@@ -189,9 +181,8 @@ for schedule in ("gpipe", "1f1b"):
         ("markdown", "Two `tfpart worker` processes on this machine (TensorFlow servers on "
                      "loopback), the pipelined model run across them."),
         ("code", '''\
-from tfpart.local_workers import LocalWorkers
-with LocalWorkers(2, WORK) as workers:
-    two = load_cluster(workers.path)
+with tfpart.LocalWorkers(2, WORK) as workers:
+    two = tfpart.load_cluster(workers.path)
     result = tfpart.compile_model(MODEL, workers.path, WORK / "piped", batch_size=64,
                                   microbatches=4)
     timed = tfpart.time_model(WORK / "piped", cluster=two, repeats=10)
@@ -205,15 +196,13 @@ print(f"predicted {predicted:.0f} samples/s, measured {timed['samples_per_s']:.0
                      "published optimal max-load."),
         ("code", SETUP),
         ("code", '''\
-from costmodel import CostModel
 from partitioner import HEURISTICS, ilp
 from partitioner.ilp import ILPOptions
-from tfpart.importers import load_moirai
 SHARED = Path.cwd().resolve().parent.parent / "shared" / "benchmarks"
 moirai = {}
 for name in ("GoogLeNet", "inceptionv4"):
-    graph, cluster = load_moirai(SHARED / "moirai" / f"{name}.json")
-    cost = CostModel(graph, cluster)
+    graph, cluster = tfpart.load_moirai(SHARED / "moirai" / f"{name}.json")
+    cost = tfpart.CostModel(graph, cluster)
     moirai[name] = {}
     for algorithm, module in dict(HEURISTICS, ilp=ilp).items():
         options = {"options": ILPOptions(time_limit=10)} if algorithm == "ilp" else {}
@@ -230,12 +219,11 @@ for ax, (name, ratios) in zip(axes, moirai.items()):
 fig.tight_layout()'''),
         ("code", '''\
 from partitioner.stage_dp import solve as solve_stages
-from tfpart.importers import load_tarnawski_stages
 PUBLISHED = {"LayerGraphs/bert24_inference": 17.7899, "LayerGraphs/bert24_training": 41.7458,
              "LayerGraphs/resnet50_inference": 33.7747, "LayerGraphs/resnet50_training": 78.6318}
 found = {}
 for name, optimum in PUBLISHED.items():
-    problem, _ = load_tarnawski_stages(SHARED / "tarnawski" / f"{name}.json")
+    problem, _ = tfpart.load_tarnawski_stages(SHARED / "tarnawski" / f"{name}.json")
     found[name] = solve_stages(problem).max_load
     print(f"{name:34s} published optimum {optimum:9.4f}  tfpart {found[name]:9.4f}")
 fig, ax = plt.subplots(figsize=(8, 3.5))

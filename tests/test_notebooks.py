@@ -46,3 +46,23 @@ def test_notebook_runs_top_to_bottom(name):
     for pattern in patterns:
         assert re.search(pattern, text), (pattern, text[-3000:])
     assert pictures >= least_pictures
+
+
+PROJECT_PACKAGES = ("tfpart", "costmodel", "partitioner", "rewriters", "profiles")
+# a notebook about an algorithm's internals may import its modules
+INTERNALS = {"04_published_graphs.ipynb": ("partitioner",)}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebooks_use_the_public_api(name):
+    """Of the project, a notebook imports ``tfpart`` (its public API) and nothing else
+    unless it is about an algorithm's internals."""
+    import json
+
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    code = "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
+    imported = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", code, flags=re.MULTILINE)
+    project = [module for module in imported if module.split(".")[0] in PROJECT_PACKAGES]
+    beyond = [module for module in project if module != "tfpart"
+              and module.split(".")[0] not in INTERNALS.get(name, ())]
+    assert "tfpart" in project and not beyond, beyond

@@ -8,7 +8,12 @@ on this machine), ``export_train_step`` (a Keras model's training step as a
 SavedModel signature), ``train`` and ``TrainOptions`` (train its weights on a cluster,
 synchronously or asynchronously on parameter servers), ``trained_weights``, ``draw``
 (a picture of a plan), ``diff_plans`` (what changed between two plans),
-``load_cluster``, ``Plan``, ``Cluster``.
+``load_cluster``, ``Plan``, ``Cluster``; ``CostModel``, ``simulate_plan`` and
+``write_gantt`` (price a plan and chart its simulated schedule); ``runnable`` (a
+compiled model made runnable on this machine's logical CPUs); ``ensure_local_cpus``;
+``resolve_strategy`` (what a compile's flags ask for); ``load_moirai`` and
+``load_tarnawski_stages`` (published cost-annotated graphs); the shipped examples
+``DEFAULT_MODEL_DIR``, ``DEFAULT_CLUSTER_FILE`` and ``CLUSTERS_DIR``.
 Names resolve lazily, so ``import tfpart`` neither starts TensorFlow nor creates
 import cycles with the packages below it.
 
@@ -25,7 +30,13 @@ _API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
         "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
         "export_train_step": "tfpart.training", "draw": "tfpart.picture",
         "diff_plans": "tfpart.plan_diff", "train": "tfpart.trainer",
-        "TrainOptions": "tfpart.trainer", "trained_weights": "tfpart.trainer"}
+        "TrainOptions": "tfpart.trainer", "trained_weights": "tfpart.trainer",
+        "CostModel": "costmodel", "simulate_plan": "costmodel.simulate",
+        "write_gantt": "costmodel.gantt", "runnable": "tfpart.runtime",
+        "ensure_local_cpus": "tfpart.runtime", "resolve_strategy": "tfpart.strategy_request",
+        "load_moirai": "tfpart.importers", "load_tarnawski_stages": "tfpart.importers",
+        "DEFAULT_MODEL_DIR": "profiles", "DEFAULT_CLUSTER_FILE": "profiles",
+        "CLUSTERS_DIR": "profiles"}
 
 __all__ = sorted(_API)
 
