@@ -15,9 +15,6 @@ lower than the ops'.
 
 Example
 -------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(6): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e9)
 >>> for i in range(5): g.add_edge(f"op{i}", f"op{i + 1}", bytes=8)

@@ -36,9 +36,6 @@ Examples
 A matmul on a V100 and a T4 (about twice slower): the V100 takes two thirds of the
 batch; beside an A100 the T4 would only slow the step and takes no part.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder")
 >>> g.add_op("y", op_type="MatMul", flops=3e12, input_shapes=[(6, 10)])

@@ -28,9 +28,6 @@ Examples
 One big matmul on two CPUs: each computes half of the columns, which nearly halves
 the step although the activations and half the weights cross between them.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> n = 4096
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder", outputs=[((n, n), "float32")])

@@ -4,9 +4,6 @@ limits, a local search, and a final judgement by simulation against the baseline
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder")
 >>> for n in ("left", "right"): g.add_op(n, op_type="MatMul", flops=1e11)

@@ -18,9 +18,6 @@ Examples
 --------
 Four CPUs make two replicas of two devices each, each replica with half the batch.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder")
 >>> for name in ("left", "right"):

@@ -29,9 +29,6 @@ every algorithm, the simulator's.
 
 Example
 -------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for n in "abc": g.add_op(n, op_type="MatMul", flops=1e11)
 >>> g.add_edge("a", "c", bytes=1e3); g.add_edge("b", "c", bytes=1e3)
@@ -369,9 +366,6 @@ def live_cuts(cost, unit_of=None, n_units=None, cuts=MEMORY_CUTS):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from costmodel import CostModel
     >>> g = OpGraph()
     >>> for n in "abc": g.add_op(n, op_type="Relu", outputs=[((64,), "float32")])
     >>> g.add_edge("a", "b", bytes=256); g.add_edge("b", "c", bytes=256)

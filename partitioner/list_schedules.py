@@ -14,9 +14,6 @@ is. References: Hwang et al., SIAM J. Comput. 18(2), 1989 (ETF); Jeon et al., So
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(2): g.add_op(f"op{i}", op_type="MatMul", flops=1e10)
 >>> cost = CostModel(g, cluster_of_devices(["cpu", "V100"]))

@@ -3,9 +3,6 @@
 Examples
 --------
 >>> import numpy as np
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for n in "abcd": g.add_op(n, op_type="Relu", bytes_accessed=2e10)
 >>> g.add_edge("a", "b"); g.add_edge("a", "c"); g.add_edge("b", "d"); g.add_edge("c", "d")
@@ -41,9 +38,6 @@ def lp_load_bound(cost):
     busiest executor is as idle as can be. At least :func:`work_bound`; it sees that
     slow devices help less and that some ops run on some devices only.
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from costmodel import CostModel
     >>> g = OpGraph(); g.add_op("a", op_type="MatMul", flops=1e12)
     >>> cost = CostModel(g, cluster_of_devices(["cpu", "H100"]))
     >>> lp_load_bound(cost) > work_bound(cost)

@@ -5,9 +5,6 @@ the greedy also starts from.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(2): g.add_op(f"op{i}", op_type="MatMul", flops=1e10)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])

@@ -6,9 +6,6 @@ SoCC 2020 (``placer/m_topo.py`` in their code).
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(4): g.add_op(f"op{i}", op_type="MatMul", param_bytes=100)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])

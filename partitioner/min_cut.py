@@ -8,9 +8,6 @@ graph-partitioning tool (METIS and the like) would leave them.
 
 Example
 -------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for tower in "ab":
 ...     for i in range(3): g.add_op(f"{tower}{i}", op_type="Relu", bytes_accessed=1e9)

@@ -6,9 +6,6 @@ Examples
 A chain of eight equal ops on two devices: two stages of four, and as many
 micro-batches as the batch of 8 allows.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(8):
 ...     g.add_op(f"op{i}", op_type="Relu", bytes_accessed=4e9,

@@ -19,9 +19,6 @@ Examples
 Six matmuls in a row on four CPUs: two replicas of a two-stage pipeline, half the
 batch each.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder")
 >>> for i, before in enumerate(["x", "mm0", "mm1", "mm2", "mm3", "mm4"]):

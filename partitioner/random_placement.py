@@ -4,9 +4,6 @@ Intelligence 2022 paper). Seeded, so the same seed gives the same plan.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(8): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e6)
 >>> cluster = cluster_of_devices(["cpu"] * 4)

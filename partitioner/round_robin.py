@@ -3,9 +3,6 @@
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(4): g.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e6)
 >>> cluster = cluster_of_devices(["cpu", "cpu"])

@@ -2,9 +2,6 @@
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph(); g.add_op("a", op_type="MatMul", flops=1e12)
 >>> cluster = cluster_of_devices(["cpu", "V100"])
 >>> partition(CostModel(g, cluster)).devices_used()

@@ -7,9 +7,6 @@ pipeline stage partition.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph()
 >>> for i in range(4): g.add_op(f"l{i}", op_type="Relu", bytes_accessed=1e9)
 >>> for i in range(3): g.add_edge(f"l{i}", f"l{i + 1}", bytes=1e3)

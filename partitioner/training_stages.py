@@ -11,7 +11,6 @@ runs with the variable it updates (:func:`place_followers`).
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
 >>> g = OpGraph()
 >>> for name, phase in [("dense/MatMul", "forward"), ("gradient_tape/dense/MatMul/MatMul_1",
 ...                      "backward"), ("gradient_tape/Shape", "backward")]:

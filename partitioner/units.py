@@ -2,9 +2,6 @@
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from costmodel import CostModel
 >>> g = OpGraph(); g.add_op("v", param_bytes=8); g.add_op("r", colocation="v"); g.add_op("y")
 >>> g.add_edge("v", "r"); g.add_edge("r", "y")
 >>> units = placement_units(CostModel(g, cluster_of_devices(["cpu", "cpu"])))

@@ -4,8 +4,6 @@ Every algorithm's plan passes through :func:`check_plan` before it is returned.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
 >>> from tfpart.plan import Plan
 >>> g = OpGraph(); g.add_op("a"); g.add_op("b", colocation="a")
 >>> plan = Plan(assignment={"a": "/job:localhost/replica:0/task:0/device:CPU:0",
@@ -90,9 +88,6 @@ def memory_hint(cost):
     """What memory some plan of ``cost``'s graph needs at least (from
     :func:`costmodel.memory.memory_lower_bound`), for errors when none fits.
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from costmodel import CostModel
     >>> g = OpGraph()
     >>> for name in "uvw": g.add_op(name, op_type="VarHandleOp", param_bytes=1e9)
     >>> print(memory_hint(CostModel(g, cluster_of_devices(["T4", "T4"]))))
@@ -119,9 +114,6 @@ def kernel_problem(cost, op=None):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from costmodel import CostModel
     >>> g = OpGraph()
     >>> g.add_op("tokens", op_type="Placeholder", allowed_kinds=frozenset({"cpu"}))
     >>> g.add_op("lower", op_type="StringLower", colocation="tokens",
