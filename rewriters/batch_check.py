@@ -52,7 +52,7 @@ import numpy as np
 
 from rewriters.captures import HANDLE_KINDS, load_captured, state_input_map, variable_values
 from rewriters.functions import split_input
-from rewriters.reader import flatten_signature
+from rewriters.flatten import flatten_signature
 from rewriters.tf_import import tensorflow
 from tfpart.errors import ModelError
 from tfpart.ops import LOOP_EXIT_OPS
@@ -158,7 +158,7 @@ def _close(a, b):
 
 def _ops(flat):
     """``(name, type, input tensors, output tensors)`` of the flat graph's ops."""
-    from rewriters.reader import import_flat
+    from rewriters.flat_signature import import_flat
 
     graph = import_flat(flat, "")
     return [(op.name, op.type, [t.name for t in op.inputs], [t.name for t in op.outputs])

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from rewriters.captures import captured_tensor, load_captured
 from rewriters.functions import split_input
-from rewriters.reader import flatten_signature, import_flat
+from rewriters.flat_signature import import_flat
+from rewriters.flatten import flatten_signature
 from rewriters.tf_import import tensorflow
 
 # Ops whose output holds the values of their first input (reshaped, sliced, cast).

@@ -44,7 +44,7 @@ from rewriters.channel_split import split_channels
 from rewriters.endpoints import (compiled_endpoint, endpoint_binding, kept_endpoints,
                                  run_without_xla)
 from rewriters.functions import private_library
-from rewriters.reader import flatten_signature
+from rewriters.flatten import flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow

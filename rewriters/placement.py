@@ -32,7 +32,7 @@ from __future__ import annotations
 from rewriters.captures import capture_kind, capture_op_name, resource_functions
 from rewriters.function_devices import FunctionWriter
 from rewriters.functions import callee, split_input
-from rewriters.reader import choose_signature, signature_call
+from rewriters.flat_signature import choose_signature, signature_call
 from rewriters.savedmodel_io import SavedModelParts
 
 

@@ -25,8 +25,11 @@ True
 """
 from __future__ import annotations
 
+from rewriters.flat_signature import (FlatSignature, ModelInfo, choose_signature, import_flat,
+                                      signature_batch)
 from rewriters.functions import split_input
 from rewriters.tf_import import tensorflow
+from rewriters.to_opgraph import merge_colocation_groups, opgraph_of
 from tfpart.dtypes import tensor_bytes
 from tfpart.errors import ModelError
 from tfpart.graph import UnionFind
@@ -43,7 +46,6 @@ def is_tf1(proto):
 def flatten_tf1_signature(proto, path="", batch_size=None, signature=None):
     """The :class:`~rewriters.reader.FlatSignature` of one signature of a TF1 model;
     ``variable_ops`` maps each variable's op name to itself."""
-    from rewriters.reader import FlatSignature, ModelInfo, choose_signature, signature_batch
 
     tf = tensorflow()
     meta = proto.meta_graphs[0]
@@ -116,7 +118,6 @@ def read_tf1_model(proto, path="", batch_size=None, signature=None, timings=None
     """OpGraph and ModelInfo of one signature of a TF1 SavedModel (see
     :func:`rewriters.reader.read_model`)."""
     from rewriters.fusion import fusion_groups
-    from rewriters.reader import import_flat, merge_colocation_groups, opgraph_of
 
     flat = flatten_tf1_signature(proto, path, batch_size, signature)
     graph = import_flat(flat, path)

@@ -8,7 +8,7 @@ tensor that leaves them for the update region (a gradient, the loss) is accumula
 over the micro-batches, and the update region runs once per step.
 
 The regions come from the graph alone. TensorFlow's shape inference at two batch
-sizes (:func:`rewriters.reader.tensor_shapes`) tells which tensors carry the batch. An op is
+sizes (:func:`rewriters.flatten.tensor_shapes`) tells which tensors carry the batch. An op is
 *per-sample* when it reads or writes such a tensor; the per-micro-batch ops are the
 per-sample ops and every op they depend on; an op that only computes an output from
 per-micro-batch results (a loss written as a sum over a count) joins them too. The
@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
-from rewriters.reader import tensor_shapes
+from rewriters.flatten import tensor_shapes
 from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, STATE_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"

@@ -53,3 +53,26 @@ def test_an_algorithm_importing_another_breaks_the_contract(tmp_path):
     done = lint_imports(tmp_path)
     assert done.returncode != 0
     assert "partitioner.greedy -> partitioner.m_etf" in done.stdout
+
+
+def import_cycles(root):
+    """The sets of modules (two or more) that import each other, directly or not, in
+    the packages under ``root``."""
+    code = ("import sys, grimp, networkx as nx; sys.path.insert(0, '.'); "
+            f"g = grimp.build_graph(*{PACKAGES!r}); "
+            "G = nx.DiGraph((m, i) for m in g.modules "
+            "for i in g.find_modules_directly_imported_by(m)); "
+            "print(sorted(sorted(c) for c in nx.strongly_connected_components(G) "
+            "if len(c) > 1))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def test_no_module_is_in_an_import_cycle(tmp_path):
+    assert import_cycles(ROOT) == "[]"
+    copy_tree(tmp_path)
+    flatten = tmp_path / "rewriters" / "flatten.py"
+    flatten.write_text(flatten.read_text() + "\nfrom rewriters import reader  # a cycle\n")
+    assert "'rewriters.flatten', 'rewriters.reader'" in import_cycles(tmp_path)

@@ -215,7 +215,9 @@ def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
 def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, warmup=5,
                   intra_threads=1, device_kind="cpu", progress=None):
     """Measure a SavedModel's ops here; return a fitted :class:`MeasuredProfile`."""
-    from rewriters.reader import flatten_signature, import_flat, read_model
+    from rewriters.flat_signature import import_flat
+    from rewriters.flatten import flatten_signature
+    from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
     from rewriters.tf_import import tensorflow
     from tfpart.cluster import load_device_kinds

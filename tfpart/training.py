@@ -163,7 +163,7 @@ def weight_variable_ops(model_dir, signature="weights"):
     >>> len(weight_variable_ops(out))
     2
     """
-    from rewriters.reader import flatten_signature
+    from rewriters.flatten import flatten_signature
     from rewriters.savedmodel_io import read_saved_model
 
     proto = read_saved_model(model_dir)

@@ -4,7 +4,9 @@ makes every group one colocation group."""
 import pytest
 
 from rewriters.fusion import grappler_fusion_groups, table_fusion_groups
-from rewriters.reader import flatten_signature, import_flat, read_model
+from rewriters.flat_signature import import_flat
+from rewriters.flatten import flatten_signature
+from rewriters.reader import read_model
 from rewriters.savedmodel_io import read_saved_model
 
 MODELS = ["residual_cnn", "transformer_encoder", "stacked_lstm", "parallel_dense",
