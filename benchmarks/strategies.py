@@ -52,12 +52,12 @@ def choices(batch_size=32):
                 shares = ""
                 if plan.replicas:
                     shares = "/".join(str(round(f * batch_size))
-                                      for f in plan.replicas["fractions"])
-                    if plan.replicas.get("microbatches"):
+                                      for f in plan.replicas.fractions)
+                    if plan.replicas.microbatches:
                         shares += (f", pipelines of {len(set(plan.stages.values()))} "
-                                   f"stages × {plan.replicas['microbatches']}")
-                    if len(plan.replicas["fractions"]) > 1:
-                        shares += f", {plan.replicas.get('reduce', 'one_device')}"
+                                   f"stages × {plan.replicas.microbatches}")
+                    if len(plan.replicas.fractions) > 1:
+                        shares += f", {plan.replicas.reduce or 'one_device'}"
                 elif plan.splits:
                     shares = f"{len(plan.splits)} op{'s' if len(plan.splits) > 1 else ''} split"
                 rows.append((name, cluster.name, *(

@@ -263,9 +263,9 @@ def time_on_uneven_workers(work, cluster, out, repeats):
 def row(label, plan, seconds, batch_size):
     replicas, splits = plan.replicas, plan.splits or {}
     if replicas:
-        shares = "/".join(str(round(f * batch_size)) for f in replicas["fractions"])
-        if len(replicas["fractions"]) > 1:
-            shares += f", {replicas.get('reduce', 'one_device').replace('_', ' ')}"
+        shares = "/".join(str(round(f * batch_size)) for f in replicas.fractions)
+        if len(replicas.fractions) > 1:
+            shares += f", {(replicas.reduce or 'one_device').replace('_', ' ')}"
     elif splits:
         channels = [sum(split["sizes"]) for split in splits.values()]
         fast = sum(split["sizes"][0] for split in splits.values())

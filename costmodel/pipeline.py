@@ -614,23 +614,23 @@ def replicas_cost(cost, fractions, devices, pinned, home=None, all_reduce=False)
 def plan_replicas_cost(cost, plan):
     """:func:`replicas_cost` of a plan's ``replicas`` (device names; a replica placed
     across devices has its ``placements`` entry), or for replicas of a pipeline
-    (``replicas["microbatches"]`` each) the cost model of
+    (``replicas.microbatches`` each) the cost model of
     :func:`pipeline_replicas_graph`."""
     replicas = plan.replicas
     index = {name: d for d, name in enumerate(cost.cluster.device_names)}
-    placements = replicas.get("placements")
-    if replicas.get("microbatches"):
+    placements = replicas.placements
+    if replicas.microbatches:
         all_reduce = all_reduces(replicas)
         stand_ins = device_stand_ins(replicas, plan.assignment)
         maps = [{op: index[replica_device(replicas, stand_ins, r, op, plan.assignment[op])
                            if all_reduce else placement.get(op, plan.assignment[op])]
                  for op in cost.graph.ops} for r, placement in enumerate(placements)]
         replicated, where = pipeline_replicas_graph(
-            cost.graph, cost.cluster.device_names, replicas["fractions"], maps, plan.stages,
-            replicas["microbatches"], plan.schedule or "gpipe", all_reduce)
+            cost.graph, cost.cluster.device_names, replicas.fractions, maps, plan.stages,
+            replicas.microbatches, plan.schedule or "gpipe", all_reduce)
         replicated_cost = cost.of(replicated)
         return replicated_cost, np.array([where[op] for op in replicated_cost.ops])
     devices = [{op: index[d] for op, d in placement.items()} for placement in placements] \
-        if placements else [index[d] for d in replicas["devices"]]
-    return replicas_cost(cost, replicas["fractions"], devices, set(replicas["pinned"]),
-                         index[replicas["devices"][0]], all_reduces(replicas))
+        if placements else [index[d] for d in replicas.devices]
+    return replicas_cost(cost, replicas.fractions, devices, set(replicas.pinned),
+                         index[replicas.devices[0]], all_reduces(replicas))

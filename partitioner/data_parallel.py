@@ -24,7 +24,7 @@ replicas, the gradients sent back, :func:`costmodel.pipeline.replicas_graph`, or
 all-reduced, :func:`costmodel.pipeline.all_reduce_replicas_graph`) is
 least within memory; a device whose share would be empty, or that only slows the
 step, takes no part. The plan is a one-stage pipeline whose micro-batch ``r`` runs on
-``replicas["devices"][r]`` (the pipeline rewriter builds it).
+``replicas.devices[r]`` (the pipeline rewriter builds it).
 
 References
 ----------
@@ -42,12 +42,12 @@ batch; beside an A100 the T4 would only slow the step and takes no part.
 >>> g.add_edge("x", "y", bytes=240)
 >>> plan = partition(CostModel(g, cluster_of_devices(["V100", "T4"])),
 ...                  DataParallelOptions(batch_size=6))
->>> [round(f, 3) for f in plan.replicas["fractions"]], plan.microbatches
+>>> [round(f, 3) for f in plan.replicas.fractions], plan.microbatches
 ([0.667, 0.333], 2)
 >>> plan = partition(CostModel(g, cluster_of_devices(["A100-40GB", "T4"])),
 ...                  DataParallelOptions(batch_size=6))
->>> plan.replicas["fractions"]
-[1.0]
+>>> plan.replicas.fractions
+(1.0,)
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from partitioner.validate import kernel_problem
 from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan
+from tfpart.plan import REDUCTIONS, Plan, Replicas
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _plan(cost, devices, shares, pinned, shared, options, reduce):
         assignment={op: home for op in graph.ops}, algorithm="data_parallel",
         options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
         microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
-        replicas={"devices": [names[d] for d in devices], "fractions": fractions,
-                  "pinned": sorted((table_ops(graph) - shared) if all_reduce else pinned),
-                  "reduce": reduce},
+        replicas=Replicas(devices=[names[d] for d in devices], fractions=fractions,
+                          pinned=sorted((table_ops(graph) - shared) if all_reduce else pinned),
+                          reduce=reduce),
         predicted=figures.predicted, lower_bound=figures.lower_bound)

@@ -25,8 +25,8 @@ Four CPUs make two replicas of two devices each, each replica with half the batc
 ...     g.add_edge("x", name, bytes=320)
 >>> g.add_op("sum", op_type="AddV2"); g.add_edge("left", "sum"); g.add_edge("right", "sum")
 >>> plan = partition(CostModel(g, cluster_of_devices(["cpu"] * 4)), HybridOptions(batch_size=8))
->>> plan.replicas["fractions"], [len(set(p.values())) for p in plan.replicas["placements"]]
-([0.5, 0.5], [2, 2])
+>>> plan.replicas.fractions, [len(set(p.values())) for p in plan.replicas.placements]
+((0.5, 0.5), [2, 2])
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan
+from tfpart.plan import REDUCTIONS, Plan, Replicas
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ FORMS = ("placement", "pipeline")
 def partition(cost, options=HybridOptions()):
     """Replicas of an op placement (``plan.replicas`` with a ``placements`` entry per
     replica, and one stage of ``plan.microbatches``, one micro-batch per replica) or
-    of a pipeline (``plan.stages``, and ``replicas["microbatches"]`` micro-batches per
+    of a pipeline (``plan.stages``, and ``replicas.microbatches`` micro-batches per
     replica), whichever is predicted faster.
 
     Raises
@@ -152,8 +152,8 @@ def _plan(cost, groups, pinned, shared, options):
         options=figures.options, stages={op: 0 for op in cost.graph.ops if op not in shared},
         microbatches=len(groups),
         schedule="gpipe" if is_training_graph(cost.graph) else None,
-        replicas={"devices": [names[group[0]] for group in groups], "fractions": fractions,
-                  "pinned": sorted(pinned), "placements": placements},
+        replicas=Replicas(devices=[names[group[0]] for group in groups],
+                          fractions=fractions, pinned=sorted(pinned), placements=placements),
         predicted=figures.predicted, lower_bound=figures.lower_bound)
 
 

@@ -26,9 +26,9 @@ batch each.
 ...     g.add_edge(before, f"mm{i}", bytes=16000)
 >>> cost = CostModel(g, cluster_of_devices(["cpu"] * 4))
 >>> plan = replicate_pipeline(cost, [[0, 1], [2, 3]], batch_size=8)
->>> plan.replicas["fractions"], len(set(plan.stages.values()))
-([0.5, 0.5], 2)
->>> sorted(set(plan.replicas["placements"][1].values()))
+>>> plan.replicas.fractions, len(set(plan.stages.values()))
+((0.5, 0.5), 2)
+>>> sorted(set(plan.replicas.placements[1].values()))
 ['/job:localhost/replica:0/task:0/device:CPU:2', '/job:localhost/replica:0/task:0/device:CPU:3']
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
 from partitioner.shares import proportional_shares
 from tfpart.cluster import sub_cluster
 from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan
+from tfpart.plan import REDUCTIONS, Plan, Replicas
 
 
 def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None,
@@ -148,12 +148,12 @@ def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
         assignment={op: names[maps[0][op]] for op in graph.ops}, algorithm="hybrid",
         options=figures.options, stages=staged["stages"],
         microbatches=per_replica * len(groups), schedule=staged["schedule"],
-        replicas={"devices": [names[group[lead]] for group in groups],
-                  "fractions": fractions, "pinned": sorted(pinned),
-                  "placements": [{op: names[where[op]] for op in graph.ops
-                                  if op not in shared and op not in pinned}
-                                 for where in maps],
-                  "microbatches": per_replica, "reduce": reduce},
+        replicas=Replicas(devices=[names[group[lead]] for group in groups],
+                          fractions=fractions, pinned=sorted(pinned),
+                          placements=[{op: names[where[op]] for op in graph.ops
+                                       if op not in shared and op not in pinned}
+                                      for where in maps],
+                          microbatches=per_replica, reduce=reduce),
         predicted=figures.predicted, lower_bound=figures.lower_bound)
 
 

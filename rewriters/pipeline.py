@@ -82,14 +82,15 @@ def replica_of_op(name, replicas):
     """The replica (the index in a plan's ``replicas``) an op of a compiled model with
     replicas runs for, or None for the shared update's and other ops.
 
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", {})
+    >>> from tfpart.plan import Replicas
+    >>> four, two_each = Replicas("ABCD", [0.25] * 4), Replicas("AB", [0.5] * 2, microbatches=2)
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", four)
     3
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul",
-    ...               {"microbatches": 2})
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", two_each)
     1
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_update/adam/Sqrt", {}) is None
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_update/adam/Sqrt", four) is None
     True
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt", {"microbatches": 2})
+    >>> replica_of_op("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt", two_each)
     2
     """
     found = MICROBATCH.search(name)
@@ -269,7 +270,7 @@ def _add_replica_copies(module, plan, values):
     stand_ins = device_stand_ins(replicas, plan.assignment)
     device_of = {}
     module.replica_variables = []
-    for r in range(1, len(replicas["devices"])):
+    for r in range(1, len(replicas.devices)):
         copies = {}
         for name in sorted(values):
             saved = f"{name.replace('/', '_')}_replica{r}"
@@ -277,7 +278,7 @@ def _add_replica_copies(module, plan, values):
             device_of[saved] = replica_device(replicas, stand_ins, r, name,
                                               plan.assignment[name])
         module.replica_variables.append(copies)
-    devices = sorted({*replicas["devices"], *(d for m in stand_ins or () for d in m.values())})
+    devices = sorted({*replicas.devices, *(d for m in stand_ins or () for d in m.values())})
     module.collective_tokens = {device: tf.Variable(0.0, name=f"tfpart_collective_token{i}")
                                 for i, device in enumerate(devices)}
     device_of.update({f"tfpart_collective_token{i}": device
@@ -332,7 +333,7 @@ class _PipelineBody:
                         for key, graph in pieces.items()}
         self.piece_of = {name: key for key, names in self.members.items() for name in names}
         self.depends = _piece_dependencies(pieces, self.piece_of)
-        self.pinned = set(plan.replicas["pinned"]) if plan.replicas else set()
+        self.pinned = set(plan.replicas.pinned) if plan.replicas else set()
         self.stand_ins = device_stand_ins(plan.replicas, plan.assignment)
 
     def __call__(self, *args):
@@ -451,7 +452,7 @@ class _PipelineBody:
         """The micro-batches of each replica (without replicas: all of them, one
         lane)."""
         replicas, m_count = self.plan.replicas, self.plan.microbatches
-        per = (replicas.get("microbatches") or 1) if replicas else m_count
+        per = (replicas.microbatches or 1) if replicas else m_count
         return [list(range(first, first + per)) for first in range(0, m_count, per)]
 
     def _all_reduced(self, envs, shares, lanes):
@@ -484,7 +485,7 @@ class _PipelineBody:
             else:
                 for total, lane in zip(totals, lanes):
                     total[tensor] = envs[lane[0]][tensor]
-        instance = _collective_keys(replicas["devices"], boundary)[1]
+        instance = _collective_keys(replicas.devices, boundary)[1]
         for group, tensors in reduced.items():
             group_key = _collective_keys(group, boundary)[0]
             for pack in gradient_packs(tensors):
@@ -520,7 +521,7 @@ class _PipelineBody:
         replicas = self.plan.replicas
         if self.stand_ins:
             return self.stand_ins[self._replica(m)].get(self.device[k], self.device[k])
-        return replicas["devices"][m] if replicas else self.device[k]
+        return replicas.devices[m] if replicas else self.device[k]
 
     def _import(self, key, prefix, env, ops_of, control, replica=None):
         """Import piece ``key`` under ``prefix`` (on micro-batch ``replica``'s device
@@ -529,8 +530,8 @@ class _PipelineBody:
         piece, members = self.pieces[key], self.members[key]
         replicas = self.plan.replicas
         if replicas and replica is not None:
-            placements = replicas.get("placements")
-            piece = _on_replica(piece, replicas["devices"][replica], self.pinned,
+            placements = replicas.placements
+            piece = _on_replica(piece, replicas.devices[replica], self.pinned,
                                 placements[replica] if placements else None,
                                 self.stand_ins[replica] if self.stand_ins else None)
         input_map = dict(control)
@@ -624,12 +625,12 @@ def _split(rows, m_count, replicas):
         size = (rows + m_count - 1) // m_count
         return ([tf.clip_by_value(rows - m * size, 0, size) for m in range(m_count)],
                 [m * size for m in range(m_count)])
-    exact = tf.cast(rows, tf.float64) * tf.constant(replicas["fractions"], tf.float64)
+    exact = tf.cast(rows, tf.float64) * tf.constant(replicas.fractions, tf.float64)
     whole = tf.floor(exact)
     left = tf.cast(rows, tf.float64) - tf.reduce_sum(whole)
     rank = tf.argsort(tf.argsort(whole - exact, stable=True), stable=True)
     sizes = tf.cast(whole + tf.cast(tf.cast(rank, tf.float64) < left, tf.float64), tf.int32)
-    per = replicas.get("microbatches") or 1
+    per = replicas.microbatches or 1
     if per > 1:  # replicas of a pipeline: each share in micro-batches of ceil(share / per)
         step = (sizes + per - 1) // per
         sizes = tf.reshape(tf.clip_by_value(

@@ -150,8 +150,9 @@ def compare(source, out, cluster_file, cluster, args):
     slots = slots_by_name(assignment)
     return {
         "devices_used": len(set(result.plan.devices_used()) |
-                            set((result.plan.replicas or {}).get("devices", []))),
-        "replicas": result.plan.replicas, "splits": result.plan.splits,
+                            set(result.plan.replicas.devices if result.plan.replicas else ())),
+        "replicas": result.plan.replicas and result.plan.replicas.to_dict(),
+        "splits": result.plan.splits,
         "split_types": sorted({result.graph.ops[op]["op_type"]
                                for op in result.plan.splits or ()}),
         "splits_read": [op for op in result.plan.splits or ()

@@ -505,10 +505,10 @@ def plan_devices(plan):
     ['A', 'B']
     """
     named = set(plan.assignment.values())
-    replicas = plan.replicas or {}
-    named.update(replicas.get("devices", ()))
-    for placement in replicas.get("placements", ()):
-        named.update(placement.values())
+    if plan.replicas is not None:
+        named.update(plan.replicas.devices)
+        for placement in plan.replicas.placements or ():
+            named.update(placement.values())
     for split in (plan.splits or {}).values():
         named.update(split["devices"])
     return named
@@ -562,7 +562,7 @@ def check_plan_ops(plan, graph, source):
     named = {"assignment": plan.assignment, "stages": plan.stages or {},
              "splits": plan.splits or {},
              **{f"replicas.placements[{r}]": placement for r, placement in
-                enumerate((plan.replicas or {}).get("placements", ()))}}
+                enumerate(plan.replicas.placements or () if plan.replicas else ())}}
     for where, ops in named.items():
         extra = [op for op in ops if op not in graph.ops]
         if extra:

@@ -153,12 +153,12 @@ def _device_order(plan):
 
 def _title(plan, graph, devices):
     replicas = plan.replicas
-    if replicas and len(replicas["devices"]) > 1:
+    if replicas and len(replicas.devices) > 1:
         shares = ", ".join(f"{_short_device(d)} {f:.0%}" for d, f in
-                           zip(replicas["devices"], replicas["fractions"]))
+                           zip(replicas.devices, replicas.fractions))
         return (f"data parallel: all {len(graph)} ops on each of "
-                f"{len(replicas['devices'])} replicas ({shares} of the batch); drawn "
-                f"once, with the variables on {_short_device(replicas['devices'][0])}")
+                f"{len(replicas.devices)} replicas ({shares} of the batch); drawn "
+                f"once, with the variables on {_short_device(replicas.devices[0])}")
     if len(devices) == 1:
         return f"all {len(graph)} ops on {devices[0]}: one device, nothing crosses"
     step = plan.predicted.step_time if plan.predicted else None

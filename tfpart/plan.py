@@ -106,15 +106,7 @@ class Plan:
     stages: dict | None = None
     microbatches: int = 1
     schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
-    # data-parallel: {"devices": [...], "fractions": [...], "pinned": [op, ...]}: replica
-    # r (micro-batch r) runs the staged ops on devices[r] over its share of the batch
-    # (largest remainder of fractions), except the pinned ops (variable reads); a hybrid
-    # plan's replica r runs each op on placements[r][op] instead (devices[r] leads it);
-    # "reduce": "all_reduce" gives every replica a copy of the variables on its device
-    # (no pinned ops) and all-reduces the gradients ("one_device", the default: one copy);
-    # "microbatches": replicas of a pipeline, each running that many consecutive
-    # micro-batches through the stages on its placement's devices
-    replicas: dict | None = None
+    replicas: Replicas | None = None  # data parallel, hybrid (a dict is made one)
     # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
     # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)
     splits: dict | None = None
@@ -122,9 +114,16 @@ class Plan:
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
 
+    def __post_init__(self):
+        if isinstance(self.replicas, dict):
+            self.replicas = Replicas.from_dict(self.replicas)
+
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self):
-        return {"format_version": PLAN_FORMAT_VERSION, **asdict(self)}
+        data = asdict(self)
+        if self.replicas is not None:
+            data["replicas"] = self.replicas.to_dict()
+        return {"format_version": PLAN_FORMAT_VERSION, **data}
 
     @classmethod
     def from_dict(cls, data):
@@ -190,29 +189,79 @@ class Plan:
 REDUCTIONS = ("one_device", "all_reduce")  # how replicas' gradients may be reduced
 
 
-def all_reduces(replicas):
-    """Whether a plan's ``replicas`` (its dict, or None) keep a copy of the variables
-    per replica and all-reduce their gradients; replicas that do not say (hybrid
-    plans, plans written before the choice) reduce to one device.
+@dataclass(frozen=True)
+class Replicas:
+    """Replicas of the step, each over its share of every batch.
 
-    >>> all_reduces({"devices": ["a", "b"], "fractions": [0.5, 0.5], "pinned": [],
-    ...              "reduce": "all_reduce"})
+    Replica ``r`` (micro-batch ``r``, or with ``microbatches`` the ``r``-th run of that
+    many consecutive micro-batches) runs the plan's ops on ``devices[r]`` over the
+    largest-remainder share ``fractions[r]`` of the batch, except the ``pinned`` ops
+    (variable reads, run once on the first replica's devices); with ``placements``
+    (replicas of a placement or of a pipeline) it runs each op on ``placements[r][op]``
+    instead, ``devices[r]`` leading it. ``reduce`` ``"all_reduce"`` gives every replica
+    a copy of the variables on its devices and all-reduces the gradients (no pinned
+    ops); ``"one_device"`` or None (hybrid plans, plans written before the choice) keeps
+    one copy and reduces the gradients there. Its JSON form (plan.json's ``replicas``)
+    is :meth:`to_dict`.
+
+    >>> replicas = Replicas(devices=["a", "b"], fractions=[0.75, 0.25])
+    >>> Replicas.from_dict(replicas.to_dict()) == replicas, replicas.to_dict()
+    (True, {'devices': ['a', 'b'], 'fractions': [0.75, 0.25], 'pinned': []})
+    """
+
+    devices: tuple
+    fractions: tuple
+    pinned: tuple = ()
+    reduce: str | None = None
+    microbatches: int | None = None
+    placements: tuple | None = None
+
+    def __post_init__(self):
+        for name in ("devices", "fractions", "pinned"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.placements is not None:
+            object.__setattr__(self, "placements", tuple(self.placements))
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def to_dict(self):
+        """plan.json's form: lists, and only the fields that are set."""
+        data = {"devices": list(self.devices), "fractions": list(self.fractions),
+                "pinned": list(self.pinned)}
+        if self.reduce is not None:
+            data["reduce"] = self.reduce
+        if self.microbatches is not None:
+            data["microbatches"] = self.microbatches
+        if self.placements is not None:
+            data["placements"] = [dict(placement) for placement in self.placements]
+        return data
+
+
+def all_reduces(replicas):
+    """Whether a plan's ``replicas`` (or None) keep a copy of the variables per replica
+    and all-reduce their gradients.
+
+    >>> all_reduces(Replicas(["a", "b"], [0.5, 0.5], reduce="all_reduce"))
     True
-    >>> all_reduces(None), all_reduces({"devices": ["a"], "fractions": [1.0], "pinned": []})
+    >>> all_reduces(None), all_reduces(Replicas(["a"], [1.0]))
     (False, False)
     """
-    return bool(replicas) and replicas.get("reduce") == "all_reduce"
+    return replicas is not None and replicas.reduce == "all_reduce"
 
 
 def replica_of(replicas, microbatch):
     """The replica that runs micro-batch ``microbatch`` of a plan with ``replicas``:
-    each replica of a pipeline runs ``replicas["microbatches"]`` consecutive ones,
-    other replicas one each.
+    each replica of a pipeline runs ``replicas.microbatches`` consecutive ones, other
+    replicas one each.
 
-    >>> replica_of({"microbatches": 4}, 5), replica_of({}, 5)
-    (1, 5)
+    >>> replica_of(Replicas(["a", "b"], [0.5, 0.5], microbatches=4), 5)
+    1
+    >>> replica_of(Replicas(["a", "b"], [0.5, 0.5]), 1)
+    1
     """
-    return microbatch // replicas.get("microbatches", 1)
+    return microbatch // (replicas.microbatches or 1)
 
 
 def device_stand_ins(replicas, assignment):
@@ -220,14 +269,14 @@ def device_stand_ins(replicas, assignment):
     replica (the ``assignment``'s), from the replicas' placements; None for other
     plans.
 
-    >>> device_stand_ins({"microbatches": 2, "placements": [{"x": "A", "y": "B"},
-    ...                   {"x": "C", "y": "D"}]}, {"x": "A", "y": "B", "w": "B"})[1]
+    >>> device_stand_ins(Replicas(["A", "C"], [0.5, 0.5], microbatches=2, placements=[
+    ...     {"x": "A", "y": "B"}, {"x": "C", "y": "D"}]), {"x": "A", "y": "B", "w": "B"})[1]
     {'A': 'C', 'B': 'D'}
     """
-    if not replicas or not replicas.get("microbatches"):
+    if replicas is None or not replicas.microbatches:
         return None
     return [{assignment[op]: device for op, device in placement.items()}
-            for placement in replicas["placements"]]
+            for placement in replicas.placements]
 
 
 def replica_device(replicas, stand_ins, replica, op, first):
@@ -236,16 +285,16 @@ def replica_device(replicas, stand_ins, replica, op, first):
     :func:`device_stand_ins`: the replica's placement's, else its device standing for
     ``first``, else the replica's one device.
 
-    >>> replicas = {"devices": ["A", "C"], "microbatches": 2,
-    ...             "placements": [{"x": "A", "y": "B"}, {"x": "C", "y": "D"}]}
+    >>> replicas = Replicas(["A", "C"], [0.5, 0.5], microbatches=2,
+    ...                     placements=[{"x": "A", "y": "B"}, {"x": "C", "y": "D"}])
     >>> stand_ins = device_stand_ins(replicas, {"x": "A", "y": "B"})
     >>> replica_device(replicas, stand_ins, 1, "y", "B"), replica_device(
     ...     replicas, stand_ins, 1, "update_y", "B")
     ('D', 'D')
     """
-    placements = replicas.get("placements")
+    placements = replicas.placements
     if placements and op in placements[replica]:
         return placements[replica][op]
     if stand_ins:
         return stand_ins[replica].get(first, first)
-    return replicas["devices"][replica]
+    return replicas.devices[replica]

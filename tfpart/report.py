@@ -229,23 +229,23 @@ def replicas_line(plan):
     """
     batch = plan.context.get("batch_size") or 1
     replicas = plan.replicas
-    placements = replicas.get("placements") or [{}] * len(replicas["devices"])
+    placements = replicas.placements or [{}] * len(replicas.devices)
     shares = ", ".join(
         "+".join([device, *sorted(set(placement.values()) - {device})])
         + f" {round(f * batch)} samples"
-        for device, f, placement in zip(replicas["devices"], replicas["fractions"], placements))
+        for device, f, placement in zip(replicas.devices, replicas.fractions, placements))
     if all_reduces(replicas):
         where = ("a copy of the variables on each, gradients all-reduced"
                  if plan.schedule else "a copy of the variables on each")
     else:
         home = "+".join(sorted(set(plan.assignment.values()))) \
-            if replicas.get("microbatches") else replicas["devices"][0]
+            if replicas.microbatches else replicas.devices[0]
         where = (f"gradients summed and the update run once on {home}"
                  if plan.schedule else f"variables on {home}")
     pipelines = (f", each a pipeline of {len(set(plan.stages.values()))} stages over "
-                 f"{replicas['microbatches']} micro-batches") \
-        if replicas.get("microbatches") else ""
-    return (f"Data parallel: {len(replicas['devices'])} replicas ({shares} of {batch})"
+                 f"{replicas.microbatches} micro-batches") \
+        if replicas.microbatches else ""
+    return (f"Data parallel: {len(replicas.devices)} replicas ({shares} of {batch})"
             f"{pipelines}; {where}")
 
 
@@ -257,7 +257,7 @@ def _pipeline(plan):
         return (f"<p>{_e(replicas_line(plan))}.</p>" + _table(
                     ("replica", "device", "share", "samples"),
                     [(r, d, f"{f:.3f}", round(f * batch)) for r, (d, f) in
-                     enumerate(zip(replicas["devices"], replicas["fractions"]))]))
+                     enumerate(zip(replicas.devices, replicas.fractions))]))
     if plan.splits:
         return ("<p>Not pipelined. Filter splits: each op's output channels computed in "
                 "slices on several devices, concatenated on the op's own device.</p>"

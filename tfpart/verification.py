@@ -256,7 +256,7 @@ def _planned_device(plan, planned, device_map):
     from rewriters.pipeline import original_op_name, replica_of_op
 
     replicas = plan.replicas
-    pinned = set(replicas["pinned"]) if replicas else set()
+    pinned = set(replicas.pinned) if replicas else set()
     splits = plan.splits or {}
     stand_ins = device_stand_ins(replicas, plan.assignment)
 

@@ -309,7 +309,7 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
                            "--batch-size", 16, "--eval-every", 30)
     assert run.returncode == 0, failure(run.stderr, out.parent)
     plan = Plan.load(out / "plan.json")
-    assert plan.algorithm == "data_parallel" and len(plan.replicas["devices"]) == 2
+    assert plan.algorithm == "data_parallel" and len(plan.replicas.devices) == 2
     evaluations = rows(out / "evaluations.csv")
     assert [int(e["update"]) for e in evaluations] == [0, 30, 60]
     assert float(evaluations[-1]["accuracy"]) > float(evaluations[0]["accuracy"]) + 0.2

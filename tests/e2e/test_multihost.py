@@ -111,10 +111,10 @@ def test_worker_killed_mid_run_is_a_clean_error(model, how, exported, tmp_path):
         model, out = exported(model), tmp_path / "out"
         plan = compile_model(model, workers.path, out, batch_size=16, **how).plan
         assert len({plan.assignment[op] for op in plan.stages} |
-                   set((plan.replicas or {}).get("devices", []))) == 2
+                   set(plan.replicas.devices if plan.replicas else ())) == 2
         reduce = how.get("options", {}).get("reduce")
         if reduce:
-            assert plan.replicas["reduce"] == reduce
+            assert plan.replicas.reduce == reduce
             assert b"CollectiveReduceV2" in (out / "saved_model.pb").read_bytes()
         run = subprocess.Popen([sys.executable, "-m", "tfpart.cli", "run", str(out),
                                 "--cluster", str(workers.path), "--repeats", "10000000"],

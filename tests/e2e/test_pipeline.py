@@ -174,9 +174,9 @@ def test_data_parallel_replicas_match_the_original(name, reduce, exported, local
                            batch_size=12, algorithm="data_parallel",
                            options={"replicas": 3, "reduce": reduce})
     replicas = result.plan.replicas
-    assert result.plan.microbatches == 3 and len(set(replicas["devices"])) == 3
-    assert [round(f * 12) for f in replicas["fractions"]] == [5, 5, 2]
-    assert bool(replicas["pinned"]) == (reduce == "one_device")
+    assert result.plan.microbatches == 3 and len(set(replicas.devices)) == 3
+    assert [round(f * 12) for f in replicas.fractions] == [5, 5, 2]
+    assert bool(replicas.pinned) == (reduce == "one_device")
     for batch in (2, 7, 12):  # 2: one replica gets no row
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)
@@ -232,13 +232,13 @@ def test_replicas_of_a_placement_or_pipeline_match_the_original(
                            algorithm="hybrid", options={"groups": 2, "form": form,
                                                         "reduce": reduce})
     replicas = result.plan.replicas
-    groups = [set(placement.values()) for placement in replicas["placements"]]
+    groups = [set(placement.values()) for placement in replicas.placements]
     assert len(groups) == 2 and not groups[0] & groups[1]
     if form == "pipeline":
         assert len(set(result.plan.stages.values())) == 2
         assert all(len(group) == 2 for group in groups)
-        assert result.plan.microbatches == 2 * replicas["microbatches"] > 2
-        assert replicas["reduce"] == reduce
+        assert result.plan.microbatches == 2 * replicas.microbatches > 2
+        assert replicas.reduce == reduce
     for batch in (3, 7, 16):
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)

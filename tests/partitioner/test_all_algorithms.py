@@ -131,7 +131,7 @@ def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, clust
             continue
         assert kernel_problem(cost) is None, name
         check_plan(plan, graph, cluster)
-        for placement in (plan.replicas or {}).get("placements") or ():
+        for placement in (plan.replicas.placements if plan.replicas else None) or ():
             for op, device in placement.items():
                 allowed = graph.ops[op]["allowed_kinds"]
                 assert allowed is None or kind[device] in allowed, (name, op, device)

@@ -77,7 +77,7 @@ def test_the_partitioner_all_reduces_heavy_weights_when_both_copies_fit():
              for reduce in ("one_device", "all_reduce")}
     assert steps["all_reduce"] < steps["one_device"]
     chosen = partition(cost, DataParallelOptions(batch_size=64, replicas=2))
-    assert chosen.replicas["reduce"] == "all_reduce" and chosen.replicas["pinned"] == []
+    assert chosen.replicas.reduce == "all_reduce" and chosen.replicas.pinned == ()
     assert chosen.step_time == pytest.approx(steps["all_reduce"])
 
 
@@ -87,7 +87,7 @@ def test_a_copy_per_device_that_does_not_fit_leaves_one_copy():
     with pytest.raises(PlacementError):
         partition(cost, DataParallelOptions(batch_size=64, replicas=2, reduce="all_reduce"))
     chosen = partition(cost, DataParallelOptions(batch_size=64, replicas=2))
-    assert chosen.replicas["reduce"] == "one_device"
+    assert chosen.replicas.reduce == "one_device"
 
 
 def test_an_unknown_reduction_is_refused():

@@ -39,26 +39,26 @@ def test_each_replica_pipelines_over_its_own_group_of_matching_kinds(cost, reduc
                                          reduce=reduce))
     replicas = plan.replicas
     kind = {d.name: d.kind.name for d in cost.cluster.devices}
-    groups = [set(placement.values()) for placement in replicas["placements"]]
+    groups = [set(placement.values()) for placement in replicas.placements]
     assert len(groups) == 2 and not groups[0] & groups[1]
     stages = sorted(set(plan.stages.values()))
     assert len(stages) == 2 and all(len(group) == 2 for group in groups)
     for op, stage in plan.stages.items():  # stage k on the same kind in every replica
-        if op in replicas["placements"][0]:
-            assert len({kind[p[op]] for p in replicas["placements"]}) == 1, op
-    assert replicas["placements"][0] == {op: plan.assignment[op]
-                                         for op in replicas["placements"][0]}
-    assert replicas["reduce"] == reduce
+        if op in replicas.placements[0]:
+            assert len({kind[p[op]] for p in replicas.placements}) == 1, op
+    assert replicas.placements[0] == {op: plan.assignment[op]
+                                         for op in replicas.placements[0]}
+    assert replicas.reduce == reduce
     if reduce == "one_device":  # variables and their reads stay on the first replica's
-        assert set(replicas["pinned"]) == {f"read{i}" for i in range(12)}
-        assert not set(replicas["pinned"]) & set(replicas["placements"][1])
+        assert set(replicas.pinned) == {f"read{i}" for i in range(12)}
+        assert not set(replicas.pinned) & set(replicas.placements[1])
     else:  # each replica reads its own copy, on the device of the stage reading it
-        assert replicas["pinned"] == []
+        assert replicas.pinned == ()
         for i in range(12):
-            assert [p[f"read{i}"] for p in replicas["placements"]] == [
-                p[f"mm{i}"] for p in replicas["placements"]]
-    assert plan.microbatches == 2 * replicas["microbatches"] >= 2
-    assert sum(replicas["fractions"]) == pytest.approx(1.0)
+            assert [p[f"read{i}"] for p in replicas.placements] == [
+                p[f"mm{i}"] for p in replicas.placements]
+    assert plan.microbatches == 2 * replicas.microbatches >= 2
+    assert sum(replicas.fractions) == pytest.approx(1.0)
     assert plan.step_time > 0 and plan.step_time >= plan.lower_bound
 
 
@@ -69,10 +69,10 @@ def test_shares_follow_the_replicas_simulated_speed():
     cluster = cluster_of_devices(["V100", "T4", "T4", "T4"])
     plan = partition(CostModel(chain(), cluster),
                      HybridOptions(batch_size=16, groups=2, form="pipeline"))
-    placements = plan.replicas["placements"]
+    placements = plan.replicas.placements
     assert cluster.device_names[0] in placements[0].values()
     assert cluster.device_names[0] not in placements[1].values()
-    fractions = plan.replicas["fractions"]
+    fractions = plan.replicas.fractions
     assert fractions[0] > fractions[1] and sum(fractions) == pytest.approx(1.0)
 
 
@@ -81,7 +81,7 @@ def test_the_hybrid_keeps_the_faster_form(cost):
              for form in ("placement", "pipeline")}
     chosen = partition(cost, HybridOptions(batch_size=16, groups=2))
     assert chosen.step_time == pytest.approx(min(steps.values()))
-    assert bool(chosen.replicas.get("microbatches")) == (steps["pipeline"] < steps["placement"])
+    assert bool(chosen.replicas.microbatches) == (steps["pipeline"] < steps["placement"])
 
 
 def test_an_unknown_form_is_refused(cost):
