@@ -59,12 +59,44 @@ REGISTRY = {algorithm.name: algorithm for algorithm in [
 ]}
 
 
+PLUGIN_GROUP = "tfpart.algorithms"
+
+
+def plugin(module, options, stages=False):
+    """An :class:`Algorithm` from a module outside tfpart: ``module.partition(cost,
+    options) -> Plan``, its options dataclass, its docstring's first line as summary.
+    An installed package offers it under the ``tfpart.algorithms`` entry-point group
+    (``name = package.module:ALGORITHM`` with ``ALGORITHM = plugin(...)`` in that
+    module), and ``--algorithm name`` finds it: no file of tfpart changes.
+
+    >>> from partitioner import single_device
+    >>> plugin(single_device, single_device.SingleDeviceOptions).name
+    'single_device'
+    """
+    return _entry(module.__name__.rsplit(".", 1)[-1], module, options, stages)
+
+
+def _installed_plugins():
+    """The algorithms installed packages offer (:func:`plugin`), by entry-point name."""
+    from importlib.metadata import entry_points
+
+    found = {}
+    for point in entry_points(group=PLUGIN_GROUP):
+        algorithm = point.load()
+        found[point.name] = dataclasses.replace(algorithm, name=point.name)
+    return found
+
+
 def get(name):
-    """The registered algorithm ``name``; PlacementError naming the choices if none."""
-    if name not in REGISTRY:
+    """The registered algorithm ``name``, tfpart's own or an installed plug-in's
+    (:func:`plugin`); PlacementError naming the choices if none."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    plugins = _installed_plugins()
+    if name not in plugins:
         raise PlacementError("", f"no algorithm {name!r} (choose from "
-                             f"{', '.join(sorted(REGISTRY))})")
-    return REGISTRY[name]
+                             f"{', '.join(sorted({*REGISTRY, *plugins}))})")
+    return plugins[name]
 
 
 def parse_options(name, pairs=(), base=None):
