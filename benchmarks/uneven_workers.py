@@ -267,8 +267,8 @@ def row(label, plan, seconds, batch_size):
         if len(replicas.fractions) > 1:
             shares += f", {(replicas.reduce or 'one_device').replace('_', ' ')}"
     elif splits:
-        channels = [sum(split["sizes"]) for split in splits.values()]
-        fast = sum(split["sizes"][0] for split in splits.values())
+        channels = [sum(split.sizes) for split in splits.values()]
+        fast = sum(split.sizes[0] for split in splits.values())
         shares = f"{len(splits)} ops split, {fast}/{sum(channels) - fast} channels"
     else:
         shares = "-"

@@ -415,7 +415,7 @@ def placed_cost(plan, cost):
     device_of = np.array([names.index(plan.assignment[op]) for op in cost.ops])
     if not plan.splits:
         return cost, device_of
-    return split_cost(cost, {op: ([names.index(d) for d in split["devices"]], split["sizes"])
+    return split_cost(cost, {op: ([names.index(d) for d in split.devices], split.sizes)
                              for op, split in plan.splits.items()}, device_of)
 
 

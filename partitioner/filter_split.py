@@ -38,8 +38,8 @@ the step although the activations and half the weights cross between them.
 >>> g.add_edge("x", "y", bytes=4 * n * n); g.add_edge("w", "y", bytes=4 * n * n)
 >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
 >>> plan = partition(cost)
->>> plan.splits["y"]["sizes"], round(float(plan.step_time / cost.compute[2, 0]), 2)
-([2048, 2048], 0.51)
+>>> plan.splits["y"].sizes, round(float(plan.step_time / cost.compute[2, 0]), 2)
+((2048, 2048), 0.51)
 """
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ Examples
 ...     x = tf.constant(np.arange(6.0).reshape(2, 3), name="x")
 ...     w = tf.constant(np.arange(12.0).reshape(3, 4), name="w")
 ...     y = tf.matmul(x, w, name="y")
->>> split, devices = split_channels(graph.as_graph_def(), {"y": {
-...     "devices": ["/device:CPU:0", "/device:CPU:1"], "sizes": [3, 1]}},
-...     lambda name: "/device:CPU:0")
+>>> from tfpart.plan import Split
+>>> split, devices = split_channels(graph.as_graph_def(), {"y": Split(
+...     ["/device:CPU:0", "/device:CPU:1"], [3, 1])}, lambda name: "/device:CPU:0")
 >>> devices["y/tfpart_split/part1"], [n.op for n in split.node if n.name == "y"]
 ('/device:CPU:1', ['ConcatV2'])
 >>> with tf.Graph().as_default():
@@ -48,7 +48,7 @@ def split_channels(graph_def, splits, device_of):
     ----------
     graph_def : tensorflow.GraphDef
     splits : dict
-        A plan's ``splits``: op name -> ``{"devices": [...], "sizes": [...]}``.
+        A plan's ``splits``: op name -> :class:`tfpart.plan.Split`.
     device_of : callable
         The planned device of a node of ``graph_def``, by name.
 
@@ -92,7 +92,7 @@ def _split_node(node, split, device_of):
     index, axis = rule
     data = [source for source in node.input if not source.startswith("^")]
     control = [source for source in node.input if source.startswith("^")]
-    scope, sizes = f"{node.name}/{SCOPE}", [int(size) for size in split["sizes"]]
+    scope, sizes = f"{node.name}/{SCOPE}", [int(size) for size in split.sizes]
     operand_device = device_of(data[index].split(":")[0])
     own_device = device_of(node.name)
     dtype = node.attr["T"]
@@ -110,7 +110,7 @@ def _split_node(node, split, device_of):
                   (_node(f"{scope}/shape_head", "Slice", [
                       data[sizes_input], f"{scope}/shape_begin", f"{scope}/shape_size"],
                       T=_type("int32"), Index=_type("int32")), own_device)]
-    for i, (device, size) in enumerate(zip(split["devices"], sizes)):
+    for i, (device, size) in enumerate(zip(split.devices, sizes)):
         inputs = list(data)
         inputs[index] = f"{scope}/slices:{i}"
         if sizes_input is not None:

@@ -152,7 +152,8 @@ def compare(source, out, cluster_file, cluster, args):
         "devices_used": len(set(result.plan.devices_used()) |
                             set(result.plan.replicas.devices if result.plan.replicas else ())),
         "replicas": result.plan.replicas and result.plan.replicas.to_dict(),
-        "splits": result.plan.splits,
+        "splits": result.plan.splits and {op: split.to_dict()
+                                          for op, split in result.plan.splits.items()},
         "split_types": sorted({result.graph.ops[op]["op_type"]
                                for op in result.plan.splits or ()}),
         "splits_read": [op for op in result.plan.splits or ()

@@ -41,7 +41,7 @@ def splits_line(plan):
     splits = plan.splits
     if not splits:
         return "Filter split: no split shortens the predicted step; a placement of whole ops"
-    shown = [f"{op}: " + ", ".join(f"{d} {size}" for d, size in zip(s["devices"], s["sizes"]))
+    shown = [f"{op}: " + ", ".join(f"{d} {size}" for d, size in zip(s.devices, s.sizes))
              for op, s in list(splits.items())[:3]]
     more = f"; and {len(splits) - 3} more" if len(splits) > 3 else ""
     return (f"Filter split: {len(splits)} op{'s' if len(splits) > 1 else ''} in slices of "

@@ -510,7 +510,7 @@ def plan_devices(plan):
         for placement in plan.replicas.placements or ():
             named.update(placement.values())
     for split in (plan.splits or {}).values():
-        named.update(split["devices"])
+        named.update(split.devices)
     return named
 
 

@@ -107,9 +107,7 @@ class Plan:
     microbatches: int = 1
     schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
     replicas: Replicas | None = None  # data parallel, hybrid (a dict is made one)
-    # filter splits: {op: {"devices": [...], "sizes": [...]}}: slice i of the op's output
-    # channels (sizes[i] of them) runs on devices[i] (tfpart.splits)
-    splits: dict | None = None
+    splits: dict | None = None  # filter splits: op -> Split (a dict is made one)
     predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
@@ -117,12 +115,17 @@ class Plan:
     def __post_init__(self):
         if isinstance(self.replicas, dict):
             self.replicas = Replicas.from_dict(self.replicas)
+        if self.splits:
+            self.splits = {op: split if isinstance(split, Split) else Split(**split)
+                           for op, split in self.splits.items()}
 
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self):
         data = asdict(self)
         if self.replicas is not None:
             data["replicas"] = self.replicas.to_dict()
+        if self.splits is not None:
+            data["splits"] = {op: split.to_dict() for op, split in self.splits.items()}
         return {"format_version": PLAN_FORMAT_VERSION, **data}
 
     @classmethod
@@ -237,6 +240,27 @@ class Replicas:
         if self.placements is not None:
             data["placements"] = [dict(placement) for placement in self.placements]
         return data
+
+
+@dataclass(frozen=True)
+class Split:
+    """An op's output channels cut across devices (:mod:`tfpart.splits`): slice ``i``,
+    ``sizes[i]`` channels, runs on ``devices[i]``. Its JSON form (an entry of
+    plan.json's ``splits``) is :meth:`to_dict`.
+
+    >>> Split(["A", "B"], [96, 32]).to_dict()
+    {'devices': ['A', 'B'], 'sizes': [96, 32]}
+    """
+
+    devices: tuple
+    sizes: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "sizes", tuple(int(size) for size in self.sizes))
+
+    def to_dict(self):
+        return {"devices": list(self.devices), "sizes": list(self.sizes)}
 
 
 def all_reduces(replicas):

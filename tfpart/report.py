@@ -262,7 +262,7 @@ def _pipeline(plan):
         return ("<p>Not pipelined. Filter splits: each op's output channels computed in "
                 "slices on several devices, concatenated on the op's own device.</p>"
                 + _table(("op", "slices (device: channels)"),
-                         [(op, ", ".join(f"{d}: {n}" for d, n in zip(s["devices"], s["sizes"])))
+                         [(op, ", ".join(f"{d}: {n}" for d, n in zip(s.devices, s.sizes)))
                           for op, s in sorted(plan.splits.items())]))
     if pipeline is None:
         return "<p>Not pipelined.</p>"

@@ -202,8 +202,8 @@ def test_filter_split_models_match_the_original(name, exported, local_cpus, writ
     assert splittable and set(splits) == set(splittable)
     slow = result.cluster.device_names[2]
     for split in splits.values():  # the slow CPU's slice, where it has one, is the least
-        if slow in split["devices"]:
-            assert split["sizes"][split["devices"].index(slow)] == min(split["sizes"])
+        if slow in split.devices:
+            assert split.sizes[split.devices.index(slow)] == min(split.sizes)
     for batch in (1, 8, 13):
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)
@@ -212,7 +212,7 @@ def test_filter_split_models_match_the_original(name, exported, local_cpus, writ
                   for name, device in report.placement.items() if "/tfpart_split/part" in name}
         assert {op for op, _ in slices} == set(splits)
         for op, split in splits.items():
-            assert len({device for o, device in slices if o == op}) == len(split["devices"])
+            assert len({device for o, device in slices if o == op}) == len(split.devices)
 
 
 @pytest.mark.parametrize("name, form, reduce", [

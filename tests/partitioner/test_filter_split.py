@@ -86,8 +86,8 @@ def test_splits_are_kept_only_where_they_pay(graph, cluster):
     again = Plan.from_dict(plan.to_dict())
     assert np.isclose(simulate_plan(again, cost).makespan, plan.step_time)
     for split in plan.splits.values():
-        assert len(split["devices"]) == len(set(split["devices"])) >= 2
-        assert min(split["sizes"]) >= 1
+        assert len(split.devices) == len(set(split.devices)) >= 2
+        assert min(split.sizes) >= 1
 
 
 def test_shares_follow_each_device_speed_and_slow_links_forbid_splits():
@@ -109,11 +109,11 @@ def test_shares_follow_each_device_speed_and_slow_links_forbid_splits():
 
     fast = CostModel(graph, cluster("300GB/s"))
     plan = filter_split.partition(fast)
-    sizes = plan.splits["y"]["sizes"]
+    sizes = plan.splits["y"].sizes
     times = fast.compute[fast.index["y"]]
     assert sizes[0] > sizes[1] and sum(sizes) == n
     assert abs(sizes[0] / n - (1 / times[0]) / (1 / times[0] + 1 / times[1])) < 1 / n + 1e-9
-    assert plan.splits["y"]["devices"] == fast.cluster.device_names  # the V100 first
+    assert list(plan.splits["y"].devices) == fast.cluster.device_names  # the V100 first
     assert filter_split.partition(CostModel(graph, cluster("1GB/s"))).splits == {}
 
 
