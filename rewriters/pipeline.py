@@ -126,7 +126,8 @@ def pipeline_pass(model, plan, workdir):
         return SavedModelParts(_pipelined_tf1(model.directory, model.proto, plan),
                                model.directory)
     target = Path(workdir) / "pipelined"
-    device_of, kept, signature = _save_pipelined(model.directory, model.proto, plan, target)
+    device_of, kept, signature, resources = _save_pipelined(model.directory, model.proto,
+                                                            plan, target)
     proto = read_saved_model(target)
     run_without_xla(proto.meta_graphs[0], kept["without_xla"], signature)
     objects = proto.meta_graphs[0].object_graph_def
@@ -140,7 +141,6 @@ def pipeline_pass(model, plan, workdir):
         if obj.HasField("variable"):  # the signature's own, a replica's copy, or unread
             obj.variable.device = planned.get(node_id) or \
                 device_of.get(obj.variable.name, host)
-    resources = _resource_devices(model.proto, plan)
     for node_id, path in object_paths(objects).items():
         name = path.removeprefix("root.tfpart_resources.")
         if name != path and name.isdigit() and objects.nodes[node_id].HasField("resource"):
@@ -184,11 +184,9 @@ def _pipelined_tf1(model_dir, proto, plan):
     return new
 
 
-def _resource_devices(proto, plan):
+def _resource_devices(flat, plan):
     """The planned device of each table the pipelined model captures, in the order of
     its ``tfpart_resources`` (sorted by op name; assets have none)."""
-    flat = flatten_signature(proto, "", plan.context.get("batch_size"),
-                             plan.context.get("signature"))
     names = sorted(c.op_name for c in flat.info.captures.values() if c.kind in HANDLE_KINDS)
     return [plan.assignment.get(name, "") for name in names]
 
@@ -197,7 +195,8 @@ def _save_pipelined(model_dir, proto, plan, staging):
     """Save the pipelined model into ``staging``; return the planned device of each
     saved variable, by its name (the caller writes them into the object graph, which
     lets the compile machine save plans for devices it does not have), what it kept of
-    the original (:func:`rewriters.endpoints.kept_endpoints`) and the signature."""
+    the original (:func:`rewriters.endpoints.kept_endpoints`), the signature and the
+    planned device of each table (:func:`_resource_devices`)."""
     tf = tensorflow()
     context = plan.context
     flat = flatten_signature(proto, model_dir, context.get("batch_size"),
@@ -256,7 +255,7 @@ def _save_pipelined(model_dir, proto, plan, staging):
                        [flat.info.signature, *kept["compiled_signatures"]]})
     tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
-    return device_of, kept, flat.info.signature
+    return device_of, kept, flat.info.signature, _resource_devices(flat, plan)
 
 
 def _add_replica_copies(module, plan, values):
