@@ -7,7 +7,7 @@ Each real model (exported by Keras with random weights, once, into ``--work``) i
 compiled with ``tfpart compile`` on the default cluster, without ``--verify``, in a
 fresh process, twice: the first run after an empty numba cache (``first``: the kernels
 compile), the second with the cache (the time a user sees from then on). A row gives
-the phases of the second run (:mod:`tfpart.phases`), its total wall time, the first
+the phases of the second run (:mod:`tfpart.core.phases`), its total wall time, the first
 run's wall time and the peak resident memory. The synthetic graphs (random DAGs of
 10k and 100k ops on 8 GPUs, :mod:`benchmarks.synthetic`) time the cost model and the
 greedy partitioner alone, in this process.

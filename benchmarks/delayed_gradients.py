@@ -17,7 +17,7 @@ delay is zero: sequential SGD, the reference compensation tries to approach.
 The model, data and hyper-parameters are the real benchmark's: a 64-512-512-10
 perceptron (ReLU, softmax cross-entropy, Glorot-uniform weights), the generated data
 set with a seeded fifth held out, batches of 128, SGD at 0.05 with momentum 0.9. The
-update is :func:`tfpart.delay_compensation.update`, the rule the parameter servers run.
+update is :func:`tfpart.trainer.delay_compensation.update`, the rule the parameter servers run.
 The gradients are computed in numpy (checked against TensorFlow's in
 ``tests/test_delayed_gradients.py``), which also gives the empirical Fisher diagonal
 (the mean of the per-sample squared gradients) that the compensation's ``g ⊙ g``
@@ -48,9 +48,9 @@ from rich.console import Console
 
 from benchmarks.async_training import data_set, spread
 from benchmarks.markdown import show_rows
-from tfpart.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
+from tfpart.trainer.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
                                        running_freshness, update)
-from tfpart.trainer import TrainOptions, held_out_split
+from tfpart.trainer.loop import TrainOptions, held_out_split
 
 console = Console(highlight=False)
 SLOWER = 3.0  # the last worker's gradient takes this many times longer

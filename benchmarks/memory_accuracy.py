@@ -149,7 +149,7 @@ def main(argv=None):
 
 def measure_case(console, work, name, mode, strategy, model, batch, signature, args):
     """Compile ``model`` one way for fresh workers, run it, and return a row per device."""
-    from tfpart.cluster import normalize_device_name
+    from tfpart.core.cluster import normalize_device_name
     from tfpart.compile import compile_model
     from tfpart.local_workers import LocalWorkers
 
@@ -247,7 +247,7 @@ def run_client(cluster_file, out, steps):
     import numpy as np
 
     from rewriters.tf_import import tensorflow
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.runtime import load, random_inputs, runnable
 
     tf = tensorflow()

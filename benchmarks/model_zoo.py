@@ -39,7 +39,7 @@ export_keras_application(sys.argv[3], sys.argv[1], int(sys.argv[2]), classes=10)
 COMPILE = """
 import json, sys, time
 from tfpart.compile import compile_model
-from tfpart.errors import TfpartError
+from tfpart.core.errors import TfpartError
 start = time.perf_counter()
 try:
     result = compile_model(sys.argv[1], sys.argv[2], sys.argv[3], batch_size=2,
@@ -58,9 +58,9 @@ print(json.dumps({"ops": len(result.graph), "seconds": time.perf_counter() - sta
 FRACTION_COMPILE = """
 import json, sys, time
 from profiles import DEFAULT_CLUSTER_FILE
-from tfpart.cluster import load_cluster
+from tfpart.core.cluster import load_cluster
 from tfpart.compile import compile_model, plan_model
-from tfpart.errors import TfpartError
+from tfpart.core.errors import TfpartError
 model, out, fraction = sys.argv[1], sys.argv[2], float(sys.argv[3])
 alone = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=2,
                    algorithm="single")[0]

@@ -34,7 +34,7 @@ from costmodel import CostModel
 from partitioner import HEURISTICS, ilp
 from partitioner.ilp import ILPOptions
 from profiles import CLUSTERS_DIR
-from tfpart.cluster import load_cluster
+from tfpart.core.cluster import load_cluster
 from tfpart.importers import load_moirai
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"

@@ -38,7 +38,7 @@ from rich.table import Table
 
 from examples.models import export_conv_tower
 from tfpart.local_workers import LocalWorkers
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 
 def tfpart_json(*args, timeout=1800):

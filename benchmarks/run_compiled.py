@@ -82,8 +82,8 @@ def main(argv=None):
     parser.add_argument("--inter", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from tfpart.cluster import load_cluster
-    from tfpart.plan import Plan
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.plan import Plan
     from tfpart.runtime import ensure_local_cpus, load, random_inputs
     from tfpart.servers import connect, set_threads
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profiles import CLUSTERS_DIR, DEFAULT_MODEL_DIR
-from tfpart.cluster import load_cluster
+from tfpart.core.cluster import load_cluster
 from tfpart.compile import plan_model
 from tfpart.strategy_request import STRATEGIES
 

@@ -1,8 +1,8 @@
 """Synthetic graphs and clusters for the partitioning benchmarks (seeded, numpy only)."""
 from __future__ import annotations
 
-from tfpart.cluster import cluster_from_dict
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.graph import OpGraph
 
 KINDS = ["V100", "T4", "A100-40GB", "L4", "H100"]
 

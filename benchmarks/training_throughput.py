@@ -44,7 +44,7 @@ from rich.table import Table
 
 from benchmarks.pipeline_throughput import measure_link, tfpart_json
 from tfpart.local_workers import LocalWorkers
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 VARIANTS = [("(a) one worker", ["--algorithm", "single"]),
             ("(b) op placement", ["--algorithm", "greedy"]),

@@ -51,7 +51,7 @@ from benchmarks.pipeline_throughput import tfpart_json
 from benchmarks.training_throughput import measured_cluster, time_in_fresh_client
 from examples.clusters import with_slower_cpu
 from tfpart.local_workers import LocalWorkers
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 REPLICAS = ["--algorithm", "data_parallel", "--option", "replicas=2"]
 VARIANTS = [("(a) one worker", "uneven", ["--algorithm", "single"]),

@@ -2,15 +2,15 @@
 list schedules (numba cannot walk networkx's dictionaries).
 
 Edges are stored twice in compressed sparse rows: by producer (``succ_*``, in the order
-of :meth:`~tfpart.graph.OpGraph.out_edges`) and by consumer (``pred_*``, in the order of
-:meth:`~tfpart.graph.OpGraph.in_edges`), so a compiled loop visits them in the order
+of :meth:`~tfpart.core.graph.OpGraph.out_edges`) and by consumer (``pred_*``, in the order of
+:meth:`~tfpart.core.graph.OpGraph.in_edges`), so a compiled loop visits them in the order
 the Python code did and makes the same choices. Built once per cost model and cached
 on it (:func:`graph_arrays`).
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
+>>> from tfpart.core.graph import OpGraph
+>>> from tfpart.core.cluster import cluster_of_devices
 >>> from costmodel.roofline import CostModel
 >>> g = OpGraph()
 >>> for n in "abc": g.add_op(n, op_type="Relu")
@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from costmodel.memory import new_output_bytes, output_bytes, scratch_bytes
-from tfpart.ops import ALIASING_OPS, FORWARDING_OPS, SHAPE_ONLY_OPS, WEIGHT_OPS
+from tfpart.core.ops import ALIASING_OPS, FORWARDING_OPS, SHAPE_ONLY_OPS, WEIGHT_OPS
 
 
 @dataclass(frozen=True)

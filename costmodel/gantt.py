@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfpart.ops import op_class
+from tfpart.core.ops import op_class
 
 CLASS_COLOURS = {"matmul": "#1f77b4", "elementwise": "#2ca02c", "reduction": "#ff7f0e",
                  "data_movement": "#9467bd"}

@@ -21,7 +21,7 @@ A *kernel table* is the same without ``fitted`` (and optionally without
 TensorFlow, each op possibly also timed at other precisions (``time_s_fp32``,
 ``time_s_bf16``; ``time_s`` is at TensorFlow's default for the kind, TF32 where it
 has it) and with ``output_shapes``. Loading one fits a
-:class:`~tfpart.cluster.KernelEfficiency` per kernel class
+:class:`~tfpart.core.cluster.KernelEfficiency` per kernel class
 (:mod:`costmodel.calibration`); as the kernels exclude TensorFlow's own per-op cost,
 the kind's ``op_overhead_s`` is added to every op. FLOPs of backward-filter
 convolutions are recounted from the shapes (tables written before tfpart counted
@@ -29,7 +29,7 @@ them hold the old figure).
 
 Examples
 --------
->>> from tfpart.cluster import load_device_kinds
+>>> from tfpart.core.cluster import load_device_kinds
 >>> cpu = load_device_kinds()["cpu"]
 >>> ops = [{"op_type": "MatMul", "input_shapes": [[64, 64], [64, 64]], "time_s": 2e-5,
 ...         "count": 1, "flops": 524288.0, "bytes_accessed": 49152.0}]
@@ -51,12 +51,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from costmodel.roofline import roofline_time
-from tfpart.cluster import KernelEfficiency, load_device_kinds
-from tfpart.errors import ProfileError
-from tfpart.input_files import json_text, read_json
-from tfpart.flops import op_flops
-from tfpart.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
-from tfpart.output_folders import write_file_atomically
+from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+from tfpart.core.errors import ProfileError
+from tfpart.core.input_files import json_text, read_json
+from tfpart.core.flops import op_flops
+from tfpart.core.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
+from tfpart.core.output_folders import write_file_atomically
 
 FORMAT = "tfpart-measured-profile/1"
 MAX_PROFILE_BYTES = 256 * 2**20  # a million measured ops' rows
@@ -209,7 +209,7 @@ def _device_kind(path):
 
 def read_profile_json(path):
     """The parsed JSON of a profile or kernel table: a regular file of at most
-    :data:`MAX_PROFILE_BYTES`, strict JSON (:mod:`tfpart.input_files`); ProfileError
+    :data:`MAX_PROFILE_BYTES`, strict JSON (:mod:`tfpart.core.input_files`); ProfileError
     naming it otherwise."""
     return read_json(path, ProfileError, max_bytes=MAX_PROFILE_BYTES,
                      what="a readable JSON profile")

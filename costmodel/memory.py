@@ -10,8 +10,8 @@ decision uses it.
 """
 from __future__ import annotations
 
-from tfpart.dtypes import chunk_bytes, tensor_bytes
-from tfpart.ops import ALIASING_OPS, INPUT_COPYING_OPS
+from tfpart.core.dtypes import chunk_bytes, tensor_bytes
+from tfpart.core.ops import ALIASING_OPS, INPUT_COPYING_OPS
 
 
 def output_bytes(attrs):
@@ -51,7 +51,7 @@ def all_alive_memory(graph, assignment, device_names):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
     >>> g.add_op("y", op_type="MatMul", outputs=[((64,), "float32")])
@@ -84,7 +84,7 @@ def memory_lower_bound(graph, n_devices):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)
     >>> g.add_op("y", op_type="MatMul", outputs=[((64,), "float32")], colocation="w")

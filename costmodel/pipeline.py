@@ -14,8 +14,8 @@ Examples
 Two equal stages on two devices: four micro-batches take about (4 + 1) stage times
 instead of 2 × 4.
 
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
+>>> from tfpart.core.graph import OpGraph
+>>> from tfpart.core.cluster import cluster_of_devices
 >>> g = OpGraph()
 >>> g.add_op("a", op_type="Relu", bytes_accessed=4e9)
 >>> g.add_op("b", op_type="Relu", bytes_accessed=4e9)
@@ -35,10 +35,10 @@ import numpy as np
 
 from costmodel.roofline import CostModel
 from costmodel.simulate import simulate
-from tfpart.dtypes import tensor_bytes
-from tfpart.graph import OpGraph
-from tfpart.ops import STATE_OPS, TABLE_CREATORS, WEIGHT_OPS
-from tfpart.plan import all_reduces, device_stand_ins, replica_device
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.graph import OpGraph
+from tfpart.core.ops import STATE_OPS, TABLE_CREATORS, WEIGHT_OPS
+from tfpart.core.plan import all_reduces, device_stand_ins, replica_device
 
 
 

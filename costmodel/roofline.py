@@ -3,7 +3,7 @@
 The time of an op on a device kind is its kernel's time plus the executor's fixed
 cost per op (``op_overhead_s``). The kernel takes ``max(launch_s, flops /
 (peak[precision] * compute), bytes_accessed / (memory_bandwidth * memory))`` with the
-:class:`~tfpart.cluster.KernelEfficiency` of its kernel class on that kind (datasheet
+:class:`~tfpart.core.cluster.KernelEfficiency` of its kernel class on that kind (datasheet
 guesses, or fitted to measured kernels by :mod:`costmodel.calibration`). The
 precision is TensorFlow's (:func:`compute_precision`): TF32 units for float32
 matmuls and convolutions where the kind has them and the cluster allows them, the
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfpart.cluster import alpha_beta
-from tfpart.limits import check_planned_devices
-from tfpart.ops import FREE_OPS, MATMUL_OPS
+from tfpart.core.cluster import alpha_beta
+from tfpart.core.limits import check_planned_devices
+from tfpart.core.ops import FREE_OPS, MATMUL_OPS
 
 DTYPE_PRECISIONS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                    "float64": "fp64", "double": "fp64"}
@@ -32,7 +32,7 @@ def compute_precision(op_type, dtype, kind, tf32=True):
     (other ops are priced at the fp32 vector peak: they are memory-bound in practice)
     and the column of a measured kernel table.
 
-    >>> from tfpart.cluster import load_device_kinds
+    >>> from tfpart.core.cluster import load_device_kinds
     >>> kinds = load_device_kinds()
     >>> [compute_precision("MatMul", "float32", kinds[k]) for k in ("H100", "V100", "cpu")]
     ['tf32', 'fp32', 'fp32']
@@ -58,7 +58,7 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
                   precision="fp32"):
     """Seconds for one op on a device kind.
 
-    >>> from tfpart.cluster import load_device_kinds
+    >>> from tfpart.core.cluster import load_device_kinds
     >>> v100 = load_device_kinds()["V100"]
     >>> t = roofline_time("MatMul", 2 * 4096**3, 3 * 4 * 4096**2, v100)
     >>> round(t * 1e3, 2)  # ms: compute bound at 70% of 15.7 TFLOP/s
@@ -80,7 +80,7 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
 
 def _dense_link_table(name):
     """A :class:`CostModel` attribute: the table ``name`` of
-    :meth:`tfpart.cluster.LinkTable.arrays` of its cluster, built on first use."""
+    :meth:`tfpart.core.cluster.LinkTable.arrays` of its cluster, built on first use."""
     return property(lambda cost: cost._link_arrays()[name],
                     doc=f"``{name}[src, dst]`` of the link between two devices (0 on one).")
 
@@ -94,8 +94,8 @@ class CostModel:
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> g = OpGraph()
     >>> g.add_op("a", op_type="MatMul", flops=1e9, bytes_accessed=1e6)
     >>> g.add_op("b", op_type="AsString", allowed_kinds=frozenset({"cpu"}))

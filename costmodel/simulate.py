@@ -42,7 +42,7 @@ import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 from costmodel.splits import split_cost
-from tfpart.ops import STATE_OPS
+from tfpart.core.ops import STATE_OPS
 
 
 @dataclass
@@ -73,8 +73,8 @@ def upward_rank(cost):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> for n in "abc": g.add_op(n, op_type="Relu", bytes_accessed=2e10)
@@ -125,8 +125,8 @@ def start_first_priority(cost):
     wait behind another replica's whole forward pass there (data-parallel replicas,
     :func:`costmodel.pipeline.replicas_graph`).
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp"); g.add_op("read", op_type="ReadVariableOp")
@@ -187,8 +187,8 @@ def simulate(cost, device_of, priority=None, memory=True):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> for n in "abc": g.add_op(n, op_type="Relu", bytes_accessed=2e10)
@@ -219,8 +219,8 @@ def simulated_step(cost, device_of, priority):
     """The step time and bytes moved of :func:`simulate`, without building a Schedule
     (for searches that simulate thousands of placements of a small graph).
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> for n in "ab": g.add_op(n, op_type="Relu", bytes_accessed=2e10)
@@ -386,12 +386,12 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
 
 
 def simulate_plan(plan, cost):
-    """Simulate a :class:`~tfpart.plan.Plan` (device names) with a cost model (its
+    """Simulate a :class:`~tfpart.core.plan.Plan` (device names) with a cost model (its
     filter splits made: :func:`placed_cost`).
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
+    >>> from tfpart.core.plan import Plan
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph(); g.add_op("a", op_type="Relu", bytes_accessed=2e10)
     >>> cluster = cluster_of_devices(["cpu"])
@@ -408,7 +408,7 @@ def placed_cost(plan, cost):
     names = cost.cluster.device_names
     missing = [op for op in cost.ops if op not in plan.assignment]
     if missing:
-        from tfpart.errors import PlacementError
+        from tfpart.core.errors import PlacementError
 
         raise PlacementError("", f"the plan does not place {len(missing)} ops of this "
                              f"model, e.g. {missing[0]} (was it made for another model?)")
@@ -436,8 +436,8 @@ def live_peak(cost, device_of, priority=None):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> from costmodel.roofline import CostModel
     >>> g = OpGraph()
     >>> g.add_op("w", op_type="VarHandleOp", param_bytes=400)

@@ -1,5 +1,5 @@
 """The cost of filter splits: an op's output channels computed in slices on several
-devices (:mod:`tfpart.splits`).
+devices (:mod:`tfpart.core.splits`).
 
 :func:`split_graph` rewrites a graph the way the rewriter does: the sliced operand
 goes whole to a ``SplitV`` on its producer's device, which sends each slice to its
@@ -14,7 +14,7 @@ Examples
 A matmul split 3:1 over two devices: the slices do 3/4 and 1/4 of the arithmetic, the
 weights' columns are cut on the weights' device, the activations go to both.
 
->>> from tfpart.graph import OpGraph
+>>> from tfpart.core.graph import OpGraph
 >>> g = OpGraph()
 >>> g.add_op("x", op_type="Placeholder", outputs=[((8, 16), "float32")])
 >>> g.add_op("w", op_type="ReadVariableOp", outputs=[((16, 4), "float32")])
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfpart.dtypes import tensor_bytes
-from tfpart.graph import OpGraph
-from tfpart.splits import SCOPE, part_name
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.graph import OpGraph
+from tfpart.core.splits import SCOPE, part_name
 
 
 def slicer_name(op):
@@ -49,7 +49,7 @@ def split_graph(graph, splits, device_of):
 
     Parameters
     ----------
-    graph : tfpart.graph.OpGraph
+    graph : tfpart.core.graph.OpGraph
     splits : dict
         Op name -> ``(device indices, channel counts)``, one pair per slice, in the
         order of the output's channels; the op must carry ``sliced``.
@@ -58,7 +58,7 @@ def split_graph(graph, splits, device_of):
 
     Returns
     -------
-    (tfpart.graph.OpGraph, dict)
+    (tfpart.core.graph.OpGraph, dict)
         The split graph and the device index of each of its ops.
     """
     split, where = OpGraph(), dict(device_of)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from tfpart.graph import OpGraph
-from tfpart.ops import ALIASING_OPS, WEIGHT_OPS
+from tfpart.core.graph import OpGraph
+from tfpart.core.ops import ALIASING_OPS, WEIGHT_OPS
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ example shows its algorithm, not the same three imports."""
 import pytest
 
 from costmodel import CostModel
-from tfpart.cluster import cluster_of_devices
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.graph import OpGraph
 
 
 @pytest.fixture(autouse=True)

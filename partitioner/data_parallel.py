@@ -61,8 +61,8 @@ from partitioner.finish import fastest_plan, make_plan
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from partitioner.validate import kernel_problem
-from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.errors import PlacementError
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def partition(cost, options=DataParallelOptions()):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If no device can run every op, or no split of the batch fits in memory.
     """
     graph = cost.graph

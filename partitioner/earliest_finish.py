@@ -77,7 +77,7 @@ from partitioner.list_schedules import (earliest_task_first, fastest_single_devi
                                         memory_topological, topological_split)
 from partitioner.units import expand, less_room, placement_units
 from partitioner.validate import kernel_problem, memory_hint
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 GATHER_TOLERANCE = 0.01  # placements this close in simulated step count as equal
@@ -117,7 +117,7 @@ def greedy_placement(cost, options=GreedyOptions()):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If an op runs on no device, or memory runs out (naming the roomiest device).
     """
     graph, cluster = cost.graph, cost.cluster

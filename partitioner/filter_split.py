@@ -53,7 +53,7 @@ from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
 from partitioner.list_schedules import fastest_single_device
 from partitioner.shares import proportional_shares
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def partition(cost, options=FilterSplitOptions()):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         As the greedy does: an op no device runs, or no placement fits in memory.
     """
     starts = [greedy_placement(cost, options.greedy)[0]]

@@ -12,8 +12,8 @@ import numpy as np
 from costmodel.simulate import simulate
 from partitioner.lower_bound import lower_bound
 from partitioner.validate import check_plan
-from tfpart.errors import PlacementError
-from tfpart.plan import DeviceFigures, Plan, Predicted
+from tfpart.core.errors import PlacementError
+from tfpart.core.plan import DeviceFigures, Plan, Predicted
 
 
 def make_plan(cost, device_of, algorithm, options, priority=None):
@@ -33,11 +33,11 @@ def make_plan(cost, device_of, algorithm, options, priority=None):
 
     Returns
     -------
-    tfpart.plan.Plan
+    tfpart.core.plan.Plan
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If the plan breaks a device's memory or runs an op where it cannot run.
     """
     graph, cluster = cost.graph, cost.cluster
@@ -72,8 +72,8 @@ def fastest_plan(attempts, nothing_fits):
     or raise PlacementError); if none makes one, the first failure, else
     ``nothing_fits`` (a PlacementError) when there was no attempt at all.
 
-    >>> from tfpart.errors import PlacementError
-    >>> from tfpart.plan import Plan, Predicted
+    >>> from tfpart.core.errors import PlacementError
+    >>> from tfpart.core.plan import Plan, Predicted
     >>> def plan(step):
     ...     return lambda: Plan(assignment={}, predicted=Predicted(step_time=step, devices={}))
     >>> def fails():
@@ -83,7 +83,7 @@ def fastest_plan(attempts, nothing_fits):
     >>> fastest_plan([fails], None)
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: no room
+    tfpart.core.errors.PlacementError: no room
     """
     best, failure = None, None
     for attempt in attempts:

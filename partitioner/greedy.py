@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
-from tfpart.collector import with_collector_paused
+from tfpart.core.collector import with_collector_paused
 
 __all__ = ["GreedyOptions", "partition"]
 
@@ -33,7 +33,7 @@ def partition(cost, options=GreedyOptions()):
 
     Returns
     -------
-    tfpart.plan.Plan
+    tfpart.core.plan.Plan
     """
     device_of, priority = greedy_placement(cost, options)
     return make_plan(cost, device_of, "greedy", options, priority)

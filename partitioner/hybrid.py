@@ -42,8 +42,8 @@ from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
-from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.errors import PlacementError
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def partition(cost, options=HybridOptions()):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If the cluster has fewer than four devices, or no grouping can run every op
         within memory.
     """

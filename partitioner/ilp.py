@@ -54,7 +54,7 @@ from partitioner.finish import make_plan
 from partitioner.lower_bound import critical_path_bound
 from partitioner.units import less_room
 from partitioner.validate import memory_hint
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def earliest_task_first(cost):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If some colocation group fits or runs on no device that has room left, or the
         result breaks a device's memory bound (the bound counts tensors received from
         other devices, which the schedule's ledger cannot know in advance).
@@ -191,7 +191,7 @@ def memory_topological(cost):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If some unit fits or runs on no device that has room left.
     """
     cluster = cost.cluster

@@ -34,6 +34,6 @@ def partition(cost, options=METFOptions()):
 
     Returns
     -------
-    tfpart.plan.Plan
+    tfpart.core.plan.Plan
     """
     return make_plan(cost, earliest_task_first(cost), "m_etf", options)

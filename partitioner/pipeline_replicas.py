@@ -41,9 +41,9 @@ from costmodel.roofline import CostModel
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
 from partitioner.shares import proportional_shares
-from tfpart.cluster import sub_cluster
-from tfpart.errors import PlacementError
-from tfpart.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.cluster import sub_cluster
+from tfpart.core.errors import PlacementError
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas
 
 
 def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None,
@@ -63,13 +63,13 @@ def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None
         Fix each replica's micro-batch count and a training step's schedule (else
         :mod:`partitioner.pipeline_stages` chooses them).
     reductions : tuple of str
-        How the gradients may be reduced (:data:`tfpart.plan.REDUCTIONS`): one copy
+        How the gradients may be reduced (:data:`tfpart.core.plan.REDUCTIONS`): one copy
         of the variables on the first replica's devices, or a copy per replica and
         the gradients all-reduced among the devices that hold them; the faster.
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If the groups differ in size, the graph carries per-device transfer tables
         (imported graphs), or no pipeline fits.
     """

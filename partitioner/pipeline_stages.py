@@ -43,9 +43,9 @@ from partitioner.coarsen import CoarsenOptions, coarsen, regroup
 from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
 from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
                                          place_followers)
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 from partitioner.validate import check_plan
-from tfpart.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
+from tfpart.core.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
 
 
 @dataclass(frozen=True)

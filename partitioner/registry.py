@@ -13,7 +13,7 @@ ILPOptions(time_limit=5.0, mip_gap=0.0001, solver='highs', max_units=40, link_qu
 >>> parse_options("greedy", ["insertion=maybe"])
 Traceback (most recent call last):
 ...
-tfpart.errors.PlacementError: --option insertion=maybe: not a bool (true or false)
+tfpart.core.errors.PlacementError: --option insertion=maybe: not a bool (true or false)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from partitioner import (data_parallel, filter_split, greedy, hybrid, ilp, m_etf, m_topo, min_cut, pipeline,
                          random_placement, round_robin, single_device, topo_split)
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 @dataclass(frozen=True)

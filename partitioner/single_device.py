@@ -15,7 +15,7 @@ import numpy as np
 
 from partitioner.finish import make_plan
 from partitioner.list_schedules import fastest_single_device
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,11 @@ def partition(cost, options=SingleDeviceOptions()):
 
     Returns
     -------
-    tfpart.plan.Plan
+    tfpart.core.plan.Plan
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If no single device can hold and run the model.
     """
     best = fastest_single_device(cost)

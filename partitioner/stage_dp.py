@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 IDEAL_LIMIT = 20_000
 

@@ -23,7 +23,7 @@ import numpy as np
 import pulp
 
 from partitioner.stage_dp import load_of
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 def solve_ilp(problem, time_limit=60.0):

@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 
 from costmodel.memory import new_output_bytes
-from tfpart.graph import OpGraph
-from tfpart.ops import WEIGHT_OPS
+from tfpart.core.graph import OpGraph
+from tfpart.core.ops import WEIGHT_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 GRADIENT_SCOPE = re.compile(r"(^|/)(gradient_tape|gradients(_\d+)?)/")

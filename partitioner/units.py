@@ -17,7 +17,7 @@ import numpy as np
 from costmodel.arrays import graph_arrays
 from costmodel.memory import size_text
 from costmodel.simulate import activation_peak
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 @dataclass

@@ -4,21 +4,21 @@ Every algorithm's plan passes through :func:`check_plan` before it is returned.
 
 Examples
 --------
->>> from tfpart.plan import Plan
+>>> from tfpart.core.plan import Plan
 >>> g = OpGraph(); g.add_op("a"); g.add_op("b", colocation="a")
 >>> plan = Plan(assignment={"a": "/job:localhost/replica:0/task:0/device:CPU:0",
 ...                         "b": "/job:localhost/replica:0/task:0/device:CPU:1"})
 >>> check_plan(plan, g, cluster_of_devices(["cpu", "cpu"]))
 Traceback (most recent call last):
 ...
-tfpart.errors.PlacementError: colocation group 'a' is split over 2 devices: a, b
+tfpart.core.errors.PlacementError: colocation group 'a' is split over 2 devices: a, b
 """
 from __future__ import annotations
 
 import numpy as np
 
 from costmodel.memory import memory_lower_bound, size_text
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 HOST_KIND = "cpu"  # the device kind that runs host-only ops (strings, hash tables)
 
@@ -28,9 +28,9 @@ def check_plan(plan, graph, cluster, memory=None):
 
     Parameters
     ----------
-    plan : tfpart.plan.Plan
-    graph : tfpart.graph.OpGraph
-    cluster : tfpart.cluster.Cluster
+    plan : tfpart.core.plan.Plan
+    graph : tfpart.core.graph.OpGraph
+    cluster : tfpart.core.cluster.Cluster
     memory : dict, optional
         The plan's peak bytes per device name (default: the predicted
         ``peak_memory_bytes`` of the plan's devices; not checked if it has none).

@@ -1,6 +1,6 @@
 """Data: device kinds (datasheet figures), example clusters, example models.
 
-Nothing here imports the rest of tfpart; the files are read by ``tfpart.cluster`` and
+Nothing here imports the rest of tfpart; the files are read by ``tfpart.core.cluster`` and
 ``costmodel``.
 """
 from pathlib import Path

@@ -54,8 +54,8 @@ from rewriters.captures import HANDLE_KINDS, load_captured, state_input_map, var
 from rewriters.functions import split_input
 from rewriters.flatten import flatten_signature
 from rewriters.tf_import import tensorflow
-from tfpart.errors import ModelError
-from tfpart.ops import LOOP_EXIT_OPS
+from tfpart.core.errors import ModelError
+from tfpart.core.ops import LOOP_EXIT_OPS
 
 PROBE_ROWS = 3  # the longer run's rows; the shorter one has PROBE_ROWS - 1
 OPAQUE_DTYPES = ("resource", "variant")
@@ -68,7 +68,7 @@ def batch_mixing_ops(proto, path, signature=None):
 
     Raises
     ------
-    tfpart.errors.ModelError
+    tfpart.core.errors.ModelError
         If the graph cannot run on a few rows of random inputs (then no micro-batch or
         replica can be shown exact).
     """

@@ -18,7 +18,7 @@ asset          a string ``Const``: the file's path          ``assets/<id>``
                under ``assets/``
 =============  ==========================================  ===========================
 
-Any other capture is a one-line :class:`~tfpart.errors.ModelError` naming it and why.
+Any other capture is a one-line :class:`~tfpart.core.errors.ModelError` naming it and why.
 
 Examples
 --------
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rewriters.functions import split_input
-from tfpart.errors import ModelError, first_line
+from tfpart.core.errors import ModelError, first_line
 
 KINDS = ("variable", "constant", "resource", "asset")
 HANDLE_KINDS = ("resource", "asset")  # captures a rebuilt model must take from the original
@@ -84,7 +84,7 @@ def add_capture(flat, meta, node_id, source, path="", top=None):
 
     Raises
     ------
-    tfpart.errors.ModelError
+    tfpart.core.errors.ModelError
         If the capture is of a kind no signature should capture, or its source cannot
         be rebuilt outside the model.
     """
@@ -249,7 +249,7 @@ def load_captured(model_dir, meta, captures, path="", root=None):
 
     Raises
     ------
-    tfpart.errors.ModelError
+    tfpart.core.errors.ModelError
         If an object cannot be reached from the root, or the model not loaded.
     """
     wanted = {node_id: capture for node_id, capture in captures.items()
@@ -267,7 +267,7 @@ def load_root(model_dir):
 
     Raises
     ------
-    tfpart.errors.ModelError
+    tfpart.core.errors.ModelError
         If it does not load; naming the variables files when they are what is corrupt.
     """
     from rewriters.tf_import import tensorflow
@@ -285,7 +285,7 @@ def check_checkpoint(model_dir):
 
     Raises
     ------
-    tfpart.errors.ModelError
+    tfpart.core.errors.ModelError
         Naming the variables prefix, if a file of it is corrupt or truncated.
     """
     prefix = Path(model_dir) / "variables" / "variables"

@@ -1,5 +1,5 @@
 """Filter splits in a GraphDef: an op's output channels computed in slices on several
-devices and concatenated (:mod:`tfpart.splits` says which ops and operands).
+devices and concatenated (:mod:`tfpart.core.splits` says which ops and operands).
 
 For an op with slices of ``sizes`` channels on ``devices``, the rewritten graph has
 
@@ -23,7 +23,7 @@ Examples
 ...     x = tf.constant(np.arange(6.0).reshape(2, 3), name="x")
 ...     w = tf.constant(np.arange(12.0).reshape(3, 4), name="w")
 ...     y = tf.matmul(x, w, name="y")
->>> from tfpart.plan import Split
+>>> from tfpart.core.plan import Split
 >>> split, devices = split_channels(graph.as_graph_def(), {"y": Split(
 ...     ["/device:CPU:0", "/device:CPU:1"], [3, 1])}, lambda name: "/device:CPU:0")
 >>> devices["y/tfpart_split/part1"], [n.op for n in split.node if n.name == "y"]
@@ -37,8 +37,8 @@ True
 from __future__ import annotations
 
 from rewriters.tf_import import tensorflow
-from tfpart.errors import PlacementError
-from tfpart.splits import SCOPE, SIZES_INPUT, part_name, sliced_operand
+from tfpart.core.errors import PlacementError
+from tfpart.core.splits import SCOPE, SIZES_INPUT, part_name, sliced_operand
 
 
 def split_channels(graph_def, splits, device_of):
@@ -48,7 +48,7 @@ def split_channels(graph_def, splits, device_of):
     ----------
     graph_def : tensorflow.GraphDef
     splits : dict
-        A plan's ``splits``: op name -> :class:`tfpart.plan.Split`.
+        A plan's ``splits``: op name -> :class:`tfpart.core.plan.Split`.
     device_of : callable
         The planned device of a node of ``graph_def``, by name.
 
@@ -60,7 +60,7 @@ def split_channels(graph_def, splits, device_of):
 
     Raises
     ------
-    tfpart.errors.PlacementError
+    tfpart.core.errors.PlacementError
         If a split names an op that is missing or cannot be split.
     """
     tf = tensorflow()

@@ -11,7 +11,7 @@ def dead_ops(graph, output_ops):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> for name in "xyzw": g.add_op(name, op_type="MatMul")
     >>> g.add_op("assign", op_type="AssignVariableOp", stateful=True)
@@ -34,7 +34,7 @@ def drop_costs(graph, ops):
     tensor is sent to them or kept for them. They stay in the graph, so a plan still
     gives them a device.
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("x", op_type="MatMul", outputs=[((8,), "float32")])
     >>> g.add_op("y", op_type="MatMul", flops=64.0, outputs=[((8,), "float32")])

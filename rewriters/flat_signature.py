@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from rewriters.functions import callee, library_index, split_input
 from rewriters.tf_import import tensorflow
-from tfpart.errors import ModelError
+from tfpart.core.errors import ModelError
 
 
 @dataclass

@@ -20,8 +20,8 @@ from rewriters.functions import (callee, inlined_callee, library_index, split_in
                                  topological_nodes)
 from rewriters.tf1_reader import flatten_tf1_signature, is_tf1
 from rewriters.tf_import import tensorflow
-from tfpart.errors import ModelError
-from tfpart.limits import MAX_CALL_DEPTH, check_graph_ops
+from tfpart.core.errors import ModelError
+from tfpart.core.limits import MAX_CALL_DEPTH, check_graph_ops
 
 
 HANDLE_DTYPES = {"variant", "resource"}  # tensors whose shape says nothing of their contents
@@ -105,8 +105,8 @@ class _Inliner:
     """Copies function bodies into one flat GraphDef, call sites becoming name prefixes.
     Before copying anything it counts the ops the copies would make
     (:func:`inlined_size`): functions that call each other twice per level grow
-    exponentially, so that count is held to :data:`tfpart.limits.MAX_GRAPH_OPS` and the
-    nesting to :data:`tfpart.limits.MAX_CALL_DEPTH`."""
+    exponentially, so that count is held to :data:`tfpart.core.limits.MAX_GRAPH_OPS` and the
+    nesting to :data:`tfpart.core.limits.MAX_CALL_DEPTH`."""
 
     def __init__(self, flat, functions, source=""):
         self.flat = flat

@@ -11,7 +11,7 @@ from collections import Counter
 
 from rewriters.functions import body_functions, callee, inlined_callee, library_index, \
     split_input, topological_nodes
-from tfpart.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
+from tfpart.core.ops import CONTROL_FLOW_OPS, IDENTITY_OPS
 
 
 class FunctionWriter:

@@ -6,7 +6,7 @@ on the op's device.
 """
 from __future__ import annotations
 
-from tfpart.ops import CALL_OPS
+from tfpart.core.ops import CALL_OPS
 
 KEPT_WHOLE = ("_XlaMustCompile",)  # function attrs that keep a call one op
 

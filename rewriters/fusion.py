@@ -18,7 +18,7 @@ both, so a plan keeps together whatever any of those runtimes fuses.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
+>>> from tfpart.core.graph import OpGraph
 >>> g = OpGraph()
 >>> for name, op in [("x", "Placeholder"), ("conv", "Conv2D"), ("bias", "BiasAdd"),
 ...                  ("relu", "Relu"), ("pool", "MaxPool")]:
@@ -30,7 +30,7 @@ Examples
 """
 from __future__ import annotations
 
-from tfpart.graph import UnionFind
+from tfpart.core.graph import UnionFind
 
 CONTRACTIONS = {"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"}
 BATCH_NORMS = {"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"}

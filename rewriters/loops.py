@@ -11,7 +11,7 @@ sequence unstacked for the loop, the outputs the loop writes.
 from __future__ import annotations
 
 from rewriters.tf_import import tensorflow
-from tfpart.ops import ALIASING_OPS
+from tfpart.core.ops import ALIASING_OPS
 
 LIST_READS = {"TensorListGetItem"}  # an element of a list, its buffer shared
 LOOP_OPS = {"While", "StatelessWhile"}

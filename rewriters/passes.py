@@ -25,7 +25,7 @@ Examples
 --------
 >>> [rewriter.name for rewriter in REWRITERS]
 ['pipeline stages', 'device placement', 'device placement (TF1)']
->>> from tfpart.plan import Plan
+>>> from tfpart.core.plan import Plan
 >>> [r.name for r in REWRITERS if r.applies(Plan(assignment={"a": "/device:CPU:0"}))]
 ['device placement']
 """
@@ -67,7 +67,7 @@ def run_rewriters(model, plan, workdir, rewriters=REWRITERS, progress=None):
     ----------
     model : rewriters.savedmodel_io.SavedModelParts
         The input model; never modified.
-    plan : tfpart.plan.Plan
+    plan : tfpart.core.plan.Plan
     workdir : pathlib.Path
         Scratch space for passes that write files; keep it until the result is saved.
     rewriters : sequence of Rewriter

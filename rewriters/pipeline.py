@@ -49,10 +49,10 @@ from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
-from tfpart.errors import ModelError, PlacementError
-from tfpart.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
-from tfpart.plan import all_reduces, device_stand_ins, replica_device, replica_of
-from tfpart.splits import SCOPE as SPLIT_SCOPE
+from tfpart.core.errors import ModelError, PlacementError
+from tfpart.core.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
+from tfpart.core.plan import all_reduces, device_stand_ins, replica_device, replica_of
+from tfpart.core.splits import SCOPE as SPLIT_SCOPE
 
 # A piece imported twice under one prefix (a stage's forward, then its backward) gets
 # TensorFlow's unique-name suffix: tfpart_mb0_stage1_1/.
@@ -82,7 +82,7 @@ def replica_of_op(name, replicas):
     """The replica (the index in a plan's ``replicas``) an op of a compiled model with
     replicas runs for, or None for the shared update's and other ops.
 
-    >>> from tfpart.plan import Replicas
+    >>> from tfpart.core.plan import Replicas
     >>> four, two_each = Replicas("ABCD", [0.25] * 4), Replicas("AB", [0.5] * 2, microbatches=2)
     >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", four)
     3
@@ -106,7 +106,7 @@ def pipeline_pass(model, plan, workdir):
     ----------
     model : rewriters.savedmodel_io.SavedModelParts
         The input model (its checkpoint gives the variables' values).
-    plan : tfpart.plan.Plan
+    plan : tfpart.core.plan.Plan
         Read: ``stages``, ``microbatches``, ``assignment`` and ``context``'s
         ``signature`` and ``batch_size``.
     workdir : pathlib.Path
@@ -118,7 +118,7 @@ def pipeline_pass(model, plan, workdir):
 
     Raises
     ------
-    tfpart.errors.ModelError, tfpart.errors.PlacementError
+    tfpart.core.errors.ModelError, tfpart.core.errors.PlacementError
         If the signature cannot be pipelined (a scalar input, a graph that does not
         trace) or the checkpoint cannot be read.
     """

@@ -43,7 +43,7 @@ def placement_pass(model, plan, workdir):
     Parameters
     ----------
     model : rewriters.savedmodel_io.SavedModelParts
-    plan : tfpart.plan.Plan
+    plan : tfpart.core.plan.Plan
         Read: ``assignment``, ``context["signature"]``, ``context["devices"]`` (the
         first is the device of ops the plan does not name) and
         ``context["unread_variables"]``.
@@ -63,7 +63,7 @@ def place_devices(proto, plan, default_device=None):
     Parameters
     ----------
     proto : saved_model_pb2.SavedModel
-    plan : tfpart.plan.Plan
+    plan : tfpart.core.plan.Plan
     default_device : str, optional
         For ops the plan does not name (default: the first device the plan uses).
 

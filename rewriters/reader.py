@@ -23,10 +23,10 @@ from rewriters.fusion import fusion_groups
 from rewriters.tf1_reader import is_tf1, read_tf1_model
 from rewriters.to_opgraph import merge_colocation_groups, opgraph_of
 from rewriters.training_regions import step_regions
-from tfpart.dtypes import tensor_bytes
-from tfpart.limits import check_batch_size, check_tensor_sizes
-from tfpart.ops import RESOURCE_WRITE_OPS
-from tfpart.phases import timed
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.limits import check_batch_size, check_tensor_sizes
+from tfpart.core.ops import RESOURCE_WRITE_OPS
+from tfpart.core.phases import timed
 
 
 def read_model(proto, path="", batch_size=None, signature=None, timings=None):
@@ -43,7 +43,7 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
         Signature to read; default ``serving_default`` or the first one.
     timings : dict, optional
         Gets the seconds of the analysis (Grappler's fusions, colocation groups, a
-        training step's phases) as ``"analyse"`` (:func:`tfpart.phases.timed`).
+        training step's phases) as ``"analyse"`` (:func:`tfpart.core.phases.timed`).
 
     A TF1 SavedModel is read by :func:`rewriters.tf1_reader.read_tf1_model`.
     """
@@ -99,7 +99,7 @@ def optimizer_slot_groups(opgraph, variables, inputs):
 
     Examples
     --------
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> for name, nbytes in [("w", 64), ("m", 64), ("lr", 4), ("x", 0)]:
     ...     g.add_op(name, op_type="VarHandleOp" if nbytes else "Placeholder",

@@ -3,7 +3,7 @@
 The output is assembled in a temporary folder beside the target (variables and assets
 copied, the new ``saved_model.pb``, a fresh fingerprint, extra files such as plan.json)
 and renamed into place only when complete, so a failure leaves nothing half-written
-(:mod:`tfpart.output_folders`).
+(:mod:`tfpart.core.output_folders`).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from tfpart.errors import ModelError, first_line
-from tfpart.output_folders import move_into_place, new_staging_folder, os_errors
+from tfpart.core.errors import ModelError, first_line
+from tfpart.core.output_folders import move_into_place, new_staging_folder, os_errors
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,9 @@ def write_saved_model(proto, source_dir, out, force=False, extra_files=None, che
 
 def write_output(fill, out, force=False, extra_files=None, check=None, staging=None):
     """Call ``fill(staging)`` to write a SavedModel into a fresh folder beside ``out``
-    (or into ``staging``, one :func:`tfpart.output_folders.new_staging_folder` made),
+    (or into ``staging``, one :func:`tfpart.core.output_folders.new_staging_folder` made),
     add a fingerprint and ``extra_files``, call ``check(staging)`` if given (it may
-    raise), then move it into place (:func:`tfpart.output_folders.move_into_place`:
+    raise), then move it into place (:func:`tfpart.core.output_folders.move_into_place`:
     an existing ``out`` is replaced only with ``force`` and only if tfpart wrote it;
     nothing is left behind if anything fails)."""
     from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting

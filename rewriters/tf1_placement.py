@@ -21,7 +21,7 @@ ends share a device.
 Examples
 --------
 >>> from tensorflow.core.protobuf import saved_model_pb2
->>> from tfpart.plan import Plan
+>>> from tfpart.core.plan import Plan
 >>> proto = saved_model_pb2.SavedModel()
 >>> meta = proto.meta_graphs.add()
 >>> for name, op, inputs in [("w", "VarHandleOp", []), ("read", "ReadVariableOp", ["w"]),
@@ -38,7 +38,7 @@ from __future__ import annotations
 from rewriters.function_devices import FunctionWriter, drop_split_colocation, retarget
 from rewriters.functions import body_functions, split_input
 from rewriters.savedmodel_io import SavedModelParts
-from tfpart.ops import VARIABLE_OPS
+from tfpart.core.ops import VARIABLE_OPS
 
 
 def tf1_placement_pass(model, plan, workdir):
@@ -55,7 +55,7 @@ def place_tf1_devices(proto, plan, default_device=None):
     Parameters
     ----------
     proto : saved_model_pb2.SavedModel
-    plan : tfpart.plan.Plan
+    plan : tfpart.core.plan.Plan
     default_device : str, optional
         For nodes no rule places (default: the first device the plan uses).
 

@@ -30,11 +30,11 @@ from rewriters.flat_signature import (FlatSignature, ModelInfo, choose_signature
 from rewriters.functions import split_input
 from rewriters.tf_import import tensorflow
 from rewriters.to_opgraph import merge_colocation_groups, opgraph_of
-from tfpart.dtypes import tensor_bytes
-from tfpart.errors import ModelError
-from tfpart.graph import UnionFind
-from tfpart.ops import LOOP_BACK_OPS, LOOP_ENTRY_OPS, LOOP_EXIT_OPS, VARIABLE_OPS
-from tfpart.phases import timed
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.errors import ModelError
+from tfpart.core.graph import UnionFind
+from tfpart.core.ops import LOOP_BACK_OPS, LOOP_ENTRY_OPS, LOOP_EXIT_OPS, VARIABLE_OPS
+from tfpart.core.phases import timed
 
 
 def is_tf1(proto):

@@ -1,4 +1,4 @@
-"""The :class:`~tfpart.graph.OpGraph` of a flattened signature imported into a
+"""The :class:`~tfpart.core.graph.OpGraph` of a flattened signature imported into a
 ``tf.Graph`` (:mod:`rewriters.flatten`): each op's FLOPs, bytes accessed and output bytes
 from its inferred shapes, loops priced by their bodies and trips
 (:mod:`rewriters.loops`), state-owning ops with their persistent bytes, and colocation
@@ -10,11 +10,11 @@ from rewriters.functions import body_functions
 from rewriters.loops import (LOOP_OPS, held_by_loop, is_held, list_contents, run_ahead_ops,
                              trips_bound)
 from rewriters.tf_import import tensorflow
-from tfpart.dtypes import tensor_bytes
-from tfpart.flops import op_flops
-from tfpart.graph import OpGraph, UnionFind
-from tfpart.ops import CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS
-from tfpart.splits import SPLITTABLE_OPS, sliced_operand
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.flops import op_flops
+from tfpart.core.graph import OpGraph, UnionFind
+from tfpart.core.ops import CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS
+from tfpart.core.splits import SPLITTABLE_OPS, sliced_operand
 
 
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
@@ -164,7 +164,7 @@ def _plain_attrs(op):
 
 def _sliced(op):
     """``{"sliced": ...}`` for an op whose output channels can be split across devices
-    (:mod:`tfpart.splits`): the input it slices, that input's axis, and its producer."""
+    (:mod:`tfpart.core.splits`): the input it slices, that input's axis, and its producer."""
     if op.type not in SPLITTABLE_OPS:
         return {}
     attrs = {name: op.get_attr(name) for name in ("transpose_b", "data_format")

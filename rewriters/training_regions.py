@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
 from rewriters.flatten import tensor_shapes
-from tfpart.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, STATE_OPS
+from tfpart.core.ops import RESOURCE_WRITE_OPS, SHAPE_ONLY_OPS, STATE_OPS
 
 FORWARD, BACKWARD, UPDATE = "forward", "backward", "update"
 #: Ops whose outputs depend on their inputs' shapes only (a gradient's seed of ones).

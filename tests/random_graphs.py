@@ -1,8 +1,8 @@
 """Hypothesis strategies: random DAGs with op costs, and random heterogeneous clusters."""
 from hypothesis import strategies as st
 
-from tfpart.cluster import cluster_from_dict
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.graph import OpGraph
 
 KINDS = ["cpu", "V100", "T4", "A100-40GB", "L4"]
 

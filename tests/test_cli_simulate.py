@@ -4,7 +4,7 @@ from profiles import DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
 from tfpart.cli import main
 from tfpart.compile import compile_model
-from tfpart.plan import Plan, Predicted
+from tfpart.core.plan import Plan, Predicted
 
 
 def test_simulate_prints_figures_and_draws_a_gantt_chart(tmp_path, capsys, write_cluster):

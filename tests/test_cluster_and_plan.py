@@ -3,10 +3,10 @@ import json
 import pytest
 
 from profiles import CLUSTERS_DIR
-from tfpart.cluster import load_cluster, load_device_kinds
-from tfpart.errors import PlacementError, ProfileError
-from tfpart.graph import OpGraph
-from tfpart.plan import DeviceFigures, Plan, Predicted
+from tfpart.core.cluster import load_cluster, load_device_kinds
+from tfpart.core.errors import PlacementError, ProfileError
+from tfpart.core.graph import OpGraph
+from tfpart.core.plan import DeviceFigures, Plan, Predicted
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTERS_DIR.glob("*.json")), ids=lambda p: p.name)

@@ -40,7 +40,7 @@ def test_cli_rejects_a_corrupt_profile_in_one_line(tmp_path, capsys):
 def test_compile_without_tf32_predicts_a_slower_step_and_says_so(tmp_path, write_cluster):
     from profiles import DEFAULT_MODEL_DIR
     from tfpart.compile import plan_model
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
 
     cluster = load_cluster(write_cluster({"devices": [
         {"name": "/device:GPU:0", "kind": "A100"}, {"name": "/device:GPU:1", "kind": "L4"}]}))

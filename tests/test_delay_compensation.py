@@ -1,4 +1,4 @@
-"""The parameter servers' update rules (tfpart.delay_compensation) on hand-computed
+"""The parameter servers' update rules (tfpart.trainer.delay_compensation) on hand-computed
 tensors, in numpy and in TensorFlow."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tfpart.delay_compensation import ASYNC_MODES, Hyper, freshness, update
+from tfpart.trainer.delay_compensation import ASYNC_MODES, Hyper, freshness, update
 
 W = np.array([1.0, -2.0, 0.5])
 W_BAK = np.array([0.5, -1.0, 0.5])
@@ -43,7 +43,7 @@ def test_update_equals_the_formula_in_numpy_and_tensorflow(mode):
     compiled, an update beyond the run's total changes nothing."""
     import tensorflow as tf
 
-    from tfpart.async_training import fused_update
+    from tfpart.trainer.asynchronous import fused_update
 
     expected = by_hand(mode, 3, 1.0, step=4)
     got = update(mode, W, G, W_BAK, MS, V, 3, 1.0, HYPER, np.sqrt, 4)

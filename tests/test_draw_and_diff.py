@@ -7,7 +7,7 @@ import pytest
 
 from tfpart.cli import main
 from tfpart.picture import draw, placement_picture
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 
 def compile_example(tmp_path, name, *extra):
@@ -33,7 +33,7 @@ def test_compile_draws_an_svg_of_every_device_it_uses(tmp_path, capsys):
 
 def test_without_dot_the_dot_file_is_kept_with_how_to_render_it(tmp_path, monkeypatch):
     plan = Plan(assignment={"x": "gpu:0", "y": "gpu:1"})
-    from tfpart.graph import OpGraph
+    from tfpart.core.graph import OpGraph
 
     graph = OpGraph()
     graph.add_op("x")
@@ -50,7 +50,7 @@ def test_without_dot_the_dot_file_is_kept_with_how_to_render_it(tmp_path, monkey
 @pytest.mark.any_onednn
 def test_resnet50_picture_is_readable_and_shows_every_device_and_crossing(exported):
     from profiles import CLUSTERS_DIR
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.compile import plan_model
 
     cluster = load_cluster(CLUSTERS_DIR / "hetero_2v100_2t4.json")
@@ -102,7 +102,7 @@ def test_diff_of_a_file_that_is_not_a_plan_is_one_line_and_exit_2(tmp_path, caps
 
 def test_a_data_parallel_picture_says_every_replica_runs_every_op():
     from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.compile import plan_model
     from tfpart.picture import placement_picture
 
@@ -118,7 +118,7 @@ def test_a_dense_tangle_draws_only_its_heaviest_edges_and_says_so():
     """Every scope feeding every later one on alternating devices: 780 edges between
     40 boxes; the picture keeps the 150 heaviest (crossing ones first) and its title
     counts the rest, so Graphviz lays it out in well under a second."""
-    from tfpart.graph import OpGraph
+    from tfpart.core.graph import OpGraph
 
     graph = OpGraph()
     names = [f"net/layer{k}/op" for k in range(40)]

@@ -14,7 +14,7 @@ import pytest
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
-from tfpart.limits import MAX_GRAPH_OPS, MAX_MICROBATCHES, MAX_PLANNED_DEVICES
+from tfpart.core.limits import MAX_GRAPH_OPS, MAX_MICROBATCHES, MAX_PLANNED_DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TF_MEMORY = 2 * 2**30  # address space of a command that fails before TensorFlow
@@ -89,8 +89,8 @@ def test_bad_json_in_a_kinds_file_a_profile_and_a_plan(case, tmp_path):
 
 
 def test_nan_in_a_kind_given_through_the_api_is_refused():
-    from tfpart.cluster import cluster_from_dict
-    from tfpart.errors import ClusterError
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.core.errors import ClusterError
 
     entry = {"peak_flops": {"fp32": float("nan")}, "memory_bandwidth": 1e12,
              "memory": 1e10, "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10,
@@ -104,8 +104,8 @@ def test_nan_in_a_kind_given_through_the_api_is_refused():
 
 
 def test_a_plan_with_a_non_finite_figure_is_not_written(tmp_path):
-    from tfpart.errors import OutputError
-    from tfpart.plan import Plan, Predicted
+    from tfpart.core.errors import OutputError
+    from tfpart.core.plan import Plan, Predicted
 
     plan = Plan(assignment={"a": "/device:CPU:0"},
                 predicted=Predicted(step_time=float("nan"), devices={}))
@@ -188,8 +188,8 @@ def many_devices(n):
 
 def test_ten_thousand_devices_load_in_seconds(tmp_path):
     from costmodel.roofline import CostModel
-    from tfpart.cluster import load_cluster
-    from tfpart.graph import OpGraph
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.graph import OpGraph
 
     path = write(tmp_path / "c.json", json.dumps(many_devices(10_000)))
     start = time.monotonic()
@@ -214,7 +214,7 @@ def test_too_many_devices_to_plan(tmp_path):
 
 def test_link_tables_equal_pairwise_links():
     """The dense tables the solvers read hold each pair's own link."""
-    from tfpart.cluster import cluster_from_dict, sub_cluster
+    from tfpart.core.cluster import cluster_from_dict, sub_cluster
 
     cluster = cluster_from_dict(many_devices(24))
     arrays = cluster.link_table.arrays()
@@ -323,8 +323,8 @@ def example_plan(tmp_path_factory):
     """A plan of the example model: every op on the first device."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
-    from tfpart.cluster import load_cluster
-    from tfpart.plan import Plan
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.plan import Plan
 
     graph, info = read_model(read_saved_model(DEFAULT_MODEL_DIR), DEFAULT_MODEL_DIR)
     device = load_cluster(DEFAULT_CLUSTER_FILE).device_names[0]

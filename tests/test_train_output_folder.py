@@ -6,16 +6,16 @@ import threading
 
 import pytest
 
-from tfpart.errors import OutputError
-from tfpart.output_folders import MARKER, write_marker
-from tfpart.trainer import check_output, continued_rows, training_output
+from tfpart.core.errors import OutputError
+from tfpart.core.output_folders import MARKER, write_marker
+from tfpart.trainer.loop import check_output, continued_rows, training_output
 
 IDENTITY = {"options": {"mode": "sync", "seed": 3, "batch_size": 8}, "data_sha256": "d",
             "model_sha256": "m", "workers": 2, "ps": 0}
 
 
 def describe(saved):
-    from tfpart.trainer import identity_difference
+    from tfpart.trainer.loop import identity_difference
 
     return identity_difference(saved, IDENTITY, "data.npz", "model/")
 

@@ -90,7 +90,7 @@ def main(argv=None):
 
     from examples.models import export_training_step
     from tests.conftest import local_cluster
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.local_workers import LocalWorkers
 
     directory = args.directory

@@ -19,18 +19,19 @@ import cycles with the packages below it.
 
 >>> import tfpart
 >>> tfpart.load_cluster.__module__
-'tfpart.cluster'
+'tfpart.core.cluster'
 """
 from importlib import import_module
 
-_API = {"Cluster": "tfpart.cluster", "load_cluster": "tfpart.cluster",
-        "Plan": "tfpart.plan", "TfpartError": "tfpart.errors",
+_API = {"Cluster": "tfpart.core.cluster", "load_cluster": "tfpart.core.cluster",
+        "Plan": "tfpart.core.plan", "TfpartError": "tfpart.core.errors",
         "compile_model": "tfpart.compile", "plan_model": "tfpart.compile",
         "load": "tfpart.runtime", "verify": "tfpart.verification", "connect": "tfpart.servers",
         "time_model": "tfpart.timing", "LocalWorkers": "tfpart.local_workers",
         "export_train_step": "tfpart.training", "draw": "tfpart.picture",
-        "diff_plans": "tfpart.plan_diff", "train": "tfpart.trainer",
-        "TrainOptions": "tfpart.trainer", "trained_weights": "tfpart.trainer",
+        "diff_plans": "tfpart.plan_diff", "train": "tfpart.trainer.loop",
+        "TrainOptions": "tfpart.trainer.loop",
+        "trained_weights": "tfpart.trainer.loop",
         "CostModel": "costmodel", "simulate_plan": "costmodel.simulate",
         "write_gantt": "costmodel.gantt", "runnable": "tfpart.runtime",
         "ensure_local_cpus": "tfpart.runtime", "resolve_strategy": "tfpart.strategy_request",

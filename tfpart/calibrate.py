@@ -29,13 +29,13 @@ from pathlib import Path
 from costmodel.calibration import fit_link
 from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
-from tfpart import input_files
-from tfpart.cluster import KernelEfficiency, load_device_kinds
-from tfpart.errors import OutputError, ProfileError
+from tfpart.core import input_files
+from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+from tfpart.core.errors import OutputError, ProfileError
 
 
 def read_json(path, what):
-    """The parsed JSON at ``path`` (bounded and strict, :mod:`tfpart.input_files`);
+    """The parsed JSON at ``path`` (bounded and strict, :mod:`tfpart.core.input_files`);
     ProfileError naming the file if it is not."""
     return input_files.read_json(path, ProfileError, what=f"a readable JSON {what}")
 
@@ -81,7 +81,7 @@ def calibrate(kernels_path, links_path=None, kinds_path=DEVICE_KINDS_FILE):
 
     Raises
     ------
-    tfpart.errors.ProfileError
+    tfpart.core.errors.ProfileError
         A table is missing or malformed (the message names the field), or names a
         kind the kinds file does not have.
     """

@@ -4,7 +4,7 @@
 Errors a user can cause print one line, ``tfpart: error: <file>: <problem>``, and exit
 with code 2. Arguments and input files are checked before TensorFlow is imported, so
 such errors come at once; TensorFlow's own logging is kept out of the output
-(:mod:`tfpart.quiet`). Tables and progress use ``rich`` (a well-kept terminal library,
+(:mod:`tfpart.core.quiet`). Tables and progress use ``rich`` (a well-kept terminal library,
 rather than hand-aligned columns and spinners).
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
-from tfpart.errors import OutputError, TfpartError, VerificationError
-from tfpart.output_folders import check_inputs_outside, check_replaceable
+from tfpart.core.errors import OutputError, TfpartError, VerificationError
+from tfpart.core.output_folders import check_inputs_outside, check_replaceable
 from tfpart.report import replicas_line
 from tfpart.strategy_request import STRATEGY_CHOICES
-from tfpart.quiet import library_output_captured, user_stderr
+from tfpart.core.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
@@ -33,7 +33,7 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 def splits_line(plan):
     """One line on a plan's filter splits: how many ops, over which devices.
 
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.plan import Plan
     >>> splits_line(Plan(assignment={}, splits={"conv": {
     ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "sizes": [40, 24]}}))
     'Filter split: 1 op in slices of its output channels (conv: /device:CPU:0 40, /device:CPU:1 24)'
@@ -161,7 +161,7 @@ def fusion_kinds(groups, graph, most=3):
     """The kinds of the fused kernels ``groups`` (lists of op names of ``graph``), the
     most common first, as their op types joined by "+".
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> graph = OpGraph()
     >>> for name, op_type in [("m", "MatMul"), ("b", "BiasAdd"), ("c", "Conv2D"),
     ...                       ("d", "BiasAdd"), ("e", "Conv2D"), ("f", "BiasAdd")]:
@@ -247,7 +247,7 @@ def cmd_compile(args):
 
 
 def cmd_diff(args):
-    from tfpart.plan import Plan
+    from tfpart.core.plan import Plan
     from tfpart.plan_diff import diff_plans
 
     _check_inputs(files=[args.before, args.after])
@@ -261,12 +261,12 @@ def _check_inputs(models=(), cluster=None, profiles=(), files=()):
     model a folder of folders and regular files (no FIFO, no device) with a
     saved_model.pb of at most protobuf's 2 GiB, the
     cluster file (and its kinds file) and profiles valid, bounded strict JSON, and
-    other files regular files (JSON ones of bounded size, :mod:`tfpart.input_files`)."""
+    other files regular files (JSON ones of bounded size, :mod:`tfpart.core.input_files`)."""
     from rewriters.savedmodel_io import check_model_dir
-    from tfpart.cluster import load_cluster
-    from tfpart.errors import ModelError
-    from tfpart.input_files import check_regular_file, check_tree
-    from tfpart.plan import MAX_PLAN_BYTES
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.errors import ModelError
+    from tfpart.core.input_files import check_regular_file, check_tree
+    from tfpart.core.plan import MAX_PLAN_BYTES
 
     for model in models:
         check_regular_file(check_model_dir(model), ModelError, max_bytes=MAX_SAVED_MODEL_BYTES)
@@ -335,7 +335,7 @@ def _check_profile_output(path):
 
 def _efficiency_text(value):
     """A fitted fraction, or a KernelEfficiency's JSON, in a few characters."""
-    from tfpart.cluster import KernelEfficiency
+    from tfpart.core.cluster import KernelEfficiency
 
     if isinstance(value, (int, float)):
         return f"{value:.2f}"
@@ -428,7 +428,7 @@ def print_pipeline_run(run, plan):
 
 
 def cmd_worker(args):
-    from tfpart.cluster import cluster_from_dict, load_cluster
+    from tfpart.core.cluster import cluster_from_dict, load_cluster
     from tfpart.servers import StopSignals, start_server
 
     if args.cluster:
@@ -472,7 +472,7 @@ def _run_cluster(args):
     """The cluster named by ``--cluster`` (tasks to connect to), or None (run here)."""
     if not getattr(args, "cluster", None):
         return None
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.servers import check_workers, cluster_spec
 
     cluster = load_cluster(args.cluster)
@@ -520,13 +520,13 @@ def cmd_run(args):
 
 def cmd_train(args):
     _check_inputs(models=[args.model], cluster=args.cluster, files=[args.data])
-    from tfpart.trainer import check_output
+    from tfpart.trainer.loop import check_output
 
     check_output(args.output, [args.model, args.data, args.cluster])  # before TensorFlow
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 
-    from tfpart.trainer import TrainOptions, train
+    from tfpart.trainer.loop import TrainOptions, train
 
     options = TrainOptions(mode=args.mode, steps=args.steps, batch_size=args.batch_size,
                            learning_rate=args.lr, momentum=args.momentum,
@@ -724,8 +724,8 @@ POSITIVE_OPTIONS = ("batch_size", "repeats", "intra_threads", "inter_threads", "
 
 def option_problem(args):
     """What is wrong with the sizes given on the command line, before any work: each
-    must be positive, a batch size at most :data:`tfpart.limits.MAX_BATCH_SIZE`,
-    micro-batches at most :data:`tfpart.limits.MAX_MICROBATCHES` and no more than the
+    must be positive, a batch size at most :data:`tfpart.core.limits.MAX_BATCH_SIZE`,
+    micro-batches at most :data:`tfpart.core.limits.MAX_MICROBATCHES` and no more than the
     batch size; None if nothing is.
 
     >>> option_problem(argparse.Namespace(batch_size=4, microbatches=8))
@@ -733,7 +733,7 @@ def option_problem(args):
     >>> print(option_problem(argparse.Namespace(batch_size=10**10, microbatches=None)))
     --batch-size 10000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
     """
-    from tfpart.limits import MAX_BATCH_SIZE, MAX_MICROBATCHES
+    from tfpart.core.limits import MAX_BATCH_SIZE, MAX_MICROBATCHES
 
     for option in POSITIVE_OPTIONS:
         if getattr(args, option, None) is not None and getattr(args, option) <= 0:
@@ -831,7 +831,7 @@ def _raise_terminated(signum, frame):
 
 def entry(argv=None):
     """The ``tfpart`` command: :func:`main` with TensorFlow's logging kept out of the
-    terminal (:mod:`tfpart.quiet`)."""
+    terminal (:mod:`tfpart.core.quiet`)."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)
     try:

@@ -19,14 +19,14 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
 from partitioner.validate import check_kernels
-from tfpart.cluster import load_cluster
-from tfpart.errors import ModelError, PlacementError, VerificationError, model_errors
-from tfpart.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
+from tfpart.core.cluster import load_cluster
+from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
+from tfpart.core.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
                            check_tensors_fit)
-from tfpart.ops import writes_state
-from tfpart.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
+from tfpart.core.ops import writes_state
+from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
-from tfpart.phases import timed
+from tfpart.core.phases import timed
 from tfpart.report import placement_section, write_report
 from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
@@ -48,7 +48,7 @@ class CompileResult:
 def unread_variables(info, cluster):
     """Where the variables the signature never reads go (the first device's host CPU,
     off every accelerator) and what they hold."""
-    from tfpart.cluster import host_of
+    from tfpart.core.cluster import host_of
 
     return {"device": f"{host_of(cluster.device_names[0])}/device:CPU:0",
             "count": len(info.unread_variables),
@@ -74,7 +74,7 @@ def planning_cluster(cluster, unread, headroom):
     PlacementError
         If they alone overflow that device."""
     from costmodel.memory import size_text
-    from tfpart.cluster import normalize_device_name, with_memory
+    from tfpart.core.cluster import normalize_device_name, with_memory
 
     names = [normalize_device_name(name) for name in cluster.device_names]
     host = normalize_device_name(unread["device"])
@@ -357,7 +357,7 @@ def _check_batch_option(settings, batch_size):
     >>> _check_batch_option(PipelineOptions(batch_size=4), 8)
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: --option batch_size=4: the batch size is the model's (8; set it with --batch-size)
+    tfpart.core.errors.PlacementError: --option batch_size=4: the batch size is the model's (8; set it with --batch-size)
     """
     default = next(f.default for f in dataclasses.fields(settings) if f.name == "batch_size")
     if settings.batch_size not in (default, batch_size):
@@ -376,7 +376,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
 
     With ``verify`` the compiled model is run against the original
     (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
-    or a failed verification (:class:`~tfpart.errors.VerificationError`), leaves no
+    or a failed verification (:class:`~tfpart.core.errors.VerificationError`), leaves no
     output behind; the report is ``result.verification``."""
     request = strategy if isinstance(strategy, StrategyRequest) else resolve_strategy(
         strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
@@ -454,13 +454,13 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     """Read a model and a plan.json and simulate the plan; (schedule, cost, plan), or
     (PipelineRun, cost, plan) for a pipelined plan. The plan is checked against the
     cluster before the model is read (:func:`check_plan_devices`, its batch size and
-    micro-batches within :mod:`tfpart.limits`) and against the model after
+    micro-batches within :mod:`tfpart.core.limits`) and against the model after
     (:func:`check_plan_ops`): PlacementError naming the plan file otherwise."""
     from costmodel.simulate import simulate_plan
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
-    from tfpart.limits import check_batch_size
-    from tfpart.plan import Plan
+    from tfpart.core.limits import check_batch_size
+    from tfpart.core.plan import Plan
 
     plan = Plan.load(plan_file)
     batch_size = plan.context.get("batch_size")
@@ -499,7 +499,7 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
 def plan_devices(plan):
     """Every device a plan names: its assignment's, its replicas' and its splits'.
 
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.plan import Plan
     >>> sorted(plan_devices(Plan(assignment={"a": "A"}, splits={"a": {
     ...     "devices": ["A", "B"], "sizes": [1, 1]}})))
     ['A', 'B']
@@ -518,13 +518,13 @@ def check_plan_devices(plan, cluster, source):
     """PlacementError naming ``source`` if ``plan`` names a device ``cluster`` lacks
     or a stage past the cluster's devices (one device per stage).
 
-    >>> from tfpart.cluster import cluster_of_devices
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.cluster import cluster_of_devices
+    >>> from tfpart.core.plan import Plan
     >>> check_plan_devices(Plan(assignment={"a": "/device:GPU:0"}),
     ...                    cluster_of_devices(["cpu"]), "plan.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: plan.json: places ops on /device:GPU:0, which the cluster 'uniform' does not have
+    tfpart.core.errors.PlacementError: plan.json: places ops on /device:GPU:0, which the cluster 'uniform' does not have
     """
     unknown = sorted(plan_devices(plan) - set(cluster.device_names))
     if unknown:
@@ -542,17 +542,17 @@ def check_plan_ops(plan, graph, source):
     ``graph`` (its assignment, and its stages, splits and replicas' placements name
     none it lacks).
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.plan import Plan
     >>> g = OpGraph(); g.add_op("a"); g.add_op("b")
     >>> check_plan_ops(Plan(assignment={"a": "A", "b": "A", "c": "A"}), g, "plan.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: plan.json: places 1 op the model does not have, e.g. c (was the plan made for another model or batch size?)
+    tfpart.core.errors.PlacementError: plan.json: places 1 op the model does not have, e.g. c (was the plan made for another model or batch size?)
     >>> check_plan_ops(Plan(assignment={"a": "A"}), g, "plan.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: plan.json: does not place 1 op of the model, e.g. b (was the plan made for another model or batch size?)
+    tfpart.core.errors.PlacementError: plan.json: does not place 1 op of the model, e.g. b (was the plan made for another model or batch size?)
     """
     missing = [op for op in graph.ops if op not in plan.assignment]
     if missing:

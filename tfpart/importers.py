@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfpart.cluster import cluster_from_dict
-from tfpart.errors import ModelError
-from tfpart.graph import OpGraph, UnionFind
-from tfpart.input_files import read_json
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.errors import ModelError
+from tfpart.core.graph import OpGraph, UnionFind
+from tfpart.core.input_files import read_json
 
 
 def _read(path):

@@ -15,8 +15,8 @@ takes seconds to minutes and the picture is a tangle anyway.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.plan import Plan
+>>> from tfpart.core.graph import OpGraph
+>>> from tfpart.core.plan import Plan
 >>> g = OpGraph()
 >>> for n in ("net/x", "net/a/MatMul", "net/a/Relu", "net/b/MatMul"): g.add_op(n)
 >>> g.add_edge("net/x", "net/a/MatMul", bytes=4e6)
@@ -55,7 +55,7 @@ class Picture:
 
 
 def placement_picture(plan, graph, max_nodes=60, max_edges=150):
-    """The picture of ``plan`` (a :class:`~tfpart.plan.Plan`) on ``graph`` (the OpGraph
+    """The picture of ``plan`` (a :class:`~tfpart.core.plan.Plan`) on ``graph`` (the OpGraph
     it places), with at most ``max_nodes`` boxes of ops and ``max_edges`` edges between
     them (:func:`_heaviest`)."""
     import graphviz

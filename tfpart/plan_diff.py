@@ -3,7 +3,7 @@ and the predicted step time, before and after (``tfpart diff``).
 
 Examples
 --------
->>> from tfpart.plan import Plan
+>>> from tfpart.core.plan import Plan
 >>> before = Plan(assignment={"a": "gpu:0", "b": "gpu:0"})
 >>> after = Plan(assignment={"a": "gpu:0", "b": "gpu:1"})
 >>> difference = diff_plans(before, after)

@@ -99,8 +99,8 @@ def attribute_fused_times(per_op, fusion_groups, opgraph, kind):
     member's name) among its members in proportion to their roofline times on
     ``kind``; returns a new op -> seconds dict.
 
-    >>> from tfpart.graph import OpGraph
-    >>> from tfpart.cluster import load_device_kinds
+    >>> from tfpart.core.graph import OpGraph
+    >>> from tfpart.core.cluster import load_device_kinds
     >>> g = OpGraph()
     >>> g.add_op("conv", op_type="Conv2D", flops=9e6, bytes_accessed=1e5)
     >>> g.add_op("bias", op_type="BiasAdd", flops=1e4, bytes_accessed=8e4)
@@ -160,7 +160,7 @@ def claim_threads(intra_threads):
     example CNN at 21 ms unpinned, 34 ms pinned to one core, as a pinned worker runs it).
     Returns the cores pinned to (None where the OS cannot pin)."""
     from rewriters.tf_import import tensorflow
-    from tfpart.errors import ProfileError
+    from tfpart.core.errors import ProfileError
 
     cores = None
     if hasattr(os, "sched_setaffinity"):
@@ -220,7 +220,7 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
     from rewriters.tf_import import tensorflow
-    from tfpart.cluster import load_device_kinds
+    from tfpart.core.cluster import load_device_kinds
 
     step = progress or (lambda message: None)
     cores = claim_threads(intra_threads)

@@ -6,9 +6,9 @@ candidates of a pipelined plan, and the verification when ``--verify`` ran.
 
 Examples
 --------
->>> from tfpart.graph import OpGraph
->>> from tfpart.cluster import cluster_of_devices
->>> from tfpart.plan import Plan
+>>> from tfpart.core.graph import OpGraph
+>>> from tfpart.core.cluster import cluster_of_devices
+>>> from tfpart.core.plan import Plan
 >>> g = OpGraph(); g.add_op("x"); g.add_op("y"); g.add_edge("x", "y", bytes=8)
 >>> cluster = cluster_of_devices(["cpu"])
 >>> plan = Plan(assignment=dict.fromkeys(g.ops, cluster.device_names[0]))
@@ -25,7 +25,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tfpart.plan import all_reduces
+from tfpart.core.plan import all_reduces
 
 SECTIONS = ("Model", "Cluster", "Algorithm", "Per-device figures", "Step time and bound",
             "Placement", "Schedule", "Link traffic", "Pipeline", "Verification")
@@ -208,7 +208,7 @@ def _links(plan):
 def replicas_line(plan):
     """One line on a data-parallel plan: each replica's device and share of the batch.
 
-    >>> from tfpart.plan import Plan
+    >>> from tfpart.core.plan import Plan
     >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
     ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
     ...     "pinned": []}))

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from rewriters.tf_import import tensorflow
-from tfpart.errors import ModelError, TfpartError
-from tfpart.plan import Plan
+from tfpart.core.errors import ModelError, TfpartError
+from tfpart.core.plan import Plan
 from tfpart.servers import connect
 
 def load(path):
@@ -193,7 +193,7 @@ def _check_plan_devices(plan, cluster, plan_file):
                           f"{plan_file} places ops on")
 
 def canonical_device(device):
-    from tfpart.cluster import normalize_device_name
+    from tfpart.core.cluster import normalize_device_name
 
     return normalize_device_name(device) or device
 

@@ -30,8 +30,8 @@ import time
 from contextlib import contextmanager
 
 from rewriters.tf_import import tensorflow
-from tfpart.errors import TfpartError, first_line
-from tfpart.quiet import to_library_log
+from tfpart.core.errors import TfpartError, first_line
+from tfpart.core.quiet import to_library_log
 
 connected = False  # set once this process is a client of a cluster (see connect)
 STATUS_METHOD = "/tensorflow.WorkerService/GetStatus"  # answered on the task's inter-op pool
@@ -445,7 +445,7 @@ def watch_workers(cluster, interval=0.5, on_lost=None, timeout=WATCH_TIMEOUT_S):
     exceed the longest single op it runs when it has one such thread (10 s by
     default)."""
     def default(message):
-        from tfpart.quiet import user_stderr
+        from tfpart.core.quiet import user_stderr
 
         print(f"tfpart: error: {message}", file=user_stderr(), flush=True)
         os._exit(2)

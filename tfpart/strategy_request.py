@@ -17,14 +17,14 @@ Examples
 >>> resolve_strategy(strategy="hybrid", schedule="gpipe")
 Traceback (most recent call last):
 ...
-tfpart.errors.PlacementError: --strategy hybrid and a pipeline flag (--pipeline, --microbatches, --schedule, --algorithm pipeline) ask for two strategies
+tfpart.core.errors.PlacementError: --strategy hybrid and a pipeline flag (--pipeline, --microbatches, --schedule, --algorithm pipeline) ask for two strategies
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 PIPELINE = "pipeline"
 # what --strategy auto compares; on equal steps the first (the simplest) wins

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from rewriters.tf_import import tensorflow
-from tfpart.errors import model_errors
+from tfpart.core.errors import model_errors
 from tfpart.runtime import SessionSignature, load, random_inputs, runnable
 from tfpart.servers import cluster_errors
 

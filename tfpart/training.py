@@ -9,7 +9,7 @@ returns every trainable variable, so a caller can compare models after training.
 tfpart compiles ``--signature train_step`` like any other signature.
 
 Two more signatures hold no state, for asynchronous training on parameter servers
-(:mod:`tfpart.async_training`), where the weights live apart from the model:
+(:mod:`tfpart.trainer.asynchronous`), where the weights live apart from the model:
 ``gradients(x, y, w000, w001, …)`` returns the loss and the gradients ``g000, …`` at
 the given weights, and ``predict(x, w000, …)`` the model's output at them. Both use
 Keras 3's ``stateless_call``; non-trainable state (batch-norm statistics) is frozen

@@ -12,12 +12,12 @@ import numpy as np
 from rewriters.input_ranges import input_domains
 from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
-from tfpart.errors import TfpartError, model_errors
-from tfpart.plan import device_stand_ins, replica_device
+from tfpart.core.errors import TfpartError, model_errors
+from tfpart.core.plan import device_stand_ins, replica_device
 from tfpart.runtime import (SessionSignature, canonical_device, load, random_inputs,
                             runnable, same_device)
 from tfpart.servers import cluster_errors
-from tfpart.splits import part_of
+from tfpart.core.splits import part_of
 
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
                "_DeviceArg", "_DeviceRetval", "NoOp"}
@@ -128,7 +128,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     outputs, and the placement of the first run against the plan.
 
     Without ``cluster`` the compiled model's devices are mapped onto local logical CPUs
-    (one per cluster device). With a :class:`~tfpart.cluster.Cluster` whose ``cluster``
+    (one per cluster device). With a :class:`~tfpart.core.cluster.Cluster` whose ``cluster``
     block names running ``tfpart worker`` tasks, this process connects to them and runs
     the compiled model as it is, across the tasks (the original runs here).
     """

@@ -11,9 +11,9 @@ from costmodel import CostModel
 from costmodel.calibration import KernelRow, fit_kernel_efficiency, kernel_time
 from costmodel.measured import MeasuredProfile
 from tests.test_cli_errors import assert_clean_failure, run_cli
-from tfpart.cluster import (KernelEfficiency, cluster_from_dict, cluster_of_devices,
+from tfpart.core.cluster import (KernelEfficiency, cluster_from_dict, cluster_of_devices,
                             load_device_kinds)
-from tfpart.graph import OpGraph
+from tfpart.core.graph import OpGraph
 
 GPU = Path(__file__).resolve().parents[3] / "shared" / "gpu"
 needs_gpu_tables = pytest.mark.skipif(not (GPU / "h100_kernels.json").is_file(),
@@ -152,7 +152,7 @@ def test_a_kinds_file_beside_the_cluster_file(tmp_path):
         "efficiency_from": "H100", "source": "a test"}}}))
     (tmp_path / "cluster.json").write_text(json.dumps({
         "kinds_file": "kinds.json", "devices": [{"name": "/device:GPU:0", "kind": "MyGPU"}]}))
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
 
     cluster = load_cluster(tmp_path / "cluster.json")
     assert cluster.devices[0].kind.efficiency == load_device_kinds()["H100"].efficiency

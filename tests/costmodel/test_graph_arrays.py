@@ -7,7 +7,7 @@ from costmodel import CostModel
 from costmodel.arrays import graph_arrays
 from partitioner.list_schedules import earliest_task_first
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 PROPERTY = settings(max_examples=60, deadline=None)
 

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from costmodel import CostModel
 from costmodel.measured import MeasuredProfile
 from costmodel.roofline import roofline_time
-from tfpart.cluster import cluster_of_devices, load_device_kinds
-from tfpart.errors import ProfileError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices, load_device_kinds
+from tfpart.core.errors import ProfileError
+from tfpart.core.graph import OpGraph
 
 CPU = load_device_kinds()["cpu"]
 
@@ -90,7 +90,7 @@ def test_a_profile_of_a_kind_the_cluster_declares_is_read_with_that_cluster(tmp_
     read with that cluster, and refused, naming the kind, without it."""
     from costmodel.measured import FORMAT
     from profiles import DEVICE_KINDS_FILE
-    from tfpart.cluster import cluster_from_dict
+    from tfpart.core.cluster import cluster_from_dict
     from tfpart.compile import load_profiles
 
     slow = dict(json.loads(DEVICE_KINDS_FILE.read_text())["kinds"]["cpu"])
@@ -115,7 +115,7 @@ def test_tiny_ops_do_not_set_their_class_throughput():
     a 4 MB BroadcastTo at 90% of the bandwidth, beside gathers of a few bytes that take
     microseconds, gives about 0.9, not the gathers' 1e-4."""
     from costmodel.measured import fit_efficiency
-    from tfpart.cluster import load_device_kinds
+    from tfpart.core.cluster import load_device_kinds
 
     cpu = load_device_kinds()["cpu"]
     overhead = 6.5e-6  # the median time of the ops doing almost no work

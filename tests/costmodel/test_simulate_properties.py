@@ -12,8 +12,8 @@ from costmodel import CostModel, simulate
 from costmodel.arrays import graph_arrays
 from partitioner.lower_bound import critical_path_bound, work_bound
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.cluster import cluster_from_dict, cluster_of_devices
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_from_dict, cluster_of_devices
+from tfpart.core.graph import OpGraph
 
 PROPERTY = settings(max_examples=80, deadline=None)
 
@@ -314,7 +314,7 @@ def test_replicated_graphs_do_not_depend_on_the_process_hash_seed():
     """The ops replicas share come from a set; the replicated graph (whose op order
     breaks the simulator's ties) must not follow that set's order, which changes with
     each process's string hashing: the same model once predicted 11.8 or 12.3 ms."""
-    script = ("from tfpart.graph import OpGraph\n"
+    script = ("from tfpart.core.graph import OpGraph\n"
               "from costmodel.pipeline import replicas_graph, _replicate\n"
               "g = OpGraph()\n"
               "for i in range(12):\n"

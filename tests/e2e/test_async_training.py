@@ -56,8 +56,8 @@ def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
     """Plain SGD with momentum over the batches worker 0 draws, in this process."""
     import tensorflow as tf
 
-    from tfpart.async_training import sample_orders
-    from tfpart.trainer import load_data
+    from tfpart.trainer.asynchronous import sample_orders
+    from tfpart.trainer.loop import load_data
 
     model = tf.saved_model.load(str(model_dir))
     (x, y), _ = load_data(data, model.signatures["gradients"], 0.2, seed)
@@ -79,7 +79,7 @@ def sgd_by_hand(model_dir, data, steps, batch, learning_rate, momentum, seed):
 def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps, *extra):
     """``tfpart train`` with one worker, lambda0 = 0 and ``sgd_by_hand``'s settings
     ends with the ``expected`` weights (and states)."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     run = tfpart_train(model, workers.path, data, out, "--mode", mode, "--steps", steps,
                        "--batch-size", 8, "--lr", 0.1, "--momentum", 0.5, "--lambda0", 0,
@@ -101,7 +101,7 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     here) every weight of two rows or more is cut into a piece on each server, and the
     checkpoint still holds it whole. A scheduled call makes 1, 3 (the last call 2) or 4
     updates."""
-    from tfpart.plan import Plan
+    from tfpart.core.plan import Plan
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
@@ -144,7 +144,7 @@ def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path
     """Sync on one worker runs the compiled ``train_step`` (the export's SGD, learning
     rate 0.05, no momentum) on the batches plain SGD draws: the weights equal it after
     20 steps, so the warm-up step before the clock left no trace."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.05, 0.0, seed=3)
@@ -231,8 +231,8 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
     later assignment drops the earlier one: before the locks, the bias ended at 0.43 of
     its value here (138 of the 240 updates dropped). With two servers the weight is cut
     into a piece on each, each under its own server's lock."""
-    from tfpart.plan import Plan
-    from tfpart.trainer import trained_weights
+    from tfpart.core.plan import Plan
+    from tfpart.trainer.loop import trained_weights
 
     width, steps, lr = 512, 240, 0.01
     model = export_constant_gradient_step(tmp_path / "model", width)
@@ -257,7 +257,7 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
 def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
     """Three workers, DDC-ASGD; worker 2 is killed after two evaluations: the run
     finishes on the other two, learns, and its checkpoint loads."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     code, stderr, out, killed_at = killed_mid_run(
@@ -281,7 +281,7 @@ def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
     """The data-parallel compile, run synchronously: worker 1 killed mid-run ends it
     with one line naming the task and exit code 2; the checkpoint so far loads and
     holds the weights of an evaluation."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     code, stderr, out, _ = killed_mid_run(
@@ -300,7 +300,7 @@ def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
 def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_path):
     """Sync runs the data-parallel compile: one replica per worker, and the held-out
     accuracy rises."""
-    from tfpart.plan import Plan
+    from tfpart.core.plan import Plan
 
     model, data = model_and_data
     out = tmp_path / "run"
@@ -354,7 +354,7 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
 def test_async_training_ends_naming_a_lost_parameter_server(model_and_data, tmp_path):
     """The weights are gone with their server: one line naming it, exit code 2, and the
     checkpoint written before loads."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     code, stderr, out, _ = killed_mid_run(

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 from tfpart.verification import verify
 
 pytestmark = pytest.mark.slow

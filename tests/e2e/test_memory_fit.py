@@ -11,7 +11,7 @@ worker's allocator holds 1.4 MB (32%) more than its 4.3 MB of variables right af
 model is restored (the BFC allocator leaves chunks of less than twice a request
 unsplit); see BENCHMARKS.md. For the LSTM the cost model counts the trips its loops
 run ahead, its TensorLists and the allocator's 256-byte chunks (``rewriters.loops``,
-``tfpart.dtypes.chunk_bytes``), but its workers' peaks vary from run to run.
+``tfpart.core.dtypes.chunk_bytes``), but its workers' peaks vary from run to run.
 Where a model's activations dominate (the small example CNNs at any batch), 0.6 x the
 peak is below what its largest op needs with its inputs and outputs, and the compile
 refuses with that bound (tests/partitioner/test_memory_models.py)."""
@@ -20,7 +20,7 @@ import json
 import pytest
 
 from benchmarks.memory_accuracy import run_and_measure
-from tfpart.cluster import normalize_device_name
+from tfpart.core.cluster import normalize_device_name
 
 FRACTION = 0.6
 # (exporter in examples.models, its arguments, batch size, the fraction of the peak each
@@ -42,7 +42,7 @@ def single_device_peak(model, batch):
     the bytes of the variables its signature never reads (a Keras export's second copy,
     kept on the first device's host: on a CPU cluster, that device)."""
     from profiles import DEFAULT_CLUSTER_FILE
-    from tfpart.cluster import load_cluster
+    from tfpart.core.cluster import load_cluster
     from tfpart.compile import plan_model
 
     plan = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=batch,

@@ -17,7 +17,7 @@ import pytest
 
 from profiles import CLUSTERS_DIR, DEFAULT_CLUSTER_FILE
 from tfpart.compile import compile_model
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]
 

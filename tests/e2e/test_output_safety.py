@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
-from tfpart.output_folders import MARKER
+from tfpart.core.output_folders import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 # a plain greedy placement: the fastest compile of the example (about 6 s, most of it

@@ -11,7 +11,7 @@ import pytest
 from rewriters.pipeline import original_op_name
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
-from tfpart.splits import part_of
+from tfpart.core.splits import part_of
 from tfpart.verification import verify
 
 pytestmark = pytest.mark.slow

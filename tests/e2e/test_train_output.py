@@ -40,7 +40,7 @@ def tasks(tmp_path_factory):
 def killed_after(process, out, evaluations, timeout=300):
     """SIGKILL ``process`` (a ``tfpart train``) once ``out`` has ``evaluations``
     evaluations; the update of the checkpoint it left."""
-    from tfpart.trainer import checkpointed_update
+    from tfpart.trainer.loop import checkpointed_update
 
     wait_for_evaluations(out, evaluations, process, timeout)
     process.send_signal(signal.SIGKILL)
@@ -82,7 +82,7 @@ def test_a_killed_sync_run_resumes_to_the_weights_of_an_uninterrupted_one(
     evaluations, the same command resumes at the checkpoint's update and ends with
     exactly the weights, and the losses, of a run never stopped. Then: a rerun of a
     finished run changes nothing, and other options or data are refused in one line."""
-    from tfpart.trainer import trained_weights
+    from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     steps = 600

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rewriters.pipeline import original_op_name
-from tfpart.splits import part_of
+from tfpart.core.splits import part_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from tests.e2e.test_multihost import FAST_LINKS, one_line_error, tfpart
-from tfpart.cluster import load_cluster
+from tfpart.core.cluster import load_cluster
 from tfpart.compile import compile_model
-from tfpart.errors import TfpartError
+from tfpart.core.errors import TfpartError
 from tfpart.local_workers import LocalWorkers, free_port, worker_command
 from tfpart.servers import address_filter, check_workers, machine_addresses, status_failures
 

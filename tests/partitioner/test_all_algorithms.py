@@ -8,8 +8,8 @@ from costmodel import CostModel
 from partitioner import HEURISTICS, ilp
 from partitioner.ilp import ILPOptions
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.cluster import cluster_of_devices
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.graph import OpGraph
 from partitioner.validate import check_plan
 
 PROPERTY = settings(max_examples=25, deadline=None)
@@ -81,7 +81,7 @@ def test_same_inputs_same_plan(graph, cluster):
 
 
 def test_ilp_infeasible_memory_names_the_binding_limit():
-    from tfpart.errors import PlacementError
+    from tfpart.core.errors import PlacementError
 
     graph = OpGraph()
     graph.add_op("big", op_type="MatMul", flops=1e9, param_bytes=5 * 10**6)
@@ -115,7 +115,7 @@ def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, clust
     from partitioner.registry import get
     from partitioner.validate import kernel_problem
     from tfpart.strategy_request import STRATEGIES
-    from tfpart.errors import PlacementError
+    from tfpart.core.errors import PlacementError
 
     cost = CostModel(graph, cluster)
     kind = {d.name: d.kind.name for d in cluster.devices}

@@ -8,9 +8,9 @@ import pytest
 from costmodel import CostModel
 from costmodel.pipeline import all_reduce_replicas_graph, replicas_graph
 from partitioner.data_parallel import DataParallelOptions, partition
-from tfpart.cluster import cluster_from_dict
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
 
 WEIGHT_BYTES = 400e6
 

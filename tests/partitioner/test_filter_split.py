@@ -10,11 +10,11 @@ from costmodel import CostModel, simulate_plan
 from costmodel.splits import slicer_name, split_graph
 from partitioner import filter_split, greedy
 from tests.random_graphs import random_clusters
-from tfpart.cluster import cluster_from_dict
-from tfpart.dtypes import tensor_bytes
-from tfpart.graph import OpGraph
-from tfpart.plan import Plan
-from tfpart.splits import part_name
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.graph import OpGraph
+from tfpart.core.plan import Plan
+from tfpart.core.splits import part_name
 
 
 @st.composite

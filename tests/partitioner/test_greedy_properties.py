@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 from costmodel import CostModel, simulate
 from partitioner import greedy, single_device
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.cluster import cluster_from_dict, cluster_of_devices
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
-from tfpart.plan import Plan
+from tfpart.core.cluster import cluster_from_dict, cluster_of_devices
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
+from tfpart.core.plan import Plan
 from partitioner.validate import check_plan
 
 PROPERTY = settings(max_examples=40, deadline=None)

@@ -10,9 +10,9 @@ from partitioner import greedy, ilp
 from partitioner.earliest_finish import greedy_placement
 from partitioner.ilp import ILPOptions
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.cluster import cluster_of_devices
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
 
 
 def two_copies_on_one_link():

@@ -5,7 +5,7 @@ from costmodel import CostModel
 from partitioner import greedy, ilp
 from partitioner.ilp import ILPOptions
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 
 
 @settings(max_examples=15, deadline=None)
@@ -25,8 +25,8 @@ def test_the_ilp_started_from_the_greedy_is_at_least_as_good_by_simulation(graph
 
 def test_a_started_solve_reports_a_solution_even_with_almost_no_time():
     """With the greedy's schedule as its incumbent, HiGHS has a solution at once."""
-    from tfpart.cluster import cluster_of_devices
-    from tfpart.graph import OpGraph
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
 
     g = OpGraph()
     for i in range(12):

@@ -10,9 +10,9 @@ from partitioner import greedy, ilp
 from partitioner.pipeline import PipelineOptions
 from partitioner.pipeline import partition as pipeline_partition
 from partitioner.validate import check_plan
-from tfpart.cluster import cluster_of_devices
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
 
 MB = 1_000_000
 

@@ -6,9 +6,9 @@ import pytest
 
 from costmodel import CostModel
 from partitioner.hybrid import HybridOptions, partition
-from tfpart.cluster import cluster_of_devices
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
 
 
 def chain(length=12, batch=16, flops=2e12):

@@ -16,7 +16,7 @@ from partitioner.pipeline import PipelineOptions, partition
 from partitioner.stage_dp import StageProblem, load_of, solve
 from partitioner.stage_ilp import solve_ilp
 from tests.random_graphs import random_clusters, random_dags
-from tfpart.errors import PlacementError
+from tfpart.core.errors import PlacementError
 from tfpart.importers import load_tarnawski_stages
 from partitioner.validate import check_plan
 
@@ -156,8 +156,8 @@ def test_pipelined_plans_are_valid_and_simulated(graph, cluster, batch):
 
 
 def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
-    from tfpart.cluster import cluster_of_devices
-    from tfpart.graph import OpGraph
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
 
     graph = OpGraph()
     for i in range(4):  # op0 -> op1 between units; op2 -> op3 inside one colocation group
@@ -175,8 +175,8 @@ def test_a_unit_with_no_edges_out_is_placed_outside_the_stage_search():
 
 
 def test_pipelining_beats_one_batch_when_stages_balance():
-    from tfpart.cluster import cluster_of_devices
-    from tfpart.graph import OpGraph
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
 
     graph = OpGraph()
     for i in range(6):
@@ -207,8 +207,8 @@ def test_the_whole_batch_stays_on_the_first_stage_until_its_last_slice_is_read()
     """The rewriter sends the client's whole batch to the first stage and slices it
     there: the slices share its buffer, so it is alive until the last micro-batch's
     first op has run, and the outputs are joined into one batch where they end."""
-    from tfpart.cluster import cluster_of_devices
-    from tfpart.graph import OpGraph
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
 
     rows = 4 * 1000
     graph = OpGraph()

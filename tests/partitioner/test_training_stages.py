@@ -10,9 +10,9 @@ from costmodel import CostModel
 from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
 from partitioner.pipeline import PipelineOptions, partition
 from partitioner.training_stages import forward_partners
-from tfpart.cluster import cluster_from_dict
-from tfpart.errors import PlacementError
-from tfpart.graph import OpGraph
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.errors import PlacementError
+from tfpart.core.graph import OpGraph
 
 
 @st.composite

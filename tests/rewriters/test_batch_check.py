@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rewriters.batch_check import batch_mixing_ops
 from rewriters.savedmodel_io import read_saved_model
 from tfpart.compile import compile_model
-from tfpart.errors import ModelError, PlacementError
+from tfpart.core.errors import ModelError, PlacementError
 
 MIXING = {"loop_then_mean": "Mean", "batch_size_loop": "while", "position": "Cast"}
 

@@ -5,8 +5,9 @@ import pytest
 import tensorflow as tf
 
 from rewriters.channel_split import split_channels
-from tfpart.errors import PlacementError
-from tfpart.splits import part_name
+from tfpart.core.errors import PlacementError
+from tfpart.core.plan import Split
+from tfpart.core.splits import part_name
 
 DEVICES = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
 
@@ -50,8 +51,8 @@ def test_the_slices_concatenate_to_the_whole_op(build, sizes):
         readers = tf.identity(whole, name="reader")
     with tf.compat.v1.Session(graph=graph) as session:
         expected = session.run(readers)
-    split, devices = split_channels(graph.as_graph_def(), {"op": {
-        "devices": DEVICES[:len(sizes)], "sizes": sizes}}, lambda name: DEVICES[0])
+    split, devices = split_channels(graph.as_graph_def(), {"op": Split(
+        DEVICES[:len(sizes)], sizes)}, lambda name: DEVICES[0])
     assert [devices[part_name("op", i)] for i in range(len(sizes))] == DEVICES[:len(sizes)]
     nodes = {node.name: node for node in split.node}
     assert nodes["op"].op == "ConcatV2" and nodes["reader"].input[0] == "op"
@@ -70,9 +71,8 @@ def test_an_op_that_does_not_split_is_an_error():
     with graph.as_default():
         tf.nn.relu(tf.constant([1.0, -1.0]), name="op")
     with pytest.raises(PlacementError, match="Relu cannot be split"):
-        split_channels(graph.as_graph_def(), {"op": {"devices": DEVICES[:2], "sizes": [1, 1]}},
+        split_channels(graph.as_graph_def(), {"op": Split(DEVICES[:2], [1, 1])},
                        lambda name: DEVICES[0])
     with pytest.raises(PlacementError, match="does not have"):
-        split_channels(graph.as_graph_def(), {"gone": {"devices": DEVICES[:2],
-                                                       "sizes": [1, 1]}},
+        split_channels(graph.as_graph_def(), {"gone": Split(DEVICES[:2], [1, 1])},
                        lambda name: DEVICES[0])

@@ -33,7 +33,7 @@ def test_table_covers_what_grappler_fuses(name, exported):
 
 
 def test_table_patterns_on_a_residual_block():
-    from tfpart.graph import OpGraph
+    from tfpart.core.graph import OpGraph
 
     g = OpGraph()
     ops = {"x": "Placeholder", "c1": "Conv2D", "b1": "BiasAdd", "c2": "Conv2D",

@@ -4,7 +4,7 @@ recurrence (``rewriters.loops``; measured against TensorFlow's allocator in
 tests/e2e/test_memory_fit.py)."""
 from rewriters.reader import read_model
 from rewriters.savedmodel_io import read_saved_model
-from tfpart.dtypes import tensor_bytes
+from tfpart.core.dtypes import tensor_bytes
 
 SEQ, FEATURES, UNITS, BATCH = 12, 16, 32, 4  # examples.models.export_stacked_lstm
 

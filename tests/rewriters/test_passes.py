@@ -4,7 +4,7 @@ from pathlib import Path
 from rewriters.passes import REWRITERS, Rewriter, run_rewriters
 from rewriters.savedmodel_io import SavedModelParts
 from tests.rewriters.protos import D0, D1, HOST, nodes_of, two_calls
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 
 def test_a_placement_plan_runs_the_placement_pass_only(tmp_path):

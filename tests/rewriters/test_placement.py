@@ -2,7 +2,7 @@
 from rewriters.placement import place_devices
 from tests.rewriters.protos import (D0, D1, HOST, nodes_of, resources_of, table, two_calls,
                                     variables_of)
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 SPLIT = {"read": D1, "left/relu": D0, "right/relu": D1, "add": D0, "sum": D1,
          "variables/1/v": D1}

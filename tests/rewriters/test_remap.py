@@ -3,7 +3,7 @@ from rewriters.placement import place_devices
 from rewriters.remap import local_device_map, remap_devices
 from tests.rewriters.protos import (D0, D1, HOST, nodes_of, resources_of, table, two_calls,
                                     variables_of)
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 GPU = "/job:worker/replica:0/task:1/device:GPU:0"
 

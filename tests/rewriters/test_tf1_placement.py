@@ -5,7 +5,7 @@ from google.protobuf import text_format
 
 from rewriters.tf1_placement import place_tf1_devices
 from tests.rewriters.protos import D0, D1, HOST, nodes_of
-from tfpart.plan import Plan
+from tfpart.core.plan import Plan
 
 SAVER = "/device:CPU:0"
 TF1 = f"""

@@ -6,8 +6,8 @@ Modes:
   ``worker`` tasks (one replica per worker, batch shares by speed), run step after step
   as one synchronous update of the global batch (``batch_size`` per worker);
 - ``async``, ``dc-asgd``, ``ddc-asgd``: asynchronous updates on TensorFlow's
-  parameter-server runtime (:mod:`tfpart.async_training`,
-  :mod:`tfpart.delay_compensation`), ``batch_size`` per update. The client schedules
+  parameter-server runtime (:mod:`tfpart.trainer.asynchronous`,
+  :mod:`tfpart.trainer.delay_compensation`), ``batch_size`` per update. The client schedules
   ``updates_per_call`` updates per function call (each on freshly read weights), since
   a call costs the client and the servers a few milliseconds; the results of one call
   arrive together, so their rows share a wall time.
@@ -36,7 +36,7 @@ gets:
   the number of workers and servers) and the updates it was resumed at.
 
 Output folder and resuming. ``out`` is tfpart's: it carries the marker of
-:mod:`tfpart.output_folders`, and an existing folder without it (but an empty one) is
+:mod:`tfpart.core.output_folders`, and an existing folder without it (but an empty one) is
 refused, as is an ``out`` that is, lies in or holds an input. Rerun on an existing
 output, training resumes from its latest checkpoint (``restart=True`` empties it and
 starts over) with the same options, refused in one line naming the first that differs;
@@ -45,7 +45,7 @@ wall clock from its time. ``sync`` draws the batch of update ``k`` as a pure fun
 of the seed and ``k`` (:func:`sync_batches`) and restores every variable of the step,
 so a resumed run ends with the weights of one never stopped. The asynchronous modes
 restore the servers' state and count, each worker skipping the batches it would have
-drawn by then (:class:`tfpart.async_training.AsyncTrainer`); the updates whose results
+drawn by then (:class:`tfpart.trainer.asynchronous.AsyncTrainer`); the updates whose results
 died with the client are rows with no loss, as a lost worker's are. A run that fails
 before its first checkpoint after update 0 leaves no output (a folder it created is
 removed).
@@ -79,10 +79,10 @@ import numpy as np
 
 from partitioner.ps_shards import MIN_SHARD_BYTES
 from rewriters.tf_import import tensorflow
-from tfpart.cluster import load_cluster
-from tfpart.delay_compensation import ASYNC_MODES, Hyper
-from tfpart.errors import ModelError, OutputError, TfpartError
-from tfpart.output_folders import MARKER, check_inputs_outside, create_output_folder, \
+from tfpart.core.cluster import load_cluster
+from tfpart.trainer.delay_compensation import ASYNC_MODES, Hyper
+from tfpart.core.errors import ModelError, OutputError, TfpartError
+from tfpart.core.output_folders import MARKER, check_inputs_outside, create_output_folder, \
     empty_output_folder, is_tfpart_output, os_errors, write_file_atomically, write_marker
 
 MODES = ("sync", *ASYNC_MODES)
@@ -299,8 +299,8 @@ class _SyncRun:
 
 class _AsyncRun:
     def __init__(self, model_dir, initial, cluster, out, train_data, options, start):
-        from tfpart.async_training import AsyncTrainer
-        from tfpart.plan import Plan
+        from tfpart.trainer.asynchronous import AsyncTrainer
+        from tfpart.core.plan import Plan
 
         self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
                                     options.hyper(), options.batch_size, options.seed,
@@ -418,7 +418,7 @@ def sync_batches(samples, batch, seed, first, last):
     >>> [b.tolist() for b in sync_batches(5, 2, seed=0, first=2, last=4)]  # resumed at 2
     [[1, 4], [1, 2]]
     """
-    from tfpart.async_training import sample_orders
+    from tfpart.trainer.asynchronous import sample_orders
 
     order = sample_orders(samples, 1, seed, -(-last * batch // samples))[0]
     for start in range(first * batch, last * batch, batch):
@@ -436,7 +436,7 @@ def check_output(out, inputs):
     >>> check_output(root / "thesis", [root / "model"])
     Traceback (most recent call last):
     ...
-    tfpart.errors.OutputError: ...: exists and was not written by tfpart train (it has no .tfpart-output): remove it yourself or choose another -o
+    tfpart.core.errors.OutputError: ...: exists and was not written by tfpart train (it has no .tfpart-output): remove it yourself or choose another -o
     """
     check_inputs_outside(out, inputs)
     out = Path(out)
@@ -692,7 +692,7 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
     train_data, held = load_data(data_file, model.signatures["gradients"],
                                  options.eval_fraction, options.seed)
     if options.mode != "sync":
-        from tfpart.async_training import ps_devices
+        from tfpart.trainer.asynchronous import ps_devices
 
         ps_devices(cluster)
         initial = [{k: v.numpy() for k, v in sorted(model.signatures[name]().items())}
@@ -776,7 +776,7 @@ def _finish(result, plan):
 
 
 def _plan_of(out):
-    from tfpart.plan import Plan
+    from tfpart.core.plan import Plan
 
     return Plan.load(Path(out) / "plan.json")
 

@@ -47,7 +47,7 @@ first few dozen compensations overshoot (BENCHMARKS.md has the accuracies measur
 and without it).
 
 The functions take ``sqrt`` so that the same code runs on numpy arrays (tests) and on
-TensorFlow tensors on the parameter servers (:mod:`tfpart.async_training`).
+TensorFlow tensors on the parameter servers (:mod:`tfpart.trainer.asynchronous`).
 
 References
 ----------

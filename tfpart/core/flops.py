@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 
-from tfpart.ops import (AXIS_REDUCTION_OPS, CONV_BACKPROP_FILTER_OPS, CONV_BACKPROP_INPUT_OPS,
+from tfpart.core.ops import (AXIS_REDUCTION_OPS, CONV_BACKPROP_FILTER_OPS, CONV_BACKPROP_INPUT_OPS,
                         DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS)
 
 PER_ELEMENT = {"FusedBatchNorm": 4, "FusedBatchNormV3": 4, "Softmax": 5, "LogSoftmax": 5,

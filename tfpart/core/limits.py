@@ -1,7 +1,7 @@
 """The bounds on every size a user controls, checked before the work they size starts.
 
 Each limit is a constant here, and each check a small function raising one line of
-:mod:`tfpart.errors` that names the file at fault and the limit:
+:mod:`tfpart.core.errors` that names the file at fault and the limit:
 
 - :data:`MAX_TENSOR_ELEMENTS`: no tensor of the model, at the compile batch size, may
   hold more elements than TensorFlow's int32-indexed kernels address (2**31 - 1):
@@ -22,21 +22,21 @@ Each limit is a constant here, and each check a small function raising one line 
   pair of devices (a queue per directed link), and the greedy tries every device for
   every placement unit: 300 ops took 42 s on 128 devices and 5 minutes on 512 on a
   busy 2-core machine. A cluster of more devices loads (its links are held per host
-  and kind, :class:`tfpart.cluster.LinkTable`) but is not planned or simulated.
+  and kind, :class:`tfpart.core.cluster.LinkTable`) but is not planned or simulated.
 
 Examples
 --------
 >>> check_microbatches(8, batch_size=4, ops=10, source="model")
 Traceback (most recent call last):
 ...
-tfpart.errors.PlacementError: model: 8 micro-batches of a batch of 4: each micro-batch needs at least one sample (use --microbatches 4 or fewer, or a larger --batch-size)
+tfpart.core.errors.PlacementError: model: 8 micro-batches of a batch of 4: each micro-batch needs at least one sample (use --microbatches 4 or fewer, or a larger --batch-size)
 """
 from __future__ import annotations
 
 import math
 
-from tfpart.dtypes import tensor_bytes
-from tfpart.errors import ClusterError, ModelError, PlacementError
+from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.errors import ClusterError, ModelError, PlacementError
 
 MAX_TENSOR_ELEMENTS = 2**31 - 1  # TensorFlow's int32 element limit
 MAX_BATCH_SIZE = MAX_TENSOR_ELEMENTS  # a larger batch breaks it in any batched tensor
@@ -53,7 +53,7 @@ def check_batch_size(batch_size, source="", what="batch size"):
     >>> check_batch_size(10**12, "plan.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.ModelError: plan.json: batch size 1000000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
+    tfpart.core.errors.ModelError: plan.json: batch size 1000000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ModelError(source, f"{what} must be a positive integer, not {batch_size!r}")
@@ -66,7 +66,7 @@ def largest_tensor(graph):
     """``(elements, op, shape, dtype)`` of the largest output of an OpGraph's ops
     (``(0, None, (), None)`` for a graph without outputs).
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph()
     >>> g.add_op("a", outputs=[((8, 1000), "float32")])
     >>> g.add_op("b", outputs=[((8, 10), "float32"), ((8, 5000), "int32")])
@@ -87,7 +87,7 @@ def largest_batch(graph, batch_size, limit=MAX_TENSOR_ELEMENTS):
     ``batch_size`` keeps at most ``limit`` elements (per-sample sizes scaled); None
     if no output carries the batch.
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph(); g.add_op("conv", outputs=[((4, 32, 32, 32), "float32")])
     >>> largest_batch(g, 4)
     65535
@@ -105,12 +105,12 @@ def check_tensor_sizes(graph, batch_size, source=""):
     :data:`MAX_TENSOR_ELEMENTS` elements, naming the op and the largest batch size
     that keeps every tensor within the limit.
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph(); g.add_op("conv", outputs=[((10**7, 32, 32, 32), "float32")])
     >>> check_tensor_sizes(g, 10**7, "model")
     Traceback (most recent call last):
     ...
-    tfpart.errors.ModelError: model: at batch size 10000000 op conv outputs 327680000000 elements (shape (10000000, 32, 32, 32)), more than TensorFlow's limit of 2**31-1 per tensor; the largest batch size this model allows is 65535
+    tfpart.core.errors.ModelError: model: at batch size 10000000 op conv outputs 327680000000 elements (shape (10000000, 32, 32, 32)), more than TensorFlow's limit of 2**31-1 per tensor; the largest batch size this model allows is 65535
     """
     elements, op, shape, _ = largest_tensor(graph)
     if elements <= MAX_TENSOR_ELEMENTS:
@@ -127,12 +127,12 @@ def check_tensors_fit(graph, batch_size, memory, source=""):
     """PlacementError if one output of ``graph`` alone needs more than ``memory``
     bytes (the whole cluster's: even split by samples it could not be held).
 
-    >>> from tfpart.graph import OpGraph
+    >>> from tfpart.core.graph import OpGraph
     >>> g = OpGraph(); g.add_op("x", outputs=[((1000, 1000, 1000), "float32")])
     >>> check_tensors_fit(g, 1000, 2e9, "cluster.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.PlacementError: cluster.json: at batch size 1000 op x outputs 4000.0 MB, more than the cluster's 2000.0 MB of memory; the largest batch size that fits is 500
+    tfpart.core.errors.PlacementError: cluster.json: at batch size 1000 op x outputs 4000.0 MB, more than the cluster's 2000.0 MB of memory; the largest batch size that fits is 500
     """
     elements, op, shape, dtype = largest_tensor(graph)
     nbytes = tensor_bytes(shape, dtype) if op is not None else 0
@@ -152,11 +152,11 @@ def check_graph_ops(count, source="", what="the model"):
     >>> check_graph_ops(2**21, "m", "the model's functions, inlined,")
     Traceback (most recent call last):
     ...
-    tfpart.errors.ModelError: m: the model's functions, inlined, would make 2097152 ops, more than the 200000 tfpart handles
+    tfpart.core.errors.ModelError: m: the model's functions, inlined, would make 2097152 ops, more than the 200000 tfpart handles
     >>> check_graph_ops(2**200, "m")
     Traceback (most recent call last):
     ...
-    tfpart.errors.ModelError: m: the model would make about 10**60 ops, more than the 200000 tfpart handles
+    tfpart.core.errors.ModelError: m: the model would make about 10**60 ops, more than the 200000 tfpart handles
     """
     if count > MAX_GRAPH_OPS:
         shown = count if count < 10**12 else f"about 10**{len(str(count)) - 1}"
@@ -187,7 +187,7 @@ def check_planned_devices(cluster):
     """ClusterError if ``cluster`` has more devices than the algorithms and the
     simulator take (:data:`MAX_PLANNED_DEVICES`).
 
-    >>> from tfpart.cluster import cluster_of_devices
+    >>> from tfpart.core.cluster import cluster_of_devices
     >>> check_planned_devices(cluster_of_devices(["cpu"] * 3))
     """
     if len(cluster) > MAX_PLANNED_DEVICES:

@@ -19,8 +19,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from tfpart.errors import OutputError, PlacementError
-from tfpart.input_files import json_text, read_json
+from tfpart.core.errors import OutputError, PlacementError
+from tfpart.core.input_files import json_text, read_json
 
 PLAN_FORMAT_VERSION = 2
 MAX_PLAN_BYTES = 512 * 2**20  # a million ops' assignments, stages and replicas' placements
@@ -142,7 +142,7 @@ class Plan:
         >>> Plan(assignment={}, lower_bound=float("inf")).to_json()
         Traceback (most recent call last):
         ...
-        tfpart.errors.OutputError: plan.json: lower_bound is inf, not a finite number
+        tfpart.core.errors.OutputError: plan.json: lower_bound is inf, not a finite number
         """
         return json_text(self.to_dict(), path, OutputError, indent=1, sort_keys=True)
 
@@ -151,9 +151,9 @@ class Plan:
 
     @classmethod
     def load(cls, path):
-        """Read and validate a plan.json (its JSON Schema: ``tfpart/plan_schema.json``):
+        """Read and validate a plan.json (its JSON Schema: ``tfpart/core/plan_schema.json``):
         a regular file of at most :data:`MAX_PLAN_BYTES`, strict JSON
-        (:mod:`tfpart.input_files`)."""
+        (:mod:`tfpart.core.input_files`)."""
         import jsonschema
 
         data = read_json(path, PlacementError, max_bytes=MAX_PLAN_BYTES)
@@ -244,7 +244,7 @@ class Replicas:
 
 @dataclass(frozen=True)
 class Split:
-    """An op's output channels cut across devices (:mod:`tfpart.splits`): slice ``i``,
+    """An op's output channels cut across devices (:mod:`tfpart.core.splits`): slice ``i``,
     ``sizes[i]`` channels, runs on ``devices[i]``. Its JSON form (an entry of
     plan.json's ``splits``) is :meth:`to_dict`.
 

@@ -14,7 +14,7 @@ Node attributes
     ``cost`` (optional dict device-name -> seconds: an explicit cost table that
     overrides the roofline, used by imported benchmark graphs), ``sliced`` (optional,
     on ops whose output channels can be split across devices: ``{"input": index,
-    "axis": axis, "producer": op}``, the operand the slices cut; :mod:`tfpart.splits`),
+    "axis": axis, "producer": op}``, the operand the slices cut; :mod:`tfpart.core.splits`),
     ``body_bytes`` (int, on a control-flow op or a call kept whole: the bytes of the
     tensors one trip of its bodies makes, held while it runs).
 

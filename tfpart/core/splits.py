@@ -1,6 +1,6 @@
 """Filter splits: one op's output channels computed in slices on several devices.
 
-A plan's ``splits`` maps an op to a :class:`tfpart.plan.Split`: slice ``i``
+A plan's ``splits`` maps an op to a :class:`tfpart.core.plan.Split`: slice ``i``
 of its output's last axis (``sizes[i]`` channels, in order) is computed on
 ``devices[i]`` from the same slice of one operand (the filters of a convolution, the
 columns of a matmul's right-hand side) and the whole of the others, and the op's own

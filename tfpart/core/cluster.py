@@ -59,10 +59,10 @@ import jsonschema
 import numpy as np
 
 from profiles import DEVICE_KINDS_FILE
-from tfpart.errors import ClusterError, ProfileError
-from tfpart.input_files import read_json
-from tfpart.ops import class_lineage, kernel_class
-from tfpart.units import parse_duration, parse_rate, parse_size
+from tfpart.core.errors import ClusterError, ProfileError
+from tfpart.core.input_files import read_json
+from tfpart.core.ops import class_lineage, kernel_class
+from tfpart.core.units import parse_duration, parse_rate, parse_size
 
 DEFAULT_SAME_HOST_LATENCY = 10e-6
 DEFAULT_MESSAGE_COST = 5e-6  # executor seconds a Send or a Recv takes at its end
@@ -121,7 +121,7 @@ class DeviceKind:
     """Datasheet figures of one kind of device (units: FLOP/s, bytes/s, bytes, s).
 
     ``peaks`` maps a precision to its peak (``peak_flops`` is the fp32 one);
-    ``efficiency`` maps a kernel class (:func:`tfpart.ops.kernel_class`) or a coarse
+    ``efficiency`` maps a kernel class (:func:`tfpart.core.ops.kernel_class`) or a coarse
     class to its :class:`KernelEfficiency`."""
 
     name: str
@@ -243,7 +243,7 @@ class LinkTable:
         """Dense ``latency``, ``inverse_bandwidth``, ``message_cost`` (float) and
         ``cpu_copy`` (bool) tables, device by device (zero on the diagonal): n**2
         entries each, so only for clusters the solvers can take
-        (:data:`tfpart.limits.MAX_PLANNED_DEVICES`)."""
+        (:data:`tfpart.core.limits.MAX_PLANNED_DEVICES`)."""
         host = np.asarray(self.host)
         classes = sorted(set(self.link_class))
         index = np.searchsorted(classes, self.link_class)
@@ -661,7 +661,7 @@ def _link_fields(entry, where, source):
 
 def load_cluster(path):
     """Read and validate a cluster.json file (a regular file of bounded size, strict
-    JSON: :mod:`tfpart.input_files`); raise ClusterError on any problem."""
+    JSON: :mod:`tfpart.core.input_files`); raise ClusterError on any problem."""
     return cluster_from_dict(read_json(path, ClusterError), source=str(path))
 
 

@@ -7,7 +7,7 @@ plan.json) is read here. Before any byte is read the path must name a regular fi
 :data:`MAX_JSON_DEPTH` levels, no number longer than :data:`MAX_NUMBER_CHARS`
 characters, and no ``NaN`` or ``Infinity`` (which Python's ``json`` accepts and
 writes by default, but JSON does not have). Each problem is one
-:class:`~tfpart.errors.TfpartError` (of the class the caller names) naming the file.
+:class:`~tfpart.core.errors.TfpartError` (of the class the caller names) naming the file.
 
 Examples
 --------
@@ -17,7 +17,7 @@ Examples
 >>> read_json(path)
 Traceback (most recent call last):
 ...
-tfpart.errors.TfpartError: ...c.json: NaN is not a JSON number (numbers must be finite)
+tfpart.core.errors.TfpartError: ...c.json: NaN is not a JSON number (numbers must be finite)
 >>> _ = open(path, "w").write('{"a": [1, 2.5, "x"]}')
 >>> read_json(path)
 {'a': [1, 2.5, 'x']}
@@ -31,7 +31,7 @@ import stat
 
 import numpy as np
 
-from tfpart.errors import TfpartError
+from tfpart.core.errors import TfpartError
 
 MAX_JSON_BYTES = 64 * 2**20  # a cluster of 10,000 devices is about 1 MB
 MAX_JSON_DEPTH = 64  # tfpart's own files nest at most about 8 levels
@@ -52,7 +52,7 @@ def check_regular_file(path, error=TfpartError, max_bytes=MAX_JSON_BYTES):
     >>> check_regular_file("/dev/null")
     Traceback (most recent call last):
     ...
-    tfpart.errors.TfpartError: /dev/null: not a regular file (a character device)
+    tfpart.core.errors.TfpartError: /dev/null: not a regular file (a character device)
     """
     try:
         info = os.stat(path)
@@ -83,7 +83,7 @@ def check_tree(path, error=TfpartError):
     >>> check_tree(folder)
     Traceback (most recent call last):
     ...
-    tfpart.errors.TfpartError: ...variables.index: not a regular file (a FIFO)
+    tfpart.core.errors.TfpartError: ...variables.index: not a regular file (a FIFO)
     """
     for root, folders, files in os.walk(path):
         for name in files + folders:
@@ -139,11 +139,11 @@ def parse_json(data, path="", error=TfpartError, max_depth=MAX_JSON_DEPTH, what=
     >>> parse_json("1" * 50)
     Traceback (most recent call last):
     ...
-    tfpart.errors.TfpartError: an integer of 50 digits: at most 40 characters per number
+    tfpart.core.errors.TfpartError: an integer of 50 digits: at most 40 characters per number
     >>> parse_json("[1e999]")
     Traceback (most recent call last):
     ...
-    tfpart.errors.TfpartError: 1e999 is too large for a number (numbers must be finite)
+    tfpart.core.errors.TfpartError: 1e999 is too large for a number (numbers must be finite)
     """
     raw = data.encode() if isinstance(data, str) else data
     depth = json_depth(raw)
@@ -205,7 +205,7 @@ def json_text(data, path="", error=TfpartError, **dumps):
     >>> json_text({"devices": {"a": {"busy_s": float("nan")}}}, "plan.json")
     Traceback (most recent call last):
     ...
-    tfpart.errors.TfpartError: plan.json: devices.a.busy_s is nan, not a finite number
+    tfpart.core.errors.TfpartError: plan.json: devices.a.busy_s is nan, not a finite number
     """
     try:
         return json.dumps(data, allow_nan=False, **dumps)

@@ -24,7 +24,7 @@ One update, run by whichever worker is free (a scheduled call makes several, one
 the other, on that worker): read the weights (and keep them as ``w_bak``) on the
 servers, compute the gradients on the worker with the model's stateless ``gradients``
 signature (a weight's pieces joined there, its gradient cut there), then apply
-:func:`tfpart.delay_compensation.update` on each server for its variables (the ops are
+:func:`tfpart.trainer.delay_compensation.update` on each server for its variables (the ops are
 placed there, so only the gradients travel). A call returns its updates' losses and
 delays and the worker's index; the coordinator reschedules a call whose worker was
 lost on the workers still up (updates beyond the run's total, from a call rerun after
@@ -44,9 +44,9 @@ import numpy as np
 
 from partitioner.ps_shards import MIN_SHARD_BYTES, shard_variables
 from rewriters.tf_import import tensorflow
-from tfpart.delay_compensation import Updated, running_freshness, update
+from tfpart.trainer.delay_compensation import Updated, running_freshness, update
 from tfpart import servers
-from tfpart.errors import TfpartError
+from tfpart.core.errors import TfpartError
 
 
 def ps_devices(cluster):
@@ -202,7 +202,7 @@ class AsyncTrainer:
 
     Parameters
     ----------
-    cluster : tfpart.cluster.Cluster
+    cluster : tfpart.core.cluster.Cluster
         With ``worker`` and ``ps`` jobs.
     model_dir : path
         A SavedModel with the stateless signature ``gradients``
@@ -216,7 +216,7 @@ class AsyncTrainer:
     data : (x, y) numpy arrays
         The training split; each worker draws its own shuffled mini-batches.
     mode : {"async", "dc-asgd", "ddc-asgd"}
-    hyper : tfpart.delay_compensation.Hyper
+    hyper : tfpart.trainer.delay_compensation.Hyper
     batch_size : int
     seed : int
     min_shard_bytes : int
@@ -309,14 +309,14 @@ class AsyncTrainer:
 
 
 def fused_update(mode, hyper):
-    """:func:`tfpart.delay_compensation.update` compiled by XLA: one kernel per piece
+    """:func:`tfpart.trainer.delay_compensation.update` compiled by XLA: one kernel per piece
     shape instead of a dozen element-wise ops, each a pass over the whole piece, on a
     server that applies every worker's updates (about 10–15% off a DC-ASGD run of the
     digits benchmark). Arguments as ``update``'s, without ``mode``, ``hyper`` and
     ``sqrt``, and ``applies``: when false, the state comes back unchanged.
 
     >>> import numpy as np
-    >>> from tfpart.delay_compensation import Hyper
+    >>> from tfpart.trainer.delay_compensation import Hyper
     >>> fused = fused_update("async", Hyper(learning_rate=0.5))
     >>> float(fused(np.ones(1, np.float32), np.ones(1, np.float32), np.ones(1, np.float32),
     ...             0.0, np.zeros(1, np.float32), 0.0, 0.0, 1.0, True).w[0])

@@ -43,7 +43,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from tfpart.errors import OutputError
+from tfpart.core.errors import OutputError
 
 MARKER = ".tfpart-output"
 TEMPORARY_TAG = ".tfpart-tmp-"
@@ -59,7 +59,7 @@ def check_inputs_outside(out, inputs):
     >>> check_inputs_outside("/tmp/a", ["/tmp/a/cluster.json"])
     Traceback (most recent call last):
     ...
-    tfpart.errors.OutputError: /tmp/a: holds the input /tmp/a/cluster.json; writing there would replace it
+    tfpart.core.errors.OutputError: /tmp/a: holds the input /tmp/a/cluster.json; writing there would replace it
     """
     target = _real(out)
     for given in inputs:
@@ -137,7 +137,7 @@ def os_errors(path, doing="write", also=()):
     ...     raise OSError(28, "No space left on device")
     Traceback (most recent call last):
     ...
-    tfpart.errors.OutputError: out/: cannot write it: No space left on device
+    tfpart.core.errors.OutputError: out/: cannot write it: No space left on device
     """
     try:
         yield
