@@ -35,11 +35,23 @@ class Algorithm:
     options: type  # its options dataclass
     summary: str
     stages: bool = False  # makes pipeline stages rather than a placement
+    replicates: bool = False  # splits every batch into replicas
+    splits: bool = False  # splits ops' output channels across devices
+    making: str = ""  # what it makes, for the progress line ("pipeline stages")
+
+    @property
+    def rebuilt(self):
+        """Whether its plans are built anew by the pipeline pass (stages, replicas,
+        splits) rather than written into the original graph."""
+        return self.stages or self.splits
 
 
-def _entry(name, module, options, stages=False):
+def _entry(name, module, options, stages=False, replicates=False, splits=False,
+           making=None):
     return Algorithm(name=name, partition=module.partition, options=options,
-                     summary=module.__doc__.strip().splitlines()[0], stages=stages)
+                     summary=module.__doc__.strip().splitlines()[0], stages=stages,
+                     replicates=replicates, splits=splits,
+                     making=making or f"a placement with {name}")
 
 
 REGISTRY = {algorithm.name: algorithm for algorithm in [
@@ -52,17 +64,21 @@ REGISTRY = {algorithm.name: algorithm for algorithm in [
     _entry("m_etf", m_etf, m_etf.METFOptions),
     _entry("min_cut", min_cut, min_cut.MinCutOptions),
     _entry("topo_split", topo_split, topo_split.TopoSplitOptions),
-    _entry("pipeline", pipeline, pipeline.PipelineOptions, stages=True),
-    _entry("data_parallel", data_parallel, data_parallel.DataParallelOptions, stages=True),
-    _entry("filter_split", filter_split, filter_split.FilterSplitOptions),
-    _entry("hybrid", hybrid, hybrid.HybridOptions, stages=True),
+    _entry("pipeline", pipeline, pipeline.PipelineOptions, stages=True,
+           making="pipeline stages"),
+    _entry("data_parallel", data_parallel, data_parallel.DataParallelOptions, stages=True,
+           replicates=True, making="data-parallel replicas"),
+    _entry("filter_split", filter_split, filter_split.FilterSplitOptions, splits=True,
+           making="a placement with filter splits"),
+    _entry("hybrid", hybrid, hybrid.HybridOptions, stages=True, replicates=True,
+           making="replicas of a placement or of a pipeline"),
 ]}
 
 
 PLUGIN_GROUP = "tfpart.algorithms"
 
 
-def plugin(module, options, stages=False):
+def plugin(module, options, stages=False, replicates=False, splits=False):
     """An :class:`Algorithm` from a module outside tfpart: ``module.partition(cost,
     options) -> Plan``, its options dataclass, its docstring's first line as summary.
     An installed package offers it under the ``tfpart.algorithms`` entry-point group
@@ -73,7 +89,8 @@ def plugin(module, options, stages=False):
     >>> plugin(single_device, single_device.SingleDeviceOptions).name
     'single_device'
     """
-    return _entry(module.__name__.rsplit(".", 1)[-1], module, options, stages)
+    return _entry(module.__name__.rsplit(".", 1)[-1], module, options, stages, replicates,
+                  splits)
 
 
 def _installed_plugins():

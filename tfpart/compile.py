@@ -208,9 +208,6 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         raise PlacementError(cluster.source, exc.problem) from None
     t0 = time.perf_counter()
     names = list(request.algorithms)
-    what = {"pipeline": "pipeline stages", "data_parallel": "data-parallel replicas",
-            "filter_split": "a placement with filter splits",
-            "hybrid": "replicas of a placement or of a pipeline"}
     failures, mixing_cache = {}, {}
     if len(names) > 1 or get_algorithm(names[0]).stages:
         # the batch-mixing check runs the model, which starts TensorFlow: let this
@@ -226,7 +223,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     writer = next((op for op, attrs in graph.ops.items() if writes_state(attrs["op_type"])),
                   None) if info.format == "tf1" else None
     if writer is not None:
-        refused = [name for name in names if name in REBUILT]
+        refused = [name for name in names if get_algorithm(name).rebuilt]
         failures.update({name: PlacementError(model_dir, f"op {writer} writes a variable or "
                                               f"a table: {TF1_REBUILT}") for name in refused})
         names = [name for name in names if name not in refused]
@@ -239,7 +236,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         tried, failures = {}, dict(known)
         for name in names:
             step(f"partitioning {len(graph)} ops into "
-                 f"{what.get(name, f'a placement with {name}')}{first_run}")
+                 f"{get_algorithm(name).making}{first_run}")
             try:
                 tried[name] = _partition(get_algorithm(name), request, cost, proto,
                                          model_dir, info, mixing_cache)
@@ -308,9 +305,6 @@ def kernels_to_compile():
     return missing
 
 
-# strategies whose plans the pipeline pass rebuilds
-REBUILT = ("pipeline", "data_parallel", "filter_split", "hybrid")
-REPLICATED = ("data_parallel", "hybrid")  # strategies that split every batch into replicas
 TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are built "
                "for inference signatures (a training step gets an op placement)")
 
@@ -329,7 +323,7 @@ def _partition(chosen, request, cost, proto, model_dir, info, cache):
         if "microbatches" in fields:
             microbatches = settings.microbatches if microbatches is None else microbatches
         mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache)
-        if mixing and chosen.name in REPLICATED:
+        if mixing and chosen.replicates:
             raise PlacementError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
                                  f"({mixing[0][1]}), so replicas of it would change the "
                                  "outputs")

@@ -50,10 +50,6 @@ class StrategyRequest:
         """Whether several strategies are planned and the fastest kept."""
         return len(self.algorithms) > 1
 
-    @property
-    def pipelined(self):
-        return self.algorithms == (PIPELINE,)
-
 
 def algorithm_options(name, options=None):
     """The options dataclass of algorithm ``name`` from ``options``: None (defaults),

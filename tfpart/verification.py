@@ -264,7 +264,7 @@ def _planned_device(plan, planned, device_map):
         original = original_op_name(name)
         part = part_of(original)
         if part is not None and part[0] in splits:
-            return device_map[splits[part[0]]["devices"][part[1]]]
+            return device_map[splits[part[0]].devices[part[1]]]
         if original not in planned:
             return None
         r = replica_of_op(name, replicas) if replicas else None
