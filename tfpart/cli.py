@@ -136,7 +136,7 @@ def print_plan(result, default_cluster):
         console.print(strategy_line(strategy))
     if plan.replicas:
         console.print(replicas_line(plan))
-    elif plan.algorithm == "filter_split":
+    elif plan.splits is not None:  # a placement with filter splits, perhaps none
         console.print(splits_line(plan))
     elif plan.stages:
         p = plan.predicted.pipeline
