@@ -49,7 +49,7 @@ from rich.console import Console
 from benchmarks.async_training import data_set, spread
 from benchmarks.markdown import show_rows
 from tfpart.trainer.delay_compensation import (ASYNC_MODES, Hyper, compensation_strength,
-                                       running_freshness, update)
+                                               running_freshness, update)
 from tfpart.trainer.loop import TrainOptions, held_out_split
 
 console = Console(highlight=False)

@@ -22,7 +22,7 @@ from partitioner.validate import check_kernels
 from tfpart.core.cluster import load_cluster
 from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
 from tfpart.core.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
-                           check_tensors_fit)
+                                check_tensors_fit)
 from tfpart.core.ops import writes_state
 from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder

@@ -21,7 +21,7 @@ import math
 import re
 
 from tfpart.core.ops import (AXIS_REDUCTION_OPS, CONV_BACKPROP_FILTER_OPS, CONV_BACKPROP_INPUT_OPS,
-                        DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS)
+                             DATA_MOVEMENT_OPS, FREE_OPS, MATMUL_OPS)
 
 PER_ELEMENT = {"FusedBatchNorm": 4, "FusedBatchNormV3": 4, "Softmax": 5, "LogSoftmax": 5,
                "Gelu": 8, "Erf": 8, "Tanh": 4, "Sigmoid": 4, "Exp": 4, "Log": 4, "Rsqrt": 2,
