@@ -18,6 +18,7 @@ tfpart.core.errors.PlacementError: --option insertion=maybe: not a bool (true or
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 
@@ -93,6 +94,7 @@ def plugin(module, options, stages=False, replicates=False, splits=False):
                   splits)
 
 
+@functools.cache  # read once per process: every lookup of a plug-in comes here
 def _installed_plugins():
     """The algorithms installed packages offer (:func:`plugin`), by entry-point name."""
     from importlib.metadata import entry_points

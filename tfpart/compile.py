@@ -159,6 +159,15 @@ def profile_notes(paths, cluster=None):
     return notes
 
 
+def _request(strategy, algorithm, pipeline, microbatches, schedule, options):
+    """``strategy`` if it is already a :class:`StrategyRequest`, else the request of the
+    Python API's keywords (an op placement by the greedy when none is given)."""
+    if isinstance(strategy, StrategyRequest):
+        return strategy
+    return resolve_strategy(strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
+                            schedule=schedule, options=options, default="placement")
+
+
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm=None,
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
                schedule=None, tf32=None, strategy=None):
@@ -181,9 +190,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
-    request = strategy if isinstance(strategy, StrategyRequest) else resolve_strategy(
-        strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
-        schedule=schedule, options=options, default="placement")
+    request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     check_planned_devices(cluster)
     step = progress or (lambda name: None)
     timings = {"read": 0.0, "analyse": 0.0}
@@ -372,9 +379,7 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
     or a failed verification (:class:`~tfpart.core.errors.VerificationError`), leaves no
     output behind; the report is ``result.verification``."""
-    request = strategy if isinstance(strategy, StrategyRequest) else resolve_strategy(
-        strategy, algorithm, pipeline=pipeline, microbatches=microbatches,
-        schedule=schedule, options=options, default="placement")
+    request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     cluster = load_cluster(cluster_file)
     check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
     # twice the model: the rewriters' working copy and the output
