@@ -19,7 +19,7 @@ perceptron (ReLU, softmax cross-entropy, Glorot-uniform weights), the generated 
 set with a seeded fifth held out, batches of 128, SGD at 0.05 with momentum 0.9. The
 update is :func:`tfpart.trainer.delay_compensation.update`, the rule the parameter servers run.
 The gradients are computed in numpy (checked against TensorFlow's in
-``tests/test_delayed_gradients.py``), which also gives the empirical Fisher diagonal
+``tests/trainer/test_delayed_gradients.py``), which also gives the empirical Fisher diagonal
 (the mean of the per-sample squared gradients) that the compensation's ``g ⊙ g``
 stands in for.
 
