@@ -62,7 +62,7 @@ from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from partitioner.validate import kernel_problem
 from tfpart.core.errors import PlacementError
-from tfpart.core.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas, Stages
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,9 @@ def _plan(cost, devices, shares, pinned, shared, options, reduce):
     home = names[devices[0]]
     return Plan(
         assignment={op: home for op in graph.ops}, algorithm="data_parallel",
-        options=figures.options, stages={op: 0 for op in graph.ops if op not in shared},
-        microbatches=len(devices), schedule="gpipe" if is_training_graph(graph) else None,
+        options=figures.options,
+        stages=Stages({op: 0 for op in graph.ops if op not in shared}, len(devices),
+                      "gpipe" if is_training_graph(graph) else None),
         replicas=Replicas(devices=[names[d] for d in devices], fractions=fractions,
                           pinned=sorted((table_ops(graph) - shared) if all_reduce else pinned),
                           reduce=reduce),

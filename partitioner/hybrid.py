@@ -43,7 +43,7 @@ from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares
 from partitioner.training_stages import is_training_graph
 from tfpart.core.errors import PlacementError
-from tfpart.core.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas, Stages
 
 
 @dataclass(frozen=True)
@@ -149,9 +149,9 @@ def _plan(cost, groups, pinned, shared, options):
     return Plan(  # the assignment is the first replica's, as for replicas of a pipeline
         assignment={op: where.get(op) or placements[0].get(op) or names[home]
                     for op in cost.graph.ops}, algorithm="hybrid",
-        options=figures.options, stages={op: 0 for op in cost.graph.ops if op not in shared},
-        microbatches=len(groups),
-        schedule="gpipe" if is_training_graph(cost.graph) else None,
+        options=figures.options,
+        stages=Stages({op: 0 for op in cost.graph.ops if op not in shared}, len(groups),
+                      "gpipe" if is_training_graph(cost.graph) else None),
         replicas=Replicas(devices=[names[group[0]] for group in groups],
                           fractions=fractions, pinned=sorted(pinned), placements=placements),
         predicted=figures.predicted, lower_bound=figures.lower_bound)

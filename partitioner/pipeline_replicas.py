@@ -43,7 +43,7 @@ from partitioner.pipeline_stages import PipelineOptions, pipeline_plan
 from partitioner.shares import proportional_shares
 from tfpart.core.cluster import sub_cluster
 from tfpart.core.errors import PlacementError
-from tfpart.core.plan import REDUCTIONS, Plan, Replicas
+from tfpart.core.plan import REDUCTIONS, Plan, Replicas, Stages
 
 
 def replicate_pipeline(cost, groups, batch_size, options=None, microbatches=None,
@@ -146,8 +146,8 @@ def _plan(cost, groups, staged, fractions, per_replica, reduce, options):
                 if stage == stage_zero and op not in shared and op not in pinned)
     return Plan(
         assignment={op: names[maps[0][op]] for op in graph.ops}, algorithm="hybrid",
-        options=figures.options, stages=staged["stages"],
-        microbatches=per_replica * len(groups), schedule=staged["schedule"],
+        options=figures.options,
+        stages=Stages(staged["stages"], per_replica * len(groups), staged["schedule"]),
         replicas=Replicas(devices=[names[group[lead]] for group in groups],
                           fractions=fractions, pinned=sorted(pinned),
                           placements=[{op: names[where[op]] for op in graph.ops

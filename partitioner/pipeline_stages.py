@@ -45,7 +45,8 @@ from partitioner.training_stages import (forward_partners, forward_view, is_trai
                                          place_followers)
 from tfpart.core.errors import PlacementError
 from partitioner.validate import check_plan
-from tfpart.core.plan import DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures
+from tfpart.core.plan import (DeviceFigures, PipelineFigures, Plan, Predicted, StageFigures,
+                              Stages)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,7 @@ def pipeline_plan(cost, options=PipelineOptions()):
     peak = best.peak_memory
     plan = Plan(
         assignment=assignment, algorithm="pipeline", options=asdict(options),
-        stages=stage_of, microbatches=best.microbatches,
-        schedule=schedule if training else None,
+        stages=Stages(stage_of, best.microbatches, schedule if training else None),
         predicted=Predicted(
             step_time=float(best.batch_time), links=best.links,
             bytes_moved=float(sum(best.links.values())), transfers=best.transfers,

@@ -38,7 +38,7 @@ def test_algorithm_and_options_from_the_cli(name, capsys, tmp_path):
         assert str(plan["options"][key]) in (value, str(float(value)))
         assert plan["options"][key] != defaults[key]
     if REGISTRY[name].stages:
-        assert plan["microbatches"] == 2 and plan["stages"]
+        assert plan["stages"]["microbatches"] == 2 and plan["stages"]["of"]
 
 
 @pytest.mark.parametrize("option,words", [("nonsense=1", "has no 'nonsense'"),
@@ -113,4 +113,4 @@ def test_flags_that_ask_for_two_things_are_refused(flags, words, capsys, tmp_pat
 def test_every_way_of_asking_for_a_pipeline_is_one(flags, capsys, tmp_path):
     assert main(["compile", *flags, "--batch-size", "4", "-o", str(tmp_path / "out")]) == 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
-    assert plan["algorithm"] == "pipeline" and plan["stages"]
+    assert plan["algorithm"] == "pipeline" and plan["stages"]["of"]

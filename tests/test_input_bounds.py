@@ -15,6 +15,7 @@ import pytest
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
 from tfpart.core.limits import MAX_GRAPH_OPS, MAX_MICROBATCHES, MAX_PLANNED_DEVICES
+from tfpart.core.plan import Stages
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TF_MEMORY = 2 * 2**30  # address space of a command that fails before TensorFlow
@@ -366,7 +367,8 @@ def test_simulate_checks_the_plan_against_model_and_cluster(example_plan, capsys
          "(in stages), e.g. ghost"),
         (changed(example_plan, stages={op: 9 for op in ops}),
          "has stage 9, but a cluster of 3 devices runs at most 3 stages"),
-        (changed(example_plan, microbatches=2), "2 micro-batches of a batch of 1"),
+        (changed(example_plan, stages=Stages({op: 0 for op in ops}, microbatches=2)),
+         "2 micro-batches of a batch of 1"),
     ]
     for plan, words in cases:
         code, lines = simulate_in_process(capsys, plan, tmp_path)

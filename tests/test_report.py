@@ -58,7 +58,7 @@ def test_a_pipeline_reports_the_traffic_between_its_stages(tmp_path, capsys):
     assert main(["compile", "--pipeline", "--microbatches", "2", "--batch-size", "4",
                  "-o", str(out)]) == 0
     plan = json.loads((out / "plan.json").read_text())
-    assert len(set(plan["stages"].values())) > 1
+    assert len(set(plan["stages"]["of"].values())) > 1
     links = plan["predicted"]["links"]
     assert links and all(nbytes > 0 for nbytes in links.values())
     assert plan["predicted"]["bytes_moved"] == pytest.approx(sum(links.values()))

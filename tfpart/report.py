@@ -208,7 +208,7 @@ def _links(plan):
 def replicas_line(plan):
     """One line on a data-parallel plan: each replica's device and share of the batch.
 
-    >>> from tfpart.core.plan import Plan
+    >>> from tfpart.core.plan import Plan, Stages
     >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
     ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
     ...     "pinned": []}))
@@ -217,13 +217,13 @@ def replicas_line(plan):
     ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
     ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
     'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, schedule="gpipe",
-    ...     replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
-    ...               "reduce": "all_reduce"}))
+    >>> replicas_line(Plan(assignment={"x": "A"}, context={"batch_size": 4},
+    ...     stages=Stages({"x": 0}, 2, "gpipe"), replicas={"devices": ["A", "B"],
+    ...     "fractions": [0.5, 0.5], "pinned": [], "reduce": "all_reduce"}))
     'Data parallel: 2 replicas (A 2 samples, B 2 samples of 4); a copy of the variables on each, gradients all-reduced'
     >>> replicas_line(Plan(assignment={"x": "A", "y": "C"}, context={"batch_size": 8},
-    ...     stages={"x": 0, "y": 1}, replicas={"devices": ["A", "B"], "fractions": [0.5, 0.5],
-    ...     "pinned": [], "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}],
+    ...     stages=Stages({"x": 0, "y": 1}, 4), replicas={"devices": ["A", "B"],
+    ...     "fractions": [0.5, 0.5], "pinned": [], "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}],
     ...     "microbatches": 2}))
     'Data parallel: 2 replicas (A+C 4 samples, B+D 4 samples of 8), each a pipeline of 2 stages over 2 micro-batches; variables on A+C'
     """

@@ -6,7 +6,7 @@ from profiles import CLUSTERS_DIR
 from tfpart.core.cluster import load_cluster, load_device_kinds
 from tfpart.core.errors import PlacementError, ProfileError
 from tfpart.core.graph import OpGraph
-from tfpart.core.plan import DeviceFigures, Plan, Predicted
+from tfpart.core.plan import DeviceFigures, Plan, Predicted, Stages
 
 
 @pytest.mark.parametrize("path", sorted(CLUSTERS_DIR.glob("*.json")), ids=lambda p: p.name)
@@ -76,3 +76,28 @@ def test_a_plan_written_before_live_ranges_still_loads(tmp_path):
     figures["memory_bound_bytes"], figures["peak_memory_bytes"] = 32.0, None
     path.write_text(json.dumps(data))
     assert Plan.load(path).predicted.devices["/device:CPU:0"].peak_memory_bytes == 32.0
+
+
+def test_a_pipeline_plan_of_format_2_loads_as_one_stages_object(tmp_path):
+    """Format 2 kept a pipeline's stages, micro-batches and schedule as three top-level
+    fields; it still loads, into the one ``Stages`` format 3 writes. Format 3 refuses
+    the top-level fields, which would silently disagree with its stages."""
+    path = tmp_path / "plan.json"
+    plan = Plan(assignment={"a": "A", "b": "B"},
+                stages=Stages({"a": 0, "b": 1}, microbatches=4, schedule="1f1b"))
+    plan.save(path)
+    written = json.loads(path.read_text())
+    assert written["format_version"] == 3 and "microbatches" not in written
+    assert written["stages"] == {"of": {"a": 0, "b": 1}, "microbatches": 4, "schedule": "1f1b"}
+    assert Plan.load(path) == plan
+    old = {**written, "format_version": 2, "stages": {"a": 0, "b": 1},
+           "microbatches": 4, "schedule": "1f1b"}
+    path.write_text(json.dumps(old))
+    loaded = Plan.load(path)
+    assert loaded == plan and (loaded.microbatches, loaded.schedule) == (4, "1f1b")
+    path.write_text(json.dumps({**written, "microbatches": 4}))
+    with pytest.raises(PlacementError, match="format 3 or 2"):
+        Plan.load(path)
+    path.write_text(json.dumps({**old, "stages": written["stages"]}))
+    with pytest.raises(PlacementError, match="stages"):
+        Plan.load(path)

@@ -85,7 +85,7 @@ def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster
     choices = plan["predicted"]["pipeline"]["microbatch_choices"]
     assert set(choices) == {"1", "2", "4", "8", "16", "32"}
     best = min(choices, key=lambda m: (choices[m]["batch_time"], int(m)))
-    assert plan["microbatches"] == int(best)
+    assert plan["stages"]["microbatches"] == int(best)
     assert plan["predicted"]["pipeline"]["throughput"] == pytest.approx(
         32 / plan["predicted"]["step_time"])
     run = subprocess.run([sys.executable, "-m", "tfpart.cli", "run", str(out), "--repeats",

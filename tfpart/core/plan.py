@@ -1,7 +1,7 @@
 """Plan: the result of partitioning, and its JSON form (plan.json).
 
-A plan maps every op to a device name (``assignment``), optionally to a pipeline stage,
-and records the algorithm and options that made it and the cost-model figures it was
+A plan maps every op to a device name (``assignment``), optionally to a pipeline stage
+(:class:`Stages`), and records the algorithm and options that made it and the cost-model figures it was
 based on, so a reader sees what was predicted and how far from optimal it can be.
 
 Plans are validated against a graph and cluster by :func:`partitioner.validate.check_plan`.
@@ -16,13 +16,14 @@ Examples
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tfpart.core.errors import OutputError, PlacementError
 from tfpart.core.input_files import json_text, read_json
 
-PLAN_FORMAT_VERSION = 2
+PLAN_FORMAT_VERSION = 3  # 3: one stages object; 2 (still read): stages, microbatches, schedule
 MAX_PLAN_BYTES = 512 * 2**20  # a million ops' assignments, stages and replicas' placements
 SCHEMA_FILE = Path(__file__).with_name("plan_schema.json")
 
@@ -103,9 +104,7 @@ class Plan:
     assignment: dict
     algorithm: str = ""
     options: dict = field(default_factory=dict)
-    stages: dict | None = None
-    microbatches: int = 1
-    schedule: str | None = None  # pipelined training: "gpipe" or "1f1b"
+    stages: Stages | None = None  # pipelines, and data parallel's one stage (a dict is made one)
     replicas: Replicas | None = None  # data parallel, hybrid (a dict is made one)
     splits: dict | None = None  # filter splits: op -> Split (a dict is made one)
     predicted: Predicted | None = None
@@ -113,6 +112,8 @@ class Plan:
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
 
     def __post_init__(self):
+        if self.stages is not None and not isinstance(self.stages, Stages):
+            self.stages = Stages(self.stages)
         if isinstance(self.replicas, dict):
             self.replicas = Replicas.from_dict(self.replicas)
         if self.splits:
@@ -122,6 +123,8 @@ class Plan:
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self):
         data = asdict(self)
+        if self.stages is not None:
+            data["stages"] = self.stages.to_dict()
         if self.replicas is not None:
             data["replicas"] = self.replicas.to_dict()
         if self.splits is not None:
@@ -130,6 +133,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data):
+        """A plan from plan.json's form, of format 3 or 2 (stages, ``microbatches`` and
+        ``schedule`` at the top level).
+
+        >>> Plan.from_dict({"format_version": 2, "assignment": {"a": "A"}, "stages": {"a": 0},
+        ...                 "microbatches": 4, "schedule": None}).stages
+        Stages(of={'a': 0}, microbatches=4, schedule=None)
+        """
+        if data.get("format_version") == 2 and data.get("stages"):
+            data = {**data, "stages": Stages(data["stages"], data.get("microbatches", 1),
+                                             data.get("schedule"))}
+        elif data.get("format_version") != 2 and data.get("stages"):
+            data = {**data, "stages": Stages.from_dict(data["stages"])}
         data = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
         if data.get("predicted") is not None:
             data["predicted"] = Predicted.from_dict(data["predicted"])
@@ -163,10 +178,21 @@ class Plan:
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
             raise PlacementError(path, f"not a tfpart plan.json (format {PLAN_FORMAT_VERSION}"
-                                 f"): {where}: {error.message}")
+                                 f" or 2): {where}: {error.message}")
         return cls.from_dict(data)
 
     # -- figures -------------------------------------------------------------------------
+    @property
+    def microbatches(self):
+        """The micro-batches each step's batch is cut into: the stages', else 1."""
+        return self.stages.microbatches if self.stages is not None else 1
+
+    @property
+    def schedule(self):
+        """A pipelined training step's order of micro-batches ("gpipe" or "1f1b"), else
+        None."""
+        return self.stages.schedule if self.stages is not None else None
+
     @property
     def step_time(self):
         return self.predicted.step_time if self.predicted is not None else None
@@ -187,6 +213,47 @@ class Plan:
 
     def devices_used(self):
         return sorted(set(self.assignment.values()))
+
+
+@dataclass(frozen=True)
+class Stages(Mapping):
+    """A pipeline: the stage ``of[op]`` each op runs in, for each of ``microbatches``
+    consecutive slices of the batch, in the ``schedule`` order of a training step
+    ("gpipe": every forward, then every backward; "1f1b"; None for inference). Data
+    parallel and hybrid plans are one stage whose micro-batch ``r`` runs on replica
+    ``r``. Reads as the mapping op -> stage. Its JSON form (plan.json's ``stages``) is
+    :meth:`to_dict`.
+
+    >>> stages = Stages({"x": 0, "y": 1}, microbatches=4, schedule="1f1b")
+    >>> stages["y"], sorted(set(stages.values())), Stages.from_dict(stages.to_dict()) == stages
+    (1, [0, 1], True)
+    """
+
+    of: Mapping
+    microbatches: int = 1
+    schedule: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "of", dict(self.of))
+
+    def __getitem__(self, op):
+        return self.of[op]
+
+    def __iter__(self):
+        return iter(self.of)
+
+    def __len__(self):
+        return len(self.of)
+
+    __hash__ = None  # a mapping, and its stages are a dict
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def to_dict(self):
+        return {"of": dict(self.of), "microbatches": self.microbatches,
+                "schedule": self.schedule}
 
 
 REDUCTIONS = ("one_device", "all_reduce")  # how replicas' gradients may be reduced
