@@ -570,3 +570,63 @@ def export_tf1_per_sample(path):
     """Ref variables, control flow v1 and a lookup table; every row its own (a model
     micro-batches cannot change)."""
     return export_tf1(path, resource=False, control_flow_v1=True, per_sample=True)
+
+
+# -- embeddings: tables read a few rows at a time ------------------------------------------
+
+def recommender(items=2_000_000, users=1000, dim=64, hidden=64, seed=0):
+    """A two-tower recommender: a user id and an item id, each looked up in its table
+    (``user_table``: ``users`` x ``dim``; ``item_table``: ``items`` x ``dim``, 512 MB at
+    the default 2M x 64), concatenated, through a small MLP to a score."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    user = keras.Input((1,), dtype="int32", name="user")
+    item = keras.Input((1,), dtype="int32", name="item")
+    rows = [keras.layers.Flatten()(keras.layers.Embedding(count, dim, name=name)(ids))
+            for ids, count, name in ((user, users, "user_table"), (item, items, "item_table"))]
+    x = keras.layers.Dense(hidden, activation="relu")(keras.layers.Concatenate()(rows))
+    score = keras.layers.Dense(1, activation="sigmoid")(x)
+    return keras.Model([user, item], score, name="recommender")
+
+
+def export_recommender(path, items=2_000_000, users=1000, dim=64):
+    recommender(items, users, dim).export(str(path), verbose=False)
+    return path
+
+
+def export_small_recommender(path):
+    """:func:`recommender` with a 100k x 16 item table (6.4 MB): the tests' size."""
+    return export_recommender(path, items=100_000, users=50, dim=16)
+
+
+def export_sparse_reads(path, rows=1000, width=16):
+    """A ``tf.Module`` whose signatures address rows of a ``rows`` x ``width`` table:
+    ``serving_default`` gathers the rows of ``ids`` from the variable
+    (``ResourceGather``), sums them into ``segments`` (``SparseSegmentSum``) and slices
+    the first two rows (``StridedSlice``); ``update`` adds ``values`` to the rows of
+    ``ids`` in place (``ResourceScatterAdd``)."""
+    import tensorflow as tf
+
+    class SparseReads(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.Variable(tf.random.stateless_normal((rows, width), seed=(7, 1)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"),
+                                      tf.TensorSpec([None], tf.int32, name="segments")])
+        def read(self, ids, segments):
+            return {"rows": tf.gather(self.table, ids),
+                    "sums": tf.sparse.segment_sum(self.table, ids, segments),
+                    "head": self.table[:2]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids"),
+                                      tf.TensorSpec([None, width], tf.float32, name="values")])
+        def update(self, ids, values):
+            self.table.scatter_add(tf.IndexedSlices(values, ids))
+            return {"norm": tf.reduce_sum(self.table)}
+
+    module = SparseReads()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.read,
+                                                       "update": module.update})
+    return path

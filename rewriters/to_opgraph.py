@@ -1,6 +1,7 @@
 """The :class:`~tfpart.core.graph.OpGraph` of a flattened signature imported into a
-``tf.Graph`` (:mod:`rewriters.flatten`): each op's FLOPs, bytes accessed and output bytes
-from its inferred shapes, loops priced by their bodies and trips
+``tf.Graph`` (:mod:`rewriters.flatten`): each op's FLOPs, bytes accessed (the rows a
+gather or scatter addresses, :mod:`tfpart.core.touched`) and output bytes from its
+inferred shapes, loops priced by their bodies and trips
 (:mod:`rewriters.loops`), state-owning ops with their persistent bytes, and colocation
 groups (TensorFlow's own, and those merged for ops that must share a device).
 """
@@ -15,6 +16,7 @@ from tfpart.core.flops import op_flops
 from tfpart.core.graph import OpGraph, UnionFind
 from tfpart.core.ops import CALL_OPS, CONTROL_FLOW_OPS, HOST_ONLY_OPS, LOOP_BACK_OPS
 from tfpart.core.splits import SPLITTABLE_OPS, sliced_operand
+from tfpart.core.touched import bytes_touched
 
 
 ATTRS_FOR_FLOPS = ("transpose_a", "transpose_b", "adj_x", "adj_y", "ksize", "equation")
@@ -41,7 +43,7 @@ def opgraph_of(graph, owned, batch_size, functions):
             flops, body_bytes = body_cost.flops_and_bytes(op, in_shapes)
         else:
             flops = op_flops(op.type, in_shapes, [s for s, _ in outputs], _plain_attrs(op))
-        bytes_accessed = sum(tensor_bytes(s, d) for s, d in held + outputs)
+        bytes_accessed = bytes_touched(op.type, held, outputs)
         param_bytes = owned.get(op.name, 0)
         host_only = op.type in HOST_ONLY_OPS or "string" in dtypes
         opgraph.add_op(op.name, op_type=op.type, outputs=outputs, input_shapes=tuple(in_shapes),
