@@ -9,6 +9,11 @@ micro-batch, and :func:`simulate_pipeline` runs the same event simulator as
 single-batch plans on M copies of the ops, each stage taking the micro-batches in
 order (fill–drain, the order the pipeline rewriter enforces with control edges).
 
+Every copy of an op in these execution graphs says what it is in its attributes, never
+only in its name: ``origin`` (the op it copies), ``replica`` and ``microbatch`` (None
+where it is not one of several); the shared ops (variables, a training step's update)
+and the ops that feed and merge the batch carry none (:func:`copy_attrs`).
+
 Examples
 --------
 Two equal stages on two devices: four micro-batches take about (4 + 1) stage times
@@ -27,7 +32,6 @@ instead of 2 × 4.
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -43,8 +47,17 @@ from tfpart.core.plan import all_reduces, device_stand_ins, replica_device
 
 
 SCHEDULES = ("gpipe", "1f1b")
-REPLICA_COPY = re.compile(r"^rep(\d+)/(.*)$")  # a replica's copy of an op
-PIPELINE_COPY = re.compile(r"^rep(\d+)/mb\d+/")  # a pipeline replica's per-micro-batch op
+
+
+def copy_attrs(attrs, origin, replica=None, microbatch=None, **changed):
+    """The attributes of a copy of op ``origin`` (its ``attrs``) run for ``replica``
+    and ``microbatch``, with ``changed`` ones.
+
+    >>> copy_attrs({"op_type": "Relu"}, "y", replica=1, microbatch=0)
+    {'op_type': 'Relu', 'origin': 'y', 'replica': 1, 'microbatch': 0}
+    """
+    return {**attrs, "origin": origin, "replica": replica, "microbatch": microbatch,
+            **changed}
 
 
 def task_order(schedule, stage, stages, microbatches):
@@ -235,7 +248,7 @@ def pinned_ops(graph):
 
 
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
-               into=None, prefix="", reduced=None):
+               into=None, prefix="", reduced=None, replica=None):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier between consecutive tasks of each stage: the sinks of one task before the
     sources of the next, in the schedule's order. With ``into`` (a graph and
@@ -243,7 +256,7 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
     added to it, sharing its variables and update ops: a replica of the pipeline;
     with ``reduced`` too (the ops whose results the replicas all-reduce), the replica
     has its own variables and update ops, ``<prefix><op>``, and the caller connects
-    the ``reduced`` ops to them."""
+    the ``reduced`` ops to them. The copies are of ``replica`` (:func:`copy_attrs`)."""
     shared = shared_ops(graph)
     own = reduced is not None
 
@@ -256,13 +269,13 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
     first = into is None or own
     for op in [op for op in graph.ops if op in shared and first]:  # graph order
         attrs = graph.ops[op]
-        replicated.add_op(name(op, 0), **dict(attrs, colocation=f"{prefix}{attrs['colocation']}")
-                          if own else attrs)
+        replicated.add_op(name(op, 0), **copy_attrs(
+            attrs, op, replica, colocation=f"{prefix}{attrs['colocation']}") if own else attrs)
         placement[name(op, 0)] = device_of[op]
     for m in range(microbatches):
         for op, attrs in graph.ops.items():
             if op not in shared:
-                replicated.add_op(name(op, m), **attrs)
+                replicated.add_op(name(op, m), **copy_attrs(attrs, op, replica, m))
                 placement[name(op, m)] = device_of[op]
         for src, dst, edge in graph.edges():
             if src in shared and dst in shared and (m or not first) \
@@ -397,8 +410,8 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
             if op in shared:
                 continue
             own = op not in pinned  # its colocation group is this replica's alone
-            replicated.add_op(f"rep{r}/{op}", **dict(
-                attrs, colocation=f"rep{r}/{attrs['colocation']}" if own
+            replicated.add_op(f"rep{r}/{op}", **copy_attrs(
+                attrs, op, r, colocation=f"rep{r}/{attrs['colocation']}" if own
                 else attrs["colocation"]))
             placement[f"rep{r}/{op}"] = home if not own else \
                 device[op] if isinstance(device, dict) else device
@@ -445,7 +458,7 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
             if device_of[op] != device_maps[0][op]:  # a colocation group of its own
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
-                          schedule, into, f"rep{r}/", gradients)
+                          schedule, into, f"rep{r}/", gradients, r)
     def copies(r, op):
         return [f"rep{r}/mb{m}/{op}" for m in range(microbatches)]
     if all_reduce:
@@ -455,19 +468,19 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
     return into
 
 
-def replica_finishes(replicated_cost, device_of, count, shared, copies=REPLICA_COPY):
-    """When each of ``count`` replicas' last op (named as ``copies`` matches, the
-    replica its first group; the ``shared`` ones excepted) ends in the simulated step
-    of ``replicated_cost`` placed by ``device_of``."""
+def replica_finishes(replicated_cost, device_of, count, per_microbatch=False):
+    """When each of ``count`` replicas' last copy of an op (with ``per_microbatch``, of
+    an op run per micro-batch: not a replica's own variables and update) ends in the
+    simulated step of ``replicated_cost`` placed by ``device_of``."""
     from costmodel.simulate import start_first_priority
 
     end = simulate(replicated_cost, device_of, start_first_priority(replicated_cost),
                    memory=False).end
     finish = [0.0] * count
     for i, op in enumerate(replicated_cost.ops):
-        copy = None if op in shared else copies.match(op)
-        if copy is not None:
-            r = int(copy.group(1))
+        attrs = replicated_cost.graph.ops[op]
+        r = attrs.get("replica")
+        if r is not None and not (per_microbatch and attrs.get("microbatch") is None):
             finish[r] = max(finish[r], float(end[i]))
     return finish
 
@@ -534,8 +547,8 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
         scaled = scaled_graph(graph, fraction)
         for op, attrs in scaled.ops.items():
-            replicated.add_op(f"rep{r}/{op}", **dict(
-                attrs, colocation=f"rep{r}/{attrs['colocation']}"))
+            replicated.add_op(f"rep{r}/{op}", **copy_attrs(
+                attrs, op, r, colocation=f"rep{r}/{attrs['colocation']}"))
             placement[f"rep{r}/{op}"] = replica_devices[0] if op in tables else device
         for src, dst, edge in scaled.edges():
             if not (src in gradients and dst in shared):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.pipeline import (REPLICA_COPY, pinned_ops, replica_finishes, replicas_cost,
+from costmodel.pipeline import (pinned_ops, replica_finishes, replicas_cost,
                                 shared_ops)
 from costmodel.simulate import start_first_priority
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
@@ -133,7 +133,7 @@ def _plan(cost, groups, pinned, shared, options):
     by each replica's simulated speed."""
     fractions = [1.0 / len(groups)] * len(groups)
     placed = _placed(cost, groups, fractions, pinned, shared, options)
-    finish = replica_finishes(*placed[:2], len(groups), shared)
+    finish = replica_finishes(*placed[:2], len(groups))
     shares = proportional_shares(options.batch_size,
                                  [f / t for f, t in zip(fractions, finish)])
     if min(shares) > 0 and shares != [options.batch_size // len(groups)] * len(groups):
@@ -165,9 +165,9 @@ def _placed(cost, groups, fractions, pinned, shared, options):
     replicated_cost, _ = replicas_cost(cost, fractions, [g[0] for g in groups], pinned)
     allowed = np.zeros_like(replicated_cost.compute, dtype=bool)
     for i, op in enumerate(replicated_cost.ops):
-        copy = None if op in shared else REPLICA_COPY.match(op)
-        if copy is not None and copy.group(2) not in pinned:
-            allowed[i, groups[int(copy.group(1))]] = True
+        attrs = replicated_cost.graph.ops[op]
+        if attrs.get("replica") is not None and attrs["origin"] not in pinned:
+            allowed[i, groups[attrs["replica"]]] = True
         else:
             allowed[i, home] = True
     replicated_cost.compute[~allowed] = np.inf

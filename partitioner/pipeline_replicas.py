@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.pipeline import (PIPELINE_COPY, pinned_ops, pipeline_replicas_graph,
+from costmodel.pipeline import (pinned_ops, pipeline_replicas_graph,
                                 replica_finishes, scaled_graph, shared_ops, table_ops)
 from costmodel.roofline import CostModel
 from partitioner.finish import fastest_plan, make_plan
@@ -115,14 +115,14 @@ def _check_kernels(cost, maps):
 def _shares(cost, groups, staged, batch_size):
     """Each replica's fraction of the batch, by its simulated speed (shares start
     equal), and the micro-batches per replica (no more than the smallest share)."""
-    count, shared = len(groups), shared_ops(cost.graph)
+    count = len(groups)
     fractions = [1.0 / count] * count
     per_replica = min(staged["microbatches"], batch_size // count)
     maps = _device_maps(cost.graph, groups, staged["position"],
-                        shared | pinned_ops(cost.graph))
+                        shared_ops(cost.graph) | pinned_ops(cost.graph))
     _check_kernels(cost, maps)
     finishes = replica_finishes(*_replicated(cost, fractions, maps, staged, per_replica),
-                                count, shared, PIPELINE_COPY)
+                                count, per_microbatch=True)
     shares = proportional_shares(batch_size, [f / t for f, t in zip(fractions, finishes)])
     if min(shares) == 0:
         return fractions, per_replica
