@@ -427,11 +427,34 @@ def print_pipeline_run(run, plan):
     return 0
 
 
+@contextmanager
+def _naming_the_rank(launched):
+    """Errors of a task a launcher started name its rank (the launcher's own lines do
+    not say which task failed)."""
+    try:
+        yield
+    except TfpartError as exc:
+        if launched is None:
+            raise
+        raise TfpartError("", f"rank {launched.rank} of the {launched.launcher} launch: "
+                          f"{exc}") from None
+
+
 def cmd_worker(args):
     from tfpart.core.cluster import cluster_from_dict, load_cluster
+    from tfpart.launcher import launched_task
+    from tfpart.rendezvous import agree_on_cluster, announce_serving, launch_id
     from tfpart.servers import StopSignals, start_server
 
-    if args.cluster:
+    launched = launched_task(os.environ) if args.cluster and args.task is None else None
+    if launched:
+        launch = launch_id(os.environ)
+        with _naming_the_rank(launched):
+            agreed = agree_on_cluster(launched, args.cluster, launch, args.host, args.port,
+                                      args.launch_timeout)
+            cluster = cluster_from_dict(agreed, source=args.cluster)
+        task, job = launched.rank, "worker"
+    elif args.cluster:
         cluster, task, job = load_cluster(args.cluster), args.task, args.job
     else:
         raw = os.environ.get("TF_CONFIG")
@@ -448,20 +471,29 @@ def cmd_worker(args):
         except (ValueError, KeyError, TypeError) as exc:
             raise TfpartError("TF_CONFIG", f"not a valid TF_CONFIG ({exc})") from None
     if task is None:
-        raise TfpartError("", "--task is required with --cluster")
+        raise TfpartError("", "--task is required with --cluster, unless mpirun or srun "
+                          "started this task")
     if args.memory_stats:  # before the server makes its CPU allocator
         from tfpart import memory_stats
 
         memory_stats.use_bfc_allocator()
-    server, exposure = start_server(cluster, task, job, args.intra_threads,
-                                    args.inter_threads)
+    with _naming_the_rank(launched):
+        server, exposure = start_server(cluster, task, job, args.intra_threads,
+                                        args.inter_threads)
     if args.memory_stats:
         memory_stats.serve(args.memory_stats)
     stop = StopSignals()  # before the lines below: whoever reads them may stop it at once
     console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
     console.print(f"tfpart worker: {exposure}", soft_wrap=True)
-    parent = os.environ.get("TFPART_WORKER_PARENT")  # set by LocalWorkers
+    with _naming_the_rank(launched):
+        if launched and announce_serving(launched, args.cluster, launch, agreed,
+                                         args.launch_timeout):
+            console.print(f"tfpart worker: wrote {args.cluster}: the {launched.size} tasks "
+                          f"{launched.launcher} started serve", soft_wrap=True)
+    # LocalWorkers names the process a task ends with; a launched task ends with the
+    # launcher's daemon that started it, never left behind if that dies
+    parent = os.environ.get("TFPART_WORKER_PARENT") or (os.getppid() if launched else None)
     name, code = stop.wait(parent=int(parent) if parent else None)
     console.print(f"tfpart worker: stopped by {name}", soft_wrap=True)
     sys.stdout.flush()
@@ -495,6 +527,33 @@ def cmd_verify(args):
     print_verify(report)
     if not report.ok:
         raise VerificationError(args.compiled, report.problem)
+    return 0
+
+
+def cmd_cluster_detect(args):
+    """Write this host's devices (:mod:`tfpart.device_detect`) as a cluster file."""
+    import socket
+
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.core.output_folders import write_json_atomically
+    from tfpart.device_detect import detect_devices
+
+    if os.path.exists(args.output) and not args.force:
+        raise TfpartError(args.output, "exists; give --force to replace it")
+    devices, kinds = detect_devices()
+    data = {"name": f"{socket.gethostname()}, detected by tfpart cluster detect",
+            "devices": devices, **({"kinds": kinds} if kinds else {})}
+    cluster = cluster_from_dict(data, source=args.output)
+    try:
+        write_json_atomically(args.output, data)
+    except OSError as exc:
+        raise TfpartError(args.output, f"cannot write it ({exc.strerror})") from None
+    for device in cluster.devices:
+        console.print(f"{device.name}: {device.kind.name}, {_bytes(device.memory)}",
+                      soft_wrap=True)
+    for name, kind in kinds.items():
+        console.print(f"{name}: {kind['source']}", soft_wrap=True)
+    console.print(f"Wrote {args.output}", soft_wrap=True)
     return 0
 
 
@@ -651,8 +710,15 @@ def build_parser():
     simulate.set_defaults(run=cmd_simulate)
     worker = commands.add_parser("worker", help="run one task's TensorFlow server")
     worker.add_argument("--cluster", help="cluster.json with a 'cluster' block "
-                        "(default: the TF_CONFIG environment variable)")
+                        "(default: the TF_CONFIG environment variable); under mpirun or "
+                        "srun without --task, the file the tasks write for the client")
     worker.add_argument("--task", type=int, help="task index in the job")
+    worker.add_argument("--host", help="under a launcher: the address this task serves on "
+                        "(default: its host name's address)")
+    worker.add_argument("--port", type=int, default=0, help="under a launcher: the port "
+                        "(default: one free on the host)")
+    worker.add_argument("--launch-timeout", type=float, default=120.0,
+                        help="under a launcher: seconds to wait for every task to start")
     worker.add_argument("--job", help="job name: worker (the default) or ps")
     worker.add_argument("--intra-threads", type=int, help="intra-op threads")
     worker.add_argument("--inter-threads", type=int, help="inter-op threads")
@@ -715,6 +781,13 @@ def build_parser():
     run.add_argument("--warmup", type=int, default=3)
     run.add_argument("--json", action="store_true", help="also print the figures as JSON")
     run.set_defaults(run=cmd_run)
+    cluster_ = commands.add_parser("cluster", help="describe this machine's devices")
+    cluster_commands = cluster_.add_subparsers(dest="cluster_command", required=True)
+    detect = cluster_commands.add_parser("detect", help="write a cluster.json of this "
+                                         "host's devices, as TensorFlow sees them")
+    detect.add_argument("-o", "--output", required=True, help="cluster.json to write")
+    detect.add_argument("--force", action="store_true", help="replace an existing file")
+    detect.set_defaults(run=cmd_cluster_detect)
     return parser
 
 

@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from tfpart.core.output_folders import write_json_atomically
+
 REPORT = signal.SIGUSR1
 RESET = signal.SIGUSR2
 BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
@@ -69,31 +71,16 @@ def serve(path):
             if number == RESET:
                 tf.config.experimental.reset_memory_stats("CPU:0")
             info = tf.config.experimental.get_memory_info("CPU:0")
-            write_json(path, {"current": info["current"], "peak": info["peak"],
-                              "start": start, "pid": os.getpid()})
+            write_json_atomically(path, {"current": info["current"], "peak": info["peak"],
+                                         "start": start, "pid": os.getpid()})
         except Exception as exc:  # noqa: BLE001 - a failed answer must not stop the task
             print(f"tfpart worker: no memory figures written to {path}: {exc}",
                   file=sys.stderr, flush=True)
 
     signal.signal(REPORT, answer)
     signal.signal(RESET, answer)
-    write_json(path, {"current": start, "peak": start, "start": start,
-                      "pid": os.getpid()})
-
-
-def write_json(path, data):
-    """Write ``data`` to ``path`` as JSON, atomically (a reader sees all or nothing).
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     write_json(Path(d) / "m.json", {"peak": 3})
-    ...     json.loads((Path(d) / "m.json").read_text())
-    {'peak': 3}
-    """
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, path)
+    write_json_atomically(path, {"current": start, "peak": start, "start": start,
+                                 "pid": os.getpid()})
 
 
 def ask(tasks, reset=False, timeout=30.0):
