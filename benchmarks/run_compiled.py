@@ -13,58 +13,20 @@ device is one core running one op at a time, as the simulator assumes.
 import argparse
 import json
 import os
-import statistics
 import sys
 
-import numpy as np
-
-from tfpart.timing import timed_calls
-
-
-def time_calls(fn, repeats, warmup):
-    """Median seconds of a call (see :func:`tfpart.timing.timed_calls`)."""
-    return statistics.median(timed_calls(fn, repeats, warmup))
+from tfpart.link_probe import median_call
 
 
 def measure_link(tf, cluster, repeats):
-    """Latency and bandwidth between task 0 and task 1, by timing tensors sent across."""
+    """Latency and bandwidth from task 0 to task 1, and what launching a step on task 0
+    costs beyond running it here (:mod:`tfpart.link_probe`, as ``tfpart cluster
+    probe`` measures them)."""
+    from tfpart.link_probe import launch_cost, probe_pair
+
     first, second = cluster.device_names[:2]
-
-    @tf.function
-    def nothing():
-        with tf.device(first):
-            return tf.constant(0.0) + 1.0
-
-    @tf.function
-    def nothing_here():
-        return tf.constant(0.0) + 1.0
-    # What launching a step on a remote worker costs beyond running it in this process.
-    dispatch = max(time_calls(lambda: nothing().numpy(), repeats, 3) -
-                   time_calls(lambda: nothing_here().numpy(), repeats, 3), 0.0)
-    sizes, seconds = [], []
-    for elements in (256, 262_144, 1_048_576, 4_194_304):
-        with tf.device(first):
-            x = tf.random.uniform([elements])
-
-        @tf.function
-        def across(x=x):
-            with tf.device(second):
-                return tf.reduce_max(x)
-
-        @tf.function
-        def local(x=x):
-            with tf.device(first):
-                return tf.reduce_max(x)
-        remote = time_calls(lambda: across().numpy(), repeats, 3)
-        here = time_calls(lambda: local().numpy(), repeats, 3)
-        sizes.append(elements * 4)
-        seconds.append(max(remote - here, 1e-6))
-    # Bandwidth from the large tensors; latency is what the smallest one costs beyond it
-    # (a remote call's fixed cost, which a straight-line fit would hide).
-    slope = np.polyfit(sizes[1:], seconds[1:], 1)[0]
-    bandwidth = float(1 / max(slope, 1e-12))
-    return {"latency_s": max(seconds[0] - sizes[0] / bandwidth, 1e-6), "bandwidth": bandwidth,
-            "step_overhead_s": dispatch, "points": list(zip(sizes, seconds))}
+    return {**probe_pair(tf, first, second, repeats),
+            "step_overhead_s": launch_cost(tf, first, repeats)}
 
 
 def main(argv=None):
@@ -100,8 +62,8 @@ def main(argv=None):
         @tf.function
         def nothing():
             return tf.constant(0.0) + 1.0
-        print(json.dumps({"call_overhead_s": time_calls(lambda: nothing().numpy(),
-                                                        args.repeats, 5)}))
+        print(json.dumps({"call_overhead_s": median_call(lambda: nothing().numpy(),
+                                                         args.repeats, 5)}))
         return 0
     if args.cluster:
         cluster = load_cluster(args.cluster)
@@ -115,8 +77,8 @@ def main(argv=None):
     model = load(args.model)
     fn = model.signatures[plan.context["signature"]]
     inputs = random_inputs(fn, args.batch_size or plan.context["batch_size"])
-    median = time_calls(lambda: [t.numpy() for t in tf.nest.flatten(fn(**inputs))],
-                        args.repeats, args.warmup)
+    median = median_call(lambda: [t.numpy() for t in tf.nest.flatten(fn(**inputs))],
+                         args.repeats, args.warmup)
     print(json.dumps({"median_s": median}))
     return 0
 

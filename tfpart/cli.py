@@ -557,6 +557,43 @@ def cmd_cluster_detect(args):
     return 0
 
 
+def cmd_cluster_probe(args):
+    """Measure every pair of devices' link (:mod:`tfpart.link_probe`) into the file."""
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.core.input_files import read_json
+    from tfpart.core.output_folders import write_json_atomically
+    from tfpart.link_probe import probe_cluster, with_probed_links
+    from tfpart.servers import connect
+
+    if args.rounds < 1 or args.repeats < 1:
+        raise TfpartError("", "--rounds and --repeats must be at least 1")
+    data = read_json(args.cluster)
+    cluster = _run_cluster(args)
+    if len(cluster.devices) < 2:
+        raise TfpartError(args.cluster, "has one device: no link to probe")
+    connect(cluster, watch=True)
+    with progress_display() as progress:
+        probed = probe_cluster(cluster, args.rounds, args.repeats, progress)
+    new = with_probed_links(data, probed, {d.name for d in cluster.devices
+                                           if d.kind.name == "cpu"})
+    output = args.output or args.cluster
+    cluster_from_dict(new, source=output)  # what is written loads
+    write_json_atomically(output, new)
+    table = Table(title=f"Links probed ({args.rounds} rounds)")
+    for column in ("between", "bandwidth (median; rounds)", "latency (median)"):
+        table.add_column(column)
+    for pair in new["links"]["pairs"]:
+        if "measured" in pair:
+            rounds = ", ".join(f"{b / 1e9:.2f}" for b in pair["measured"]["bandwidth"])
+            table.add_row(" - ".join(pair["between"]),
+                          f"{pair['bandwidth'] / 1e9:.2f} GB/s ({rounds})",
+                          _seconds(pair["latency"]))
+    console.print(table)
+    console.print(f"Step overhead (launching a step on the cluster): "
+                  f"{_seconds(new['step_overhead'])}; wrote {output}", soft_wrap=True)
+    return 0
+
+
 def cmd_run(args):
     _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
     from tfpart.timing import time_model
@@ -788,6 +825,14 @@ def build_parser():
     detect.add_argument("-o", "--output", required=True, help="cluster.json to write")
     detect.add_argument("--force", action="store_true", help="replace an existing file")
     detect.set_defaults(run=cmd_cluster_detect)
+    probe = cluster_commands.add_parser("probe", help="measure the links between a running "
+                                        "cluster's devices and write them into its file")
+    probe.add_argument("cluster", help="cluster.json whose `tfpart worker` tasks run")
+    probe.add_argument("-o", "--output", help="write the probed file here instead of "
+                       "updating CLUSTER")
+    probe.add_argument("--rounds", type=int, default=3, help="times the whole probe runs")
+    probe.add_argument("--repeats", type=int, default=10, help="calls timed per copy size")
+    probe.set_defaults(run=cmd_cluster_probe)
     return parser
 
 

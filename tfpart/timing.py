@@ -3,25 +3,13 @@ cluster's servers.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import model_errors
+from tfpart.core.phases import timed_calls
 from tfpart.runtime import SessionSignature, load, random_inputs, runnable
 from tfpart.servers import cluster_errors
-
-def timed_calls(fn, repeats, warmup=0):
-    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmup=3,
                watch=False, seed=0):

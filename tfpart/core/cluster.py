@@ -477,7 +477,8 @@ def _positive(value):
 # -- cluster.json -------------------------------------------------------------------------
 _QUANTITY = {"type": ["number", "string"]}
 _LINK_PROPS = {"bandwidth": _QUANTITY, "latency": _QUANTITY, "cpu_copy": {"type": "boolean"},
-               "message_cost": _QUANTITY}
+               "message_cost": _QUANTITY,
+               "measured": {"type": "object"}}  # how tfpart cluster probe measured it
 CLUSTER_SCHEMA = {
     "type": "object",
     "required": ["devices"],

@@ -1,5 +1,6 @@
 """The seconds each phase of a compile takes (read, analyse, cost, partition, rewrite,
-write, verify, picture, report), shown in the CLI's ``Time:`` line and the report.
+write, verify, picture, report), shown in the CLI's ``Time:`` line and the report, and
+the seconds of repeated calls (:func:`timed_calls`).
 
 >>> timings = {}
 >>> with timed(timings, "read"):
@@ -23,3 +24,19 @@ def timed(timings, phase):
     finally:
         if timings is not None:
             timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
+
+
+def timed_calls(fn, repeats, warmup=0):
+    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed ones.
+
+    >>> len(timed_calls(lambda: None, 3, warmup=1))
+    3
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
