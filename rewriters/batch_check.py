@@ -52,7 +52,7 @@ import numpy as np
 
 from rewriters.captures import HANDLE_KINDS, load_captured, state_input_map, variable_values
 from rewriters.functions import split_input
-from rewriters.flatten import flatten_signature
+from rewriters.flatten import flat_at
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import ModelError
 from tfpart.core.ops import LOOP_EXIT_OPS
@@ -61,10 +61,11 @@ PROBE_ROWS = 3  # the longer run's rows; the shorter one has PROBE_ROWS - 1
 OPAQUE_DTYPES = ("resource", "variant")
 
 
-def batch_mixing_ops(proto, path, signature=None):
+def batch_mixing_ops(proto, path, signature=None, like=None):
     """Names of the ops of ``signature`` that mix the samples of a batch (see the
     module docstring), each with why: ``[(op, reason), ...]``, the first in the
-    graph's order first.
+    graph's order first. ``like``: an earlier flattening of the signature, to start
+    from (:func:`rewriters.flatten.flat_at`).
 
     Raises
     ------
@@ -72,7 +73,7 @@ def batch_mixing_ops(proto, path, signature=None):
         If the graph cannot run on a few rows of random inputs (then no micro-batch or
         replica can be shown exact).
     """
-    flat = flatten_signature(proto, path, PROBE_ROWS, signature)
+    flat = flat_at(proto, path, PROBE_ROWS, signature, like)
     runs = _probe_runs(proto, path, flat)
     roles = {name: tensor_role(*values) for name, values in runs.items()}
     return mixing_ops(_ops(flat), roles, flat.outputs_by_key(proto))

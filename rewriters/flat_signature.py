@@ -29,6 +29,11 @@ class ModelInfo:
     training: bool = False  # the signature updates variables from the batch
     format: str = "tf2"  # "tf1": a MetaGraphDef with signatures and no object graph
     nonlinear: list = field(default_factory=list)  # ops making samples depend on the batch
+    # a training step's regions (rewriters.training_regions.StepRegions), once computed
+    regions: object = field(default=None, repr=False, compare=False)
+    # the flattened signature itself (FlatSignature), for what rebuilds it: one
+    # flattening per compile (the batch-mixing probe, the pipeline pass)
+    flat: object = field(default=None, repr=False, compare=False)
 
 
 def variable_op_name(node_id, saved_variable):
@@ -69,6 +74,7 @@ class FlatSignature:
     outputs: list  # flat tensor names of the signature's outputs
     variable_ops: dict  # object-graph node id -> VarHandleOp name
     info: ModelInfo
+    batch_axes: dict = field(default_factory=dict)  # placeholder -> axes the batch sizes
 
     def outputs_by_key(self, proto):
         """The flat tensor of each of the signature's outputs, by its key in ``proto``'s

@@ -13,6 +13,8 @@ fixed at the compile batch size.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from rewriters.captures import add_capture
 from rewriters.flat_signature import (FlatSignature, ModelInfo, choose_signature, import_flat,
                                       signature_batch, signature_call)
@@ -46,13 +48,14 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
 
     flat = tf.compat.v1.GraphDef()
     flat.library.CopyFrom(meta.graph_def.library)
-    arg_sources, inputs, variable_ops = [], {}, {}
+    arg_sources, inputs, variable_ops, batch_axes = [], {}, {}, {}
     input_names = {split_input(t.name)[0]: k for k, t in
                    meta.signature_def[signature].inputs.items()}
     for i in range(n_inputs):
         placeholder = top_nodes[split_input(call.input[i])[0]]
-        shape = [batch_size if d.size < 0 else d.size
-                 for d in placeholder.attr["shape"].shape.dim]
+        dims = placeholder.attr["shape"].shape.dim
+        shape = [batch_size if d.size < 0 else d.size for d in dims]
+        batch_axes[placeholder.name] = tuple(i for i, d in enumerate(dims) if d.size < 0)
         node = flat.node.add(name=placeholder.name, op="Placeholder")
         node.attr["dtype"].type = placeholder.attr["dtype"].type
         node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
@@ -77,14 +80,38 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
                      captures={i: c for i, c in captures.items() if c.kind != "variable"},
                      signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
     return FlatSignature(graph_def=flat, inputs=inputs, outputs=outputs,
-                         variable_ops=variable_ops, info=info)
+                         variable_ops=variable_ops, info=info, batch_axes=batch_axes)
 
 
-def tensor_shapes(proto, path, batch_size, signature=None):
+def flat_at(proto, path, batch_size, signature=None, like=None):
+    """The signature flattened at ``batch_size``: from ``like``, an earlier flattening of
+    it (TF2) at any batch size, without inlining again, since a flattening's batch size
+    fixes only its inputs' placeholders; else flattened anew."""
+    if like is None or like.info.format == "tf1" or \
+            (signature is not None and signature != like.info.signature):
+        return flatten_signature(proto, path, batch_size, signature)
+    if batch_size == like.info.batch_size:
+        return like
+    tf = tensorflow()
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(like.graph_def)
+    placeholders = {node.name: node for node in graph_def.node if node.name in like.batch_axes}
+    inputs = {}
+    for key, (name, shape, dtype) in like.inputs.items():
+        shape = tuple(batch_size if i in like.batch_axes[name] else d
+                      for i, d in enumerate(shape))
+        placeholders[name].attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
+        inputs[key] = (name, shape, dtype)
+    info = dataclasses.replace(like.info, batch_size=batch_size, regions=None, flat=None,
+                               inputs={k: (s, d) for k, (_, s, d) in inputs.items()})
+    return dataclasses.replace(like, graph_def=graph_def, inputs=inputs, info=info)
+
+
+def tensor_shapes(proto, path, batch_size, signature=None, like=None):
     """Every tensor's shape at ``batch_size`` and one more (None where unknown or a
     handle), the ops as ``(name, type, data inputs, control inputs, outputs)``, and the
-    flattened signature at ``batch_size``."""
-    flats = [flatten_signature(proto, path, batch, signature)
+    flattened signature at ``batch_size`` (from ``like``, :func:`flat_at`)."""
+    flats = [flat_at(proto, path, batch, signature, like)
              for batch in (batch_size, batch_size + 1)]
     graphs = [import_flat(flat, path) for flat in flats]
     shapes = {}

@@ -44,7 +44,7 @@ from rewriters.channel_split import split_channels
 from rewriters.endpoints import (compiled_endpoint, endpoint_binding, kept_endpoints,
                                  run_without_xla)
 from rewriters.functions import private_library
-from rewriters.flatten import flatten_signature
+from rewriters.flatten import flat_at, flatten_signature
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
@@ -127,7 +127,7 @@ def pipeline_pass(model, plan, workdir):
                                model.directory)
     target = Path(workdir) / "pipelined"
     device_of, kept, signature, resources = _save_pipelined(model.directory, model.proto,
-                                                            plan, target)
+                                                            plan, target, model.flat)
     proto = read_saved_model(target)
     run_without_xla(proto.meta_graphs[0], kept["without_xla"], signature)
     objects = proto.meta_graphs[0].object_graph_def
@@ -191,16 +191,16 @@ def _resource_devices(flat, plan):
     return [plan.assignment.get(name, "") for name in names]
 
 
-def _save_pipelined(model_dir, proto, plan, staging):
+def _save_pipelined(model_dir, proto, plan, staging, read=None):
     """Save the pipelined model into ``staging``; return the planned device of each
     saved variable, by its name (the caller writes them into the object graph, which
     lets the compile machine save plans for devices it does not have), what it kept of
     the original (:func:`rewriters.endpoints.kept_endpoints`), the signature and the
-    planned device of each table (:func:`_resource_devices`)."""
+    planned device of each table (:func:`_resource_devices`). ``read``: the reader's
+    flattening of the signature, to start from (:func:`rewriters.flatten.flat_at`)."""
     tf = tensorflow()
     context = plan.context
-    flat = flatten_signature(proto, model_dir, context.get("batch_size"),
-                             context.get("signature"))
+    flat = flat_at(proto, model_dir, context.get("batch_size"), context.get("signature"), read)
     regions = _regions(proto, model_dir, flat)
     flat, assignment = _with_splits(flat, plan, regions.phase)
     stage_of = _stage_of_every_node(flat, plan)
@@ -286,9 +286,11 @@ def _add_replica_copies(module, plan, values):
 
 
 def _regions(proto, model_dir, flat):
-    """The training step's regions, or every op forward for an inference signature."""
+    """The training step's regions (the reader's, when it found them), or every op
+    forward for an inference signature."""
     if any(node.op in RESOURCE_WRITE_OPS for node in flat.graph_def.node):
-        regions = step_regions(proto, model_dir, flat.info.batch_size, flat.info.signature)
+        regions = flat.info.regions or step_regions(
+            proto, model_dir, flat.info.batch_size, flat.info.signature, flat)
         if regions.is_training and regions.misplaced_writes:
             raise PlacementError(model_dir, f"op {regions.misplaced_writes[0]} writes a "
                                  "variable before the forward pass reads it; a training "

@@ -65,7 +65,7 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
         merge_colocation_groups(opgraph, optimizer_slot_groups(
             opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
         if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
-            _mark_phases(opgraph, flat.info, proto, path, signature)
+            _mark_phases(opgraph, flat, proto, path)
         # not in a training step: there, making the pruned ops' inputs control edges
         # crashed a GRU pipeline (BENCHMARKS.md, "Models bigger than a device")
         if not flat.info.training:
@@ -74,12 +74,14 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),
                                                    _variable_bytes(node.variable))
+    flat.info.flat = flat
     return opgraph, flat.info
 
 
-def _mark_phases(opgraph, info, proto, path, signature):
+def _mark_phases(opgraph, flat, proto, path):
     """Each op's phase of a training step (:mod:`rewriters.training_regions`)."""
-    regions = step_regions(proto, path, info.batch_size, signature)
+    info = flat.info
+    info.regions = regions = step_regions(proto, path, info.batch_size, info.signature, flat)
     if not regions.is_training:
         return
     info.training, info.nonlinear = True, regions.nonlinear

@@ -25,6 +25,9 @@ class SavedModelParts:
 
     proto: object  # saved_model_pb2.SavedModel
     directory: Path
+    # the reader's flattening of the compiled signature (rewriters.flatten), which a pass
+    # that rebuilds the signature starts from; None: it flattens anew
+    flat: object = None
 
 
 def check_model_dir(path):

@@ -76,9 +76,10 @@ class StepRegions:
         return any(self.phase[w] == UPDATE for w in self.writes_from_batch)
 
 
-def step_regions(proto, path, batch_size, signature=None):
-    """The :class:`StepRegions` of a SavedModel signature."""
-    shapes, ops, flat = tensor_shapes(proto, path, batch_size, signature)
+def step_regions(proto, path, batch_size, signature=None, like=None):
+    """The :class:`StepRegions` of a SavedModel signature (flattened from ``like``, an
+    earlier flattening of it, :func:`rewriters.flatten.flat_at`)."""
+    shapes, ops, flat = tensor_shapes(proto, path, batch_size, signature, like)
     placeholders = {f"{p}:0" for p, _, _ in flat.inputs.values()}
     batched = batched_tensors(shapes, ops, placeholders)
     return classify(ops, batched, flat.outputs)

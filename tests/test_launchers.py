@@ -57,14 +57,17 @@ def test_mpich_tasks():
 @pytest.mark.skipif(shutil.which("mpirun") is None,
                     reason="Open MPI (Debian's openmpi-bin) is not installed; .ci/run "
                     "installs it")
-def test_the_tasks_a_real_mpirun_starts():
-    code = ("import json, os; from tfpart.launcher import launched_task; "
-            "t = launched_task(os.environ); print(json.dumps([t.launcher, t.rank, t.size]))")
-    done = subprocess.run(["mpirun", "--oversubscribe", "-n", "3", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **MPI_AS_ROOT})
+def test_the_tasks_a_real_mpirun_starts(tmp_path):
+    # each rank writes a file of its own: mpirun interleaves the ranks' output lines
+    code = ("import json, os, sys; from pathlib import Path; "
+            "from tfpart.launcher import launched_task; t = launched_task(os.environ); "
+            "Path(sys.argv[1], f'rank{t.rank}.json').write_text("
+            "json.dumps([t.launcher, t.rank, t.size]))")
+    done = subprocess.run(["mpirun", "--oversubscribe", "-n", "3", sys.executable, "-c", code,
+                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          check=False, env={**os.environ, **MPI_AS_ROOT})
     assert done.returncode == 0, done.stderr
-    tasks = sorted(json.loads(line) for line in done.stdout.split("\n") if line.startswith("["))
+    tasks = sorted(json.loads(path.read_text()) for path in tmp_path.glob("rank*.json"))
     assert tasks == [["Open MPI", rank, 3] for rank in range(3)]
 
 

@@ -530,24 +530,32 @@ def cmd_verify(args):
     return 0
 
 
+def _write_cluster_file(path, data):
+    """Write cluster-file contents ``data`` to ``path``, atomically, once they load;
+    return the :class:`~tfpart.core.cluster.Cluster` they make."""
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.core.output_folders import write_json_atomically
+
+    cluster = cluster_from_dict(data, source=path)
+    try:
+        write_json_atomically(path, data)
+    except OSError as exc:
+        raise TfpartError(path, f"cannot write it ({exc.strerror})") from None
+    return cluster
+
+
 def cmd_cluster_detect(args):
     """Write this host's devices (:mod:`tfpart.device_detect`) as a cluster file."""
     import socket
 
-    from tfpart.core.cluster import cluster_from_dict
-    from tfpart.core.output_folders import write_json_atomically
     from tfpart.device_detect import detect_devices
 
     if os.path.exists(args.output) and not args.force:
         raise TfpartError(args.output, "exists; give --force to replace it")
     devices, kinds = detect_devices()
-    data = {"name": f"{socket.gethostname()}, detected by tfpart cluster detect",
-            "devices": devices, **({"kinds": kinds} if kinds else {})}
-    cluster = cluster_from_dict(data, source=args.output)
-    try:
-        write_json_atomically(args.output, data)
-    except OSError as exc:
-        raise TfpartError(args.output, f"cannot write it ({exc.strerror})") from None
+    cluster = _write_cluster_file(args.output, {
+        "name": f"{socket.gethostname()}, detected by tfpart cluster detect",
+        "devices": devices, **({"kinds": kinds} if kinds else {})})
     for device in cluster.devices:
         console.print(f"{device.name}: {device.kind.name}, {_bytes(device.memory)}",
                       soft_wrap=True)
@@ -559,9 +567,7 @@ def cmd_cluster_detect(args):
 
 def cmd_cluster_probe(args):
     """Measure every pair of devices' link (:mod:`tfpart.link_probe`) into the file."""
-    from tfpart.core.cluster import cluster_from_dict
     from tfpart.core.input_files import read_json
-    from tfpart.core.output_folders import write_json_atomically
     from tfpart.link_probe import probe_cluster, with_probed_links
     from tfpart.servers import connect
 
@@ -577,8 +583,7 @@ def cmd_cluster_probe(args):
     new = with_probed_links(data, probed, {d.name for d in cluster.devices
                                            if d.kind.name == "cpu"})
     output = args.output or args.cluster
-    cluster_from_dict(new, source=output)  # what is written loads
-    write_json_atomically(output, new)
+    _write_cluster_file(output, new)
     table = Table(title=f"Links probed ({args.rounds} rounds)")
     for column in ("between", "bandwidth (median; rounds)", "latency (median)"):
         table.add_column(column)

@@ -128,7 +128,7 @@ def _samples_mixed_by(proto, model_dir, info, microbatches, cache):
     if "mixing" not in cache:
         cache["mixing"] = [(op, "it reduces over the batch and feeds per-sample ops")
                            for op in info.nonlinear] if info.training else \
-            batch_mixing_ops(proto, model_dir, info.signature)
+            batch_mixing_ops(proto, model_dir, info.signature, info.flat)
     mixing = cache["mixing"]
     if mixing and microbatches is not None:
         raise ModelError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
@@ -435,7 +435,7 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
     tf = tensorflow()
     with os_errors(out, also=(tf.errors.OpError,)), temporary_folder(out, "rewrite") as workdir:
         with timed(timings, "rewrite"):
-            rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir)), plan,
+            rewritten = run_rewriters(SavedModelParts(proto, Path(model_dir), info.flat), plan,
                                       Path(workdir),
                                       progress=lambda name: step(f"rewriting: {name}"))
         step("writing the compiled SavedModel")

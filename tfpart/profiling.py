@@ -216,7 +216,7 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
                   intra_threads=1, device_kind="cpu", progress=None):
     """Measure a SavedModel's ops here; return a fitted :class:`MeasuredProfile`."""
     from rewriters.flat_signature import import_flat
-    from rewriters.flatten import flatten_signature
+    from rewriters.flatten import flat_at
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
     from rewriters.tf_import import tensorflow
@@ -227,7 +227,7 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     step("reading the SavedModel")
     proto = read_saved_model(model_dir)
     opgraph, info = read_model(proto, model_dir, batch_size, signature)
-    flat = flatten_signature(proto, model_dir, info.batch_size, info.signature)
+    flat = flat_at(proto, model_dir, info.batch_size, info.signature, info.flat)
     step(f"running {len(opgraph)} ops {warmup + 2 * repeats} times")
     t0 = time.perf_counter()
     per_op, step_time = measure_ops(flat, import_flat(flat, model_dir), repeats=repeats,

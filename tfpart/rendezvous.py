@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tfpart.core.errors import TfpartError
@@ -64,8 +65,18 @@ def tasks_folder(cluster_file):
 
 def report(folder, launch, rank, stage, data):
     """Write this task's ``data`` for ``stage`` ("address" or "serving")."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(folder / f"{launch}.{stage}.{rank}.json", data)
+    with _writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(folder / f"{launch}.{stage}.{rank}.json", data)
+
+
+@contextmanager
+def _writing(path):
+    """OSErrors while writing ``path`` as one-line errors naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise TfpartError(path, f"cannot write it ({exc.strerror})") from None
 
 
 def wait_for(folder, launch, size, stage, timeout, launcher, poll=0.1):
@@ -123,7 +134,8 @@ def agree_on_cluster(task, cluster_file, launch, host=None, port=0, timeout=120.
 
     folder = tasks_folder(cluster_file)
     if task.rank == 0:
-        Path(cluster_file).unlink(missing_ok=True)
+        with _writing(cluster_file):
+            Path(cluster_file).unlink(missing_ok=True)
     devices, kinds = detect_devices(prefix=f"/job:worker/task:{task.rank}")
     report(folder, launch, task.rank, "address",
            {"address": task_address(host or task.host, port), "devices": devices,
@@ -141,5 +153,6 @@ def announce_serving(task, cluster_file, launch, cluster, timeout=120.0):
     if task.rank != 0:
         return False
     wait_for(folder, launch, task.size, "serving", timeout, task.launcher)
-    write_json_atomically(cluster_file, cluster)
+    with _writing(cluster_file):
+        write_json_atomically(cluster_file, cluster)
     return True
