@@ -34,6 +34,7 @@ STRATEGIES = ("placement", "pipeline", "data_parallel")
 def timed(compiled, links, workdir, batch):
     """Median step of ``compiled`` on fresh workers whose file has ``links`` (the probe's
     figures, or none)."""
+    (workdir / "run").mkdir(exist_ok=True)
     with LocalWorkers(3, workdir / "run") as workers:
         cluster = dict(workers.cluster, **links)
         path = workdir / "run" / "timed.json"
@@ -52,6 +53,7 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
+        (work / "probe").mkdir()
         with LocalWorkers(3, work / "probe") as workers:
             datasheet = workers.path
             probed = work / "probed.json"
