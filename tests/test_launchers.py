@@ -108,3 +108,20 @@ def test_cluster_detect_writes_a_file_the_example_compiles_on(capsys, tmp_path):
     assert main(["compile", "--cluster", str(path), "--batch-size", "2", "-o", str(out),
                  "--verify"]) == 0, capsys.readouterr().err
     assert (out / "plan.json").exists()
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None,
+                    reason="Open MPI (Debian's openmpi-bin) is not installed; .ci/run "
+                    "installs it")
+def test_cluster_detect_under_mpirun_writes_every_tasks_devices_once(tmp_path):
+    path = tmp_path / "cluster.json"
+    done = subprocess.run(["mpirun", "--oversubscribe", "-n", "2", sys.executable, "-m",
+                           "tfpart.cli", "cluster", "detect", "-o", str(path)],
+                          capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, **MPI_AS_ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr
+    data = json.loads(path.read_text())
+    assert [d["name"] for d in data["devices"]] == [
+        f"/job:worker/task:{rank}/device:CPU:0" for rank in range(2)]
+    assert data["name"].startswith("the 2 tasks Open MPI started")
+    assert done.stdout.count("Wrote ") == 1  # rank 0 alone

@@ -545,16 +545,28 @@ def _write_cluster_file(path, data):
 
 
 def cmd_cluster_detect(args):
-    """Write this host's devices (:mod:`tfpart.device_detect`) as a cluster file."""
+    """Write this host's devices (:mod:`tfpart.device_detect`) as a cluster file; under
+    a launcher, every task's (:func:`tfpart.rendezvous.devices_across`), by rank 0."""
     import socket
 
     from tfpart.device_detect import detect_devices
+    from tfpart.launcher import launched_task
+    from tfpart.rendezvous import devices_across, launch_id
 
-    if os.path.exists(args.output) and not args.force:
+    if os.path.exists(args.output) and not args.force:  # every task checks before any reports
         raise TfpartError(args.output, "exists; give --force to replace it")
-    devices, kinds = detect_devices()
+    launched = launched_task(os.environ)
+    if launched is None:
+        (devices, kinds), name = detect_devices(), socket.gethostname()
+    else:
+        with _naming_the_rank(launched):
+            devices, kinds = devices_across(launched, args.output, launch_id(os.environ),
+                                            args.launch_timeout)
+        if launched.rank:
+            return 0
+        name = f"the {launched.size} tasks {launched.launcher} started"
     cluster = _write_cluster_file(args.output, {
-        "name": f"{socket.gethostname()}, detected by tfpart cluster detect",
+        "name": f"{name}, detected by tfpart cluster detect",
         "devices": devices, **({"kinds": kinds} if kinds else {})})
     for device in cluster.devices:
         console.print(f"{device.name}: {device.kind.name}, {_bytes(device.memory)}",
@@ -829,6 +841,8 @@ def build_parser():
                                          "host's devices, as TensorFlow sees them")
     detect.add_argument("-o", "--output", required=True, help="cluster.json to write")
     detect.add_argument("--force", action="store_true", help="replace an existing file")
+    detect.add_argument("--launch-timeout", type=float, default=120.0,
+                        help="under mpirun or srun: seconds to wait for every task")
     detect.set_defaults(run=cmd_cluster_detect)
     probe = cluster_commands.add_parser("probe", help="measure the links between a running "
                                         "cluster's devices and write them into its file")

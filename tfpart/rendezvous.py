@@ -156,3 +156,17 @@ def announce_serving(task, cluster_file, launch, cluster, timeout=120.0):
     with _writing(cluster_file):
         write_json_atomically(cluster_file, cluster)
     return True
+
+
+def devices_across(task, cluster_file, launch, timeout=120.0):
+    """Every task's devices, named for its rank (``/job:worker/task:<rank>/…``), and the
+    kinds made for them, once all have reported: ``tfpart cluster detect`` under a
+    launcher, whose rank 0 writes them to ``cluster_file``."""
+    from tfpart.device_detect import detect_devices
+
+    devices, kinds = detect_devices(prefix=f"/job:worker/task:{task.rank}")
+    folder = tasks_folder(cluster_file)
+    report(folder, launch, task.rank, "devices", {"devices": devices, "kinds": kinds})
+    tasks = wait_for(folder, launch, task.size, "devices", timeout, task.launcher)
+    return ([device for found in tasks for device in found["devices"]],
+            {name: kind for found in tasks for name, kind in found["kinds"].items()})
