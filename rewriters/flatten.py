@@ -86,8 +86,9 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
 def flat_at(proto, path, batch_size, signature=None, like=None):
     """The signature flattened at ``batch_size``: from ``like``, an earlier flattening of
     it (TF2) at any batch size, without inlining again, since a flattening's batch size
-    fixes only its inputs' placeholders; else flattened anew."""
-    if like is None or like.info.format == "tf1" or \
+    fixes only its inputs' placeholders; else (and for the signature's own batch size,
+    ``None``) flattened anew."""
+    if like is None or batch_size is None or like.info.format == "tf1" or \
             (signature is not None and signature != like.info.signature):
         return flatten_signature(proto, path, batch_size, signature)
     if batch_size == like.info.batch_size:
