@@ -6,9 +6,9 @@ n / bandwidth``), then writes each pair's figures into the cluster file.
 A copy from device ``a`` to device ``b`` is timed as a function that reduces a tensor
 living on ``a`` on device ``b``, less the same function run on ``a`` (which copies
 nothing), over tensors of 1 KiB to 16 MiB; each pair one way, from the device listed
-first, since the cost model's links are the same both ways. Bandwidth is the inverse slope through the
-three larger sizes; latency what the smallest copy costs beyond its bytes (a remote
-call's fixed cost, which a straight-line fit would hide). The whole probe runs
+first, since the cost model's links are the same both ways. Bandwidth is the inverse
+slope through the three larger sizes; latency what the smallest copy costs beyond its
+bytes (a remote call's fixed cost, which a straight-line fit would hide). The whole probe runs
 ``rounds`` times; a pair gets the median of its rounds, and the file keeps every
 round's figures (``measured``), so their spread is on record. The cost of launching a
 step on the cluster (calling an empty function placed on its first device, less one run

@@ -1,8 +1,9 @@
 """Plan: the result of partitioning, and its JSON form (plan.json).
 
 A plan maps every op to a device name (``assignment``), optionally to a pipeline stage
-(:class:`Stages`), and records the algorithm and options that made it and the cost-model figures it was
-based on, so a reader sees what was predicted and how far from optimal it can be.
+(:class:`Stages`), and records the algorithm and options that made it and the
+cost-model figures it was based on, so a reader sees what was predicted and how far
+from optimal it can be.
 
 Plans are validated against a graph and cluster by :func:`partitioner.validate.check_plan`.
 
