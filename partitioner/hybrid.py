@@ -132,13 +132,13 @@ def _plan(cost, groups, pinned, shared, options):
     """The plan of one replica per group: placed with equal shares, then with shares
     by each replica's simulated speed."""
     fractions = [1.0 / len(groups)] * len(groups)
-    placed = _placed(cost, groups, fractions, pinned, shared, options)
+    placed = _placed(cost, groups, fractions, pinned, options)
     finish = replica_finishes(*placed[:2], len(groups))
     shares = proportional_shares(options.batch_size,
                                  [f / t for f, t in zip(fractions, finish)])
     if min(shares) > 0 and shares != [options.batch_size // len(groups)] * len(groups):
         fractions = [share / options.batch_size for share in shares]
-        placed = _placed(cost, groups, fractions, pinned, shared, options)
+        placed = _placed(cost, groups, fractions, pinned, options)
     replicated_cost, device_of, home = placed
     figures = make_plan(replicated_cost, device_of, "hybrid", options,
                         start_first_priority(replicated_cost))
@@ -157,7 +157,7 @@ def _plan(cost, groups, pinned, shared, options):
         predicted=figures.predicted, lower_bound=figures.lower_bound)
 
 
-def _placed(cost, groups, fractions, pinned, shared, options):
+def _placed(cost, groups, fractions, pinned, options):
     """The replicated cost model (each replica's ops runnable on its group only, the
     shared and pinned ops on the home only), the greedy's placement of it, and the
     home's index."""

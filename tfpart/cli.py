@@ -534,13 +534,10 @@ def _write_cluster_file(path, data):
     """Write cluster-file contents ``data`` to ``path``, atomically, once they load;
     return the :class:`~tfpart.core.cluster.Cluster` they make."""
     from tfpart.core.cluster import cluster_from_dict
-    from tfpart.core.output_folders import write_json_atomically
+    from tfpart.core.output_folders import write_file_atomically
 
     cluster = cluster_from_dict(data, source=path)
-    try:
-        write_json_atomically(path, data)
-    except OSError as exc:
-        raise TfpartError(path, f"cannot write it ({exc.strerror})") from None
+    write_file_atomically(path, json.dumps(data))
     return cluster
 
 

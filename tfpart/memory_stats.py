@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfpart.core.output_folders import write_json_atomically
+from tfpart.core.output_folders import write_file_atomically
 
 REPORT = signal.SIGUSR1
 RESET = signal.SIGUSR2
@@ -71,16 +71,17 @@ def serve(path):
             if number == RESET:
                 tf.config.experimental.reset_memory_stats("CPU:0")
             info = tf.config.experimental.get_memory_info("CPU:0")
-            write_json_atomically(path, {"current": info["current"], "peak": info["peak"],
-                                         "start": start, "pid": os.getpid()})
+            write_file_atomically(path, json.dumps({
+                "current": info["current"], "peak": info["peak"], "start": start,
+                "pid": os.getpid()}))
         except Exception as exc:  # noqa: BLE001 - a failed answer must not stop the task
             print(f"tfpart worker: no memory figures written to {path}: {exc}",
                   file=sys.stderr, flush=True)
 
     signal.signal(REPORT, answer)
     signal.signal(RESET, answer)
-    write_json_atomically(path, {"current": start, "peak": start, "start": start,
-                                 "pid": os.getpid()})
+    write_file_atomically(path, json.dumps({"current": start, "peak": start, "start": start,
+                                            "pid": os.getpid()}))
 
 
 def ask(tasks, reset=False, timeout=30.0):

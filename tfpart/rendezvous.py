@@ -24,11 +24,10 @@ import json
 import os
 import socket
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from tfpart.core.errors import TfpartError
-from tfpart.core.output_folders import write_json_atomically
+from tfpart.core.output_folders import os_errors, write_file_atomically
 
 
 def launch_id(environ):
@@ -65,18 +64,7 @@ def tasks_folder(cluster_file):
 
 def report(folder, launch, rank, stage, data):
     """Write this task's ``data`` for ``stage`` ("address" or "serving")."""
-    with _writing(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(folder / f"{launch}.{stage}.{rank}.json", data)
-
-
-@contextmanager
-def _writing(path):
-    """OSErrors while writing ``path`` as one-line errors naming it."""
-    try:
-        yield
-    except OSError as exc:
-        raise TfpartError(path, f"cannot write it ({exc.strerror})") from None
+    write_file_atomically(folder / f"{launch}.{stage}.{rank}.json", json.dumps(data))
 
 
 def wait_for(folder, launch, size, stage, timeout, launcher, poll=0.1):
@@ -134,7 +122,7 @@ def agree_on_cluster(task, cluster_file, launch, host=None, port=0, timeout=120.
 
     folder = tasks_folder(cluster_file)
     if task.rank == 0:
-        with _writing(cluster_file):
+        with os_errors(cluster_file, "remove"):
             Path(cluster_file).unlink(missing_ok=True)
     devices, kinds = detect_devices(prefix=f"/job:worker/task:{task.rank}")
     report(folder, launch, task.rank, "address",
@@ -153,8 +141,7 @@ def announce_serving(task, cluster_file, launch, cluster, timeout=120.0):
     if task.rank != 0:
         return False
     wait_for(folder, launch, task.size, "serving", timeout, task.launcher)
-    with _writing(cluster_file):
-        write_json_atomically(cluster_file, cluster)
+    write_file_atomically(cluster_file, json.dumps(cluster))
     return True
 
 

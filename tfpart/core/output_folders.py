@@ -327,18 +327,3 @@ def write_file_atomically(path, text):
         except BaseException:
             os.unlink(handle.name)
             raise
-
-
-def write_json_atomically(path, data):
-    """Write ``data`` to ``path`` as JSON, atomically (a reader sees all or nothing).
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     write_json_atomically(Path(d) / "m.json", {"peak": 3})
-    ...     json.loads((Path(d) / "m.json").read_text())
-    {'peak': 3}
-    """
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(data))
-    os.replace(partial, path)
