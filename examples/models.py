@@ -600,6 +600,44 @@ def export_small_recommender(path):
     return export_recommender(path, items=100_000, users=50, dim=16)
 
 
+def export_table_lookups(path, rows=1000, width=8, whole_read=False):
+    """A ``tf.Module`` whose ``serving_default`` looks up rows of a ``rows`` x ``width``
+    table for ``ids`` (``[batch, 3]``, -1 for none) three ways: the first id's row
+    (``tf.gather``: a ``ResourceGather``), the sum of each sample's rows
+    (``tf.sparse.segment_sum`` of the table) and their mean through
+    ``tf.nn.safe_embedding_lookup_sparse`` (zeros for a sample with no id). With
+    ``whole_read`` a second signature, ``total``, sums the whole table."""
+    import tensorflow as tf
+
+    class TableLookups(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = tf.Variable(tf.random.stateless_normal((rows, width), seed=(3, 1)))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64, name="ids")])
+        def lookup(self, ids):
+            present = tf.sparse.from_dense(ids + 1)  # the -1s drop out
+            sparse_ids = tf.SparseTensor(present.indices, present.values - 1,
+                                         present.dense_shape)
+            samples = tf.shape(ids, out_type=tf.int64)[0]
+            every = tf.reshape(tf.maximum(ids, 0), [-1])
+            segments = tf.repeat(tf.range(samples), 3)
+            return {"first": tf.gather(self.table, tf.maximum(ids[:, 0], 0)),
+                    "sums": tf.sparse.segment_sum(self.table, every, segments,
+                                                   num_segments=samples),
+                    "means": tf.nn.safe_embedding_lookup_sparse(self.table, sparse_ids,
+                                                                combiner="mean")}
+
+    module = TableLookups()
+    signatures = {"serving_default": module.lookup}
+    if whole_read:
+        module.total = tf.function(lambda: {"total": tf.reduce_sum(module.table)},
+                                   input_signature=[])
+        signatures["total"] = module.total
+    tf.saved_model.save(module, str(path), signatures=signatures)
+    return path
+
+
 def export_sparse_reads(path, rows=1000, width=16):
     """A ``tf.Module`` whose signatures address rows of a ``rows`` x ``width`` table:
     ``serving_default`` gathers the rows of ``ids`` from the variable

@@ -36,6 +36,7 @@ True
 """
 from __future__ import annotations
 
+from rewriters.node_defs import int_attr, int_constant, make_node, type_attr
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import PlacementError
 from tfpart.core.splits import SCOPE, SIZES_INPUT, part_name, sliced_operand
@@ -97,27 +98,27 @@ def _split_node(node, split, device_of):
     own_device = device_of(node.name)
     dtype = node.attr["T"]
     added = [
-        (_const(f"{scope}/slice_sizes", sizes), operand_device),
-        (_const(f"{scope}/slice_axis", axis), operand_device),
-        (_node(f"{scope}/slices", "SplitV", [data[index], f"{scope}/slice_sizes",
+        (int_constant(f"{scope}/slice_sizes", sizes), operand_device),
+        (int_constant(f"{scope}/slice_axis", axis), operand_device),
+        (make_node(f"{scope}/slices", "SplitV", [data[index], f"{scope}/slice_sizes",
                                              f"{scope}/slice_axis"],
-               T=dtype, Tlen=_type("int32"), num_split=_int(len(sizes))), operand_device),
-        (_const(f"{scope}/concat_axis", -1), own_device)]
+               T=dtype, Tlen=type_attr("int32"), num_split=int_attr(len(sizes))), operand_device),
+        (int_constant(f"{scope}/concat_axis", -1), own_device)]
     sizes_input = SIZES_INPUT.get(node.op)
     if sizes_input is not None:  # a 2-D convolution's output shape: its first 3 entries
-        added += [(_const(f"{scope}/shape_begin", [0]), own_device),
-                  (_const(f"{scope}/shape_size", [3]), own_device),
-                  (_node(f"{scope}/shape_head", "Slice", [
+        added += [(int_constant(f"{scope}/shape_begin", [0]), own_device),
+                  (int_constant(f"{scope}/shape_size", [3]), own_device),
+                  (make_node(f"{scope}/shape_head", "Slice", [
                       data[sizes_input], f"{scope}/shape_begin", f"{scope}/shape_size"],
-                      T=_type("int32"), Index=_type("int32")), own_device)]
+                      T=type_attr("int32"), Index=type_attr("int32")), own_device)]
     for i, (device, size) in enumerate(zip(split.devices, sizes)):
         inputs = list(data)
         inputs[index] = f"{scope}/slices:{i}"
         if sizes_input is not None:
-            added.append((_const(f"{scope}/channels{i}", [size]), own_device))
-            added.append((_node(f"{scope}/shape{i}", "ConcatV2", [
+            added.append((int_constant(f"{scope}/channels{i}", [size]), own_device))
+            added.append((make_node(f"{scope}/shape{i}", "ConcatV2", [
                 f"{scope}/shape_head", f"{scope}/channels{i}", f"{scope}/concat_axis"],
-                N=_int(2), T=_type("int32"), Tidx=_type("int32")), own_device))
+                N=int_attr(2), T=type_attr("int32"), Tidx=type_attr("int32")), own_device))
             inputs[sizes_input] = f"{scope}/shape{i}"
         part = type(node)()
         part.CopyFrom(node)
@@ -127,32 +128,8 @@ def _split_node(node, split, device_of):
         for name in ("_class", "_output_shapes"):
             part.attr.pop(name, None)
         added.append((part, device))
-    added.append((_node(node.name, "ConcatV2", [part_name(node.name, i)
+    added.append((make_node(node.name, "ConcatV2", [part_name(node.name, i)
                                                 for i in range(len(sizes))]
                         + [f"{scope}/concat_axis"],
-                        N=_int(len(sizes)), T=dtype, Tidx=_type("int32")), own_device))
+                        N=int_attr(len(sizes)), T=dtype, Tidx=type_attr("int32")), own_device))
     return added
-
-
-def _node(name, op, inputs, **attrs):
-    tf = tensorflow()
-    node = tf.compat.v1.NodeDef(name=name, op=op, input=inputs)
-    for key, value in attrs.items():
-        node.attr[key].CopyFrom(value)
-    return node
-
-
-def _const(name, value):
-    tf = tensorflow()
-    return _node(name, "Const", [], dtype=_type("int32"),
-                 value=tf.compat.v1.AttrValue(tensor=tf.make_tensor_proto(value, tf.int32)))
-
-
-def _type(name):
-    tf = tensorflow()
-    return tf.compat.v1.AttrValue(type=tf.as_dtype(name).as_datatype_enum)
-
-
-def _int(value):
-    tf = tensorflow()
-    return tf.compat.v1.AttrValue(i=value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rewriters.functions import body_functions, callee, library_index
+from tfpart.core.errors import PlacementError
 
 
 def kept_endpoints(proto, signature):
@@ -60,6 +61,23 @@ def kept_endpoints(proto, signature):
             "endpoints": sorted(name for name in endpoints if name not in compiled),
             "compiled_signatures": sorted(twins), "compiled_endpoints": sorted(compiled),
             "without_xla": without_xla}
+
+
+def check_nothing_kept_reads(kept, table, path):
+    """Refuse to cut ``table`` into row shards when the compiled model keeps (``kept``,
+    :func:`kept_endpoints`) a signature or a function that runs the original graph,
+    which reads the table whole.
+
+    >>> check_nothing_kept_reads({"signatures": ["predict"], "endpoints": []}, "t", "m")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.PlacementError: m: table t would be cut into row shards, but 'predict' of the original, which the compiled model keeps, reads it whole
+    """
+    whole = [*kept["signatures"], *kept["endpoints"]]
+    if whole:
+        raise PlacementError(path, f"table {table} would be cut into row shards, but "
+                             f"{whole[0]!r} of the original, which the compiled model "
+                             "keeps, reads it whole")
 
 
 def same_signature(meta, name, signature):
@@ -252,5 +270,5 @@ def _xla_compiled(function_or_node):
     return attr is not None and attr.b
 
 
-__all__ = ["EndpointBinding", "compiled_endpoint", "endpoint_binding", "endpoint_functions",
+__all__ = ["EndpointBinding", "check_nothing_kept_reads", "compiled_endpoint", "endpoint_binding", "endpoint_functions",
            "kept_endpoints", "run_without_xla", "same_signature"]

@@ -75,6 +75,8 @@ class FlatSignature:
     variable_ops: dict  # object-graph node id -> VarHandleOp name
     info: ModelInfo
     batch_axes: dict = field(default_factory=dict)  # placeholder -> axes the batch sizes
+    # a table's row shards (rewriters.row_shard): shard op -> (table op, first row, rows)
+    row_shards: dict = field(default_factory=dict)
 
     def outputs_by_key(self, proto):
         """The flat tensor of each of the signature's outputs, by its key in ``proto``'s
@@ -91,7 +93,8 @@ class FlatSignature:
         or any node of a captured table or asset)."""
         from rewriters.captures import HANDLE_KINDS
 
-        names = set(self.variable_ops.values()) | {p for p, _, _ in self.inputs.values()}
+        names = set(self.variable_ops.values()) | set(self.row_shards) | \
+            {p for p, _, _ in self.inputs.values()}
         handles = {c.op_name for c in self.info.captures.values() if c.kind in HANDLE_KINDS}
         prefixes = tuple(f"{h}/" for h in handles)
         return lambda name: name in names or name in handles or name.startswith(prefixes)

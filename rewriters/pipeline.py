@@ -41,10 +41,11 @@ from pathlib import Path
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
-from rewriters.endpoints import (compiled_endpoint, endpoint_binding, kept_endpoints,
-                                 run_without_xla)
+from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
+                                 endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
 from rewriters.flatten import flat_at, flatten_signature
+from rewriters.row_shard import shard_flat
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
@@ -201,6 +202,8 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     tf = tensorflow()
     context = plan.context
     flat = flat_at(proto, model_dir, context.get("batch_size"), context.get("signature"), read)
+    flat = shard_flat(flat, {table: shards.sizes
+                             for table, shards in (plan.row_shards or {}).items()})
     regions = _regions(proto, model_dir, flat)
     flat, assignment = _with_splits(flat, plan, regions.phase)
     stage_of = _stage_of_every_node(flat, plan)
@@ -220,7 +223,12 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     found = loaded_objects(original, meta, flat.variable_ops, model_dir)
     module.variables_by_op = {flat.variable_ops[node_id]: found[node_id]
                               for node_id in sorted(found, key=flat.variable_ops.get)}
-    module.tfpart_original = original
+    kept = kept_endpoints(proto, flat.info.signature)
+    if flat.row_shards:
+        check_nothing_kept_reads(kept, next(iter(plan.row_shards)), model_dir)
+        module.variables_by_op = _with_row_shards(module.variables_by_op, flat.row_shards)
+    else:
+        module.tfpart_original = original
     captured = load_captured(model_dir, meta, flat.info.captures, model_dir, root=original)
     # saved with the model: loading it makes and fills each table on its device
     module.tfpart_resources = [captured[name] for name in sorted(captured)]
@@ -236,7 +244,6 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
                              getattr(module, "collective_tokens", None), outputs)
     module.tfpart_pipelined = tf.function(pipeline, input_signature=specs, autograph=False)
-    kept = kept_endpoints(proto, flat.info.signature)
     for name in kept["endpoints"]:
         setattr(module, name, getattr(original, name))
     for name in kept["compiled_endpoints"]:
@@ -256,6 +263,19 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     tf.saved_model.save(module, str(staging), signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     return device_of, kept, flat.info.signature, _resource_devices(flat, plan)
+
+
+def _with_row_shards(variables, row_shards):
+    """``variables`` (by op name) with each table of ``row_shards`` (shard op ->
+    ``(table, first row, rows)``) replaced by a new variable per shard holding its
+    rows."""
+    tf = tensorflow()
+    cut = {table for table, _, _ in row_shards.values()}
+    remaining = {name: variable for name, variable in variables.items() if name not in cut}
+    for shard, (table, first, rows) in row_shards.items():
+        remaining[shard] = tf.Variable(variables[table][first:first + rows],
+                                       name=shard.replace("/", "_"))
+    return remaining
 
 
 def _add_replica_copies(module, plan, values):

@@ -20,6 +20,7 @@ from rewriters.flat_signature import import_flat, variable_op_name
 from rewriters.flatten import flatten_signature
 from rewriters.functions import library_index
 from rewriters.fusion import fusion_groups
+from rewriters.row_shard import shard_flat
 from rewriters.tf1_reader import is_tf1, read_tf1_model
 from rewriters.to_opgraph import merge_colocation_groups, opgraph_of
 from rewriters.training_regions import step_regions
@@ -52,6 +53,22 @@ def read_model(proto, path="", batch_size=None, signature=None, timings=None):
     if is_tf1(proto):
         return read_tf1_model(proto, path, batch_size, signature, timings)
     flat = flatten_signature(proto, path, batch_size, signature)
+    return _read_flat(proto, path, flat, timings)
+
+
+def read_with_row_shards(proto, path, info, sizes, timings=None):
+    """OpGraph and ModelInfo of the signature ``info`` describes (a
+    :func:`read_model`'s), with the tables of ``sizes`` (table op -> rows of each
+    shard) cut into row shards (:mod:`rewriters.row_shard`). ``info.flat`` stays the
+    signature as the model has it, which the rewriter cuts the same way."""
+    unsharded = info.flat
+    opgraph, info = _read_flat(proto, path, shard_flat(unsharded, sizes), timings)
+    info.flat = unsharded
+    return opgraph, info
+
+
+def _read_flat(proto, path, flat, timings):
+    """OpGraph and ModelInfo of a flattened signature."""
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
     graph = import_flat(flat, path)
@@ -163,10 +180,14 @@ def _capture_bytes(meta, flat, path):
     objects = meta.object_graph_def
     owned = {name: _variable_bytes(objects.nodes[node_id].variable)
              for node_id, name in flat.variable_ops.items()}
+    for shard, (table, _, rows) in flat.row_shards.items():
+        whole = objects.nodes[next(i for i, name in flat.variable_ops.items() if name == table)]
+        owned[shard] = _variable_bytes(whole.variable) * rows // max(
+            whole.variable.shape.dim[0].size, 1)
     owned.update({capture.op_name: resource_bytes(meta, node_id, path or None)
                   for node_id, capture in flat.info.captures.items()
                   if capture.kind == "resource"})
     return owned
 
 
-__all__ = ["optimizer_slot_groups", "read_model"]
+__all__ = ["optimizer_slot_groups", "read_model", "read_with_row_shards"]

@@ -22,7 +22,7 @@ from rich.table import Table
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.core.errors import OutputError, TfpartError, VerificationError
 from tfpart.core.output_folders import check_inputs_outside, check_replaceable
-from tfpart.report import replicas_line
+from tfpart.report import replicas_line, row_shards_line
 from tfpart.strategy_request import STRATEGY_CHOICES
 from tfpart.core.quiet import library_output_captured, user_stderr
 
@@ -134,6 +134,8 @@ def print_plan(result, default_cluster):
     strategy = plan.context.get("strategy")
     if strategy:
         console.print(strategy_line(strategy))
+    if plan.row_shards:
+        console.print(row_shards_line(plan))
     if plan.replicas:
         console.print(replicas_line(plan))
     elif plan.splits is not None:  # a placement with filter splits, perhaps none

@@ -27,6 +27,8 @@ from tfpart.core.ops import writes_state
 from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.core.phases import timed
+from tfpart.core.plan import RowShards
+from tfpart.core.row_shards import shard_name
 from tfpart.report import placement_section, write_report
 from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
@@ -45,13 +47,16 @@ class CompileResult:
     verification: object = None  # VerifyReport of the output, when asked for
 
 
-def unread_variables(info, cluster):
+def unread_variables(info, cluster, kept=True):
     """Where the variables the signature never reads go (the first device's host CPU,
-    off every accelerator) and what they hold."""
+    off every accelerator) and what they hold; ``kept=False``: the compiled model drops
+    them (``count`` 0, and how many it drops)."""
     from tfpart.core.cluster import host_of
 
-    return {"device": f"{host_of(cluster.device_names[0])}/device:CPU:0",
-            "count": len(info.unread_variables),
+    host = f"{host_of(cluster.device_names[0])}/device:CPU:0"
+    if not kept:
+        return {"device": host, "count": 0, "bytes": 0, "dropped": len(info.unread_variables)}
+    return {"device": host, "count": len(info.unread_variables),
             "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
 
 
@@ -202,8 +207,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                                  timings=timings)
     timings["read"] -= timings["analyse"]
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
-    whole_cluster, unread = cluster, unread_variables(info, cluster)
-    headroom = MEMORY_HEADROOM
+    whole_cluster, headroom = cluster, MEMORY_HEADROOM
+    graph, info, row_shards = _cut_tables(graph, info, proto, model_dir, planning_cluster(
+        whole_cluster, unread_variables(info, cluster, kept=False), headroom)[0], timings)
+    # a model with tables cut is rebuilt without the variables its signature never reads
+    unread = unread_variables(info, cluster, kept=not row_shards)
     cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
 
     with timed(timings, "cost"):
@@ -247,7 +255,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             try:
                 tried[name] = _partition(get_algorithm(name), request, cost, proto,
                                          model_dir, info, mixing_cache)
+                _check_row_shards_combine(tried[name][0], row_shards, model_dir)
             except (PlacementError, ModelError) as exc:
+                tried.pop(name, None)
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
         return tried, failures
 
@@ -262,6 +272,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         raise next(iter(failures.values()))
     best = min(tried, key=lambda name: tried[name][0].step_time)
     plan, mixing = tried[best]
+    if row_shards:
+        plan.row_shards = {table: RowShards(sizes, [plan.assignment[shard_name(table, i)]
+                                                    for i in range(len(sizes))])
+                           for table, sizes in row_shards.items()}
     _whole_memory(plan, whole_cluster, unread_on, unread)
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
@@ -285,6 +299,56 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
             "refused": {name: failure.problem for name, failure in failures.items()}}
     return plan, graph, info, proto, timings
+
+
+def _cut_tables(graph, info, proto, model_dir, cluster, timings):
+    """The graph and info of the model with its tables that fit no device of
+    ``cluster`` cut into row shards (:mod:`partitioner.row_shards`), and the rows of
+    each table's shards (empty if none is cut).
+
+    Raises
+    ------
+    PlacementError
+        If such a table cannot be cut (a read other than by rows, a TF1 SavedModel),
+        saying why."""
+    from costmodel.memory import size_text
+    from partitioner.row_shards import row_shard_sizes
+    from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
+    from rewriters.reader import read_with_row_shards
+    from rewriters.row_shard import table_shape
+
+    nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
+    tables = {}
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] == "VarHandleOp" and attrs["param_bytes"] and op in nodes:
+            shape = table_shape(nodes[op])[0]
+            if shape and shape[0]:
+                tables[op] = (attrs["param_bytes"], shape[0])
+    memories = [device.memory for device in cluster.devices]
+    sizes = row_shard_sizes(tables, memories)
+    if not sizes:
+        return graph, info, {}
+    table = max(sizes, key=lambda name: tables[name][0])
+    too_big = (f"variable {table} needs {size_text(tables[table][0])}, more than any device "
+               f"has for it ({size_text(max(memories))})")
+    if info.format == "tf1":
+        raise PlacementError(model_dir, f"{too_big}, and the tables of a TensorFlow 1 "
+                             "SavedModel are not cut into row shards")
+    try:
+        graph, info = read_with_row_shards(proto, model_dir, info, sizes, timings)
+        check_nothing_kept_reads(kept_endpoints(proto, info.signature), table, model_dir)
+    except PlacementError as exc:
+        raise PlacementError(model_dir, f"{too_big}, and {exc.problem}") from None
+    return graph, info, sizes
+
+
+def _check_row_shards_combine(plan, row_shards, model_dir):
+    """Refuse a plan with replicas or filter splits of a model whose tables are cut
+    into row shards: the rewriter does not build them together."""
+    if row_shards and (plan.replicas or plan.splits):
+        raise PlacementError(model_dir, f"table {next(iter(row_shards))} is cut into row "
+                             "shards, which do not combine with replicas or filter splits "
+                             "yet")
 
 
 KERNEL_MODULES = ("costmodel.arrays", "costmodel.simulate", "partitioner.earliest_finish",

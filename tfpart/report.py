@@ -76,7 +76,8 @@ def report_html(plan, graph, cluster, verification=None, timings=None, cost=None
         "Placement": picture or placement_section(plan, graph),
         "Schedule": _schedule(plan, cost),
         "Link traffic": _links(plan),
-        "Pipeline": _pipeline(plan),
+        "Pipeline": (f"<p>{_e(row_shards_line(plan))}.</p>" if plan.row_shards else "")
+        + _pipeline(plan),
         "Verification": _verification(verification),
     }
     for title in SECTIONS:
@@ -247,6 +248,22 @@ def replicas_line(plan):
         if replicas.microbatches else ""
     return (f"Data parallel: {len(replicas.devices)} replicas ({shares} of {batch})"
             f"{pipelines}; {where}")
+
+
+def row_shards_line(plan):
+    """One line on a plan's tables cut into row shards: each table's shards' rows and
+    devices.
+
+    >>> from tfpart.core.plan import Plan
+    >>> row_shards_line(Plan(assignment={}, row_shards={"items": {
+    ...     "sizes": [600, 400], "devices": ["A", "B"]}}))
+    'Row shards: table items in 2 shards of consecutive rows (A 600 rows, B 400 rows); each lookup gathers every id on its shard and stitches the rows back in order'
+    """
+    shown = [f"table {table} in {len(s.sizes)} shards of consecutive rows ("
+             + ", ".join(f"{d} {n} rows" for d, n in zip(s.devices, s.sizes)) + ")"
+             for table, s in sorted(plan.row_shards.items())]
+    return (f"Row shards: {'; '.join(shown)}; each lookup gathers every id on its shard and "
+            "stitches the rows back in order")
 
 
 def _pipeline(plan):

@@ -108,6 +108,7 @@ class Plan:
     stages: Stages | None = None  # pipelines, and data parallel's one stage (a dict is made one)
     replicas: Replicas | None = None  # data parallel, hybrid (a dict is made one)
     splits: dict | None = None  # filter splits: op -> Split (a dict is made one)
+    row_shards: dict | None = None  # tables cut by rows: variable op -> RowShards
     predicted: Predicted | None = None
     lower_bound: float | None = None
     context: dict = field(default_factory=dict)  # model, cluster, batch size, signature
@@ -120,6 +121,10 @@ class Plan:
         if self.splits:
             self.splits = {op: split if isinstance(split, Split) else Split(**split)
                            for op, split in self.splits.items()}
+        if self.row_shards:
+            self.row_shards = {table: shards if isinstance(shards, RowShards)
+                               else RowShards(**shards)
+                               for table, shards in self.row_shards.items()}
 
     # -- JSON ----------------------------------------------------------------------------
     def to_dict(self):
@@ -130,6 +135,9 @@ class Plan:
             data["replicas"] = self.replicas.to_dict()
         if self.splits is not None:
             data["splits"] = {op: split.to_dict() for op, split in self.splits.items()}
+        if self.row_shards is not None:
+            data["row_shards"] = {table: shards.to_dict()
+                                  for table, shards in self.row_shards.items()}
         return {"format_version": PLAN_FORMAT_VERSION, **data}
 
     @classmethod
@@ -208,9 +216,9 @@ class Plan:
     @property
     def reimported(self):
         """Whether the compiled model is the signature flattened and imported anew (the
-        pipeline pass: stages, replicas, filter splits) rather than the original proto
-        with devices written in."""
-        return bool(self.stages or self.splits)
+        pipeline pass: stages, replicas, filter splits, row shards) rather than the
+        original proto with devices written in."""
+        return bool(self.stages or self.splits or self.row_shards)
 
     def devices_used(self):
         return sorted(set(self.assignment.values()))
@@ -329,6 +337,27 @@ class Split:
 
     def to_dict(self):
         return {"devices": list(self.devices), "sizes": list(self.sizes)}
+
+
+@dataclass(frozen=True)
+class RowShards:
+    """A table cut along its first axis (:mod:`tfpart.core.row_shards`): shard ``i``
+    holds the next ``sizes[i]`` rows, on ``devices[i]``. Its JSON form (an entry of
+    plan.json's ``row_shards``) is :meth:`to_dict`.
+
+    >>> RowShards([600, 400], ["A", "B"]).to_dict()
+    {'sizes': [600, 400], 'devices': ['A', 'B']}
+    """
+
+    sizes: tuple
+    devices: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "sizes", tuple(int(size) for size in self.sizes))
+        object.__setattr__(self, "devices", tuple(self.devices))
+
+    def to_dict(self):
+        return {"sizes": list(self.sizes), "devices": list(self.devices)}
 
 
 def all_reduces(replicas):
