@@ -26,6 +26,9 @@ from pathlib import Path
 from tfpart.memory_stats import ALLOCATION_LOG, tensor_peak
 
 
+PS_TASK_THREADS = 2  # intra-op and inter-op threads of each task of a cluster with ps tasks
+
+
 def free_port():
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:
@@ -108,15 +111,18 @@ class LocalWorkers:
                 time.sleep(0.05)
 
     def _start(self, task, pin, job="worker"):
-        # With parameter servers, workers given one intra-op and one inter-op thread
-        # hang in their first step (measured); they get TensorFlow's defaults then.
+        # With parameter servers, a task with one inter-op thread hangs as soon as a ps
+        # reads a tensor the worker computed (its only thread waits on the ps, and none
+        # is left to serve the read: measured). TensorFlow's default is one thread per
+        # core the task may run on, which is one when pinned: so they get two each.
         memory_file = None
         if self.memory_stats:
             memory_file = self.path.parent / f"{job}-{task}.memory.json"
             memory_file.unlink(missing_ok=True)
             self.memory_files[f"/job:{job}/task:{task}/device:CPU:0"] = memory_file
         command = worker_command(self.path, task, job=job,
-                                 threads=None if self.ps else 1, memory_stats=memory_file)
+                                 threads=PS_TASK_THREADS if self.ps else 1,
+                                 memory_stats=memory_file)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         with open(self._log(job, task), "ab") as log:

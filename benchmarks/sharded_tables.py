@@ -1,0 +1,184 @@
+"""A table bigger than a device, cut into row shards on three local workers (issue 39):
+tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy``.
+
+    .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
+        [--memory-mb 300] [--markdown]
+
+**tfpart**: three ``tfpart worker`` processes on loopback, their links measured by
+``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
+:func:`examples.models.recommender` (a 2M x 64 item table of 512 MB at the default) fits
+none of them, so ``tfpart compile`` cuts the table into row shards over the three
+(:mod:`rewriters.row_shard`); ``tfpart run --cluster`` times the compiled model on
+fresh workers (median of 30 batches, a fresh client). The plan's predicted step stands
+beside it.
+
+**ParameterServerStrategy**: what a user would write by hand for the same model: the
+tables and the MLP as ``tf.Variable``s created under a ``ParameterServerStrategy`` whose
+``FixedShardsPartitioner(3)`` cuts the item table over three ``ps`` tasks (a
+``ShardedVariable``), ``tf.nn.embedding_lookup`` of it (which looks each id up on its
+shard) and the same MLP, run by one worker task through a ``ClusterCoordinator``: one
+step at a time (schedule, then fetch its result) and 30 steps in flight (schedule all,
+then join). The ids are drawn on the worker, so no input crosses from the client.
+
+Lookups per second are item ids looked up per second: the batch size over the time of
+a step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks.markdown import show_rows
+from benchmarks.pipeline_throughput import tfpart_json
+from examples.models import export_recommender
+from tfpart.local_workers import LocalWorkers
+
+SHARDS = 3
+REPEATS = 30
+USERS, HIDDEN = 1000, 64
+
+
+def tfpart_sharded(model, batch, memory, work, console):
+    """The compiled model's predicted and measured step on three local workers, and its
+    row shards."""
+    (work / "probe").mkdir()
+    with LocalWorkers(SHARDS, work / "probe") as workers:
+        probed = work / "probed.json"
+        tfpart_json("cluster", "probe", workers.path, "-o", probed)
+    cluster = json.loads(probed.read_text())
+    links = {"links": cluster["links"], "step_overhead": cluster["step_overhead"]}
+    for device in cluster["devices"]:
+        device["memory"] = memory
+    probed.write_text(json.dumps(cluster))
+    out = work / "compiled"
+    console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
+                              "--batch-size", batch, "-o", out))
+    plan = json.loads((out / "plan.json").read_text())
+    (work / "run").mkdir()
+    with LocalWorkers(SHARDS, work / "run") as workers:
+        timed = work / "run" / "timed.json"
+        timed.write_text(json.dumps(dict(workers.cluster, **links)))
+        run = json.loads(tfpart_json("run", out, "--cluster", timed, "--batch-size", batch,
+                                     "--repeats", REPEATS, "--json").strip().splitlines()[-1])
+    return plan["predicted"]["step_time"], run["median_s"], plan["row_shards"]
+
+
+def parameter_servers(items, dim, batch, work):
+    """Seconds per step of the same model under ``ParameterServerStrategy`` (one worker,
+    three ps tasks), from a fresh client process: one step at a time, and with
+    ``REPEATS`` steps in flight; and the item table's shards."""
+    (work / "ps").mkdir()
+    with LocalWorkers(1, work / "ps", ps=SHARDS) as workers:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.sharded_tables",
+                               "--ps-client", str(workers.path), "--items", str(items),
+                               "--dim", str(dim), "--batch-size", str(batch)],
+                              capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ps_client(cluster_file, items, dim, batch):
+    """Run in a fresh process: the ``ParameterServerStrategy`` client's timings, as one
+    JSON line."""
+    import tensorflow as tf
+
+    from tfpart import servers
+    from tfpart.core.cluster import load_cluster
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        servers.cluster_spec(load_cluster(cluster_file)), rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners
+        .FixedShardsPartitioner(SHARDS))
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+    def uniform(shape):
+        return lambda: tf.random.uniform(shape, -0.05, 0.05, seed=1)
+
+    with strategy.scope():
+        item_table = tf.Variable(uniform((items, dim)), shape=(items, dim), dtype=tf.float32)
+        user_table = tf.Variable(uniform((USERS, dim)), shape=(USERS, dim), dtype=tf.float32)
+        kernel = tf.Variable(uniform((2 * dim, HIDDEN))())
+        bias = tf.Variable(tf.zeros([HIDDEN]))
+        head = tf.Variable(uniform((HIDDEN, 1))())
+        head_bias = tf.Variable(tf.zeros([1]))
+
+    @tf.function
+    def step():
+        item_ids = tf.random.uniform([batch], 0, items, dtype=tf.int64)
+        user_ids = tf.random.uniform([batch], 0, USERS, dtype=tf.int64)
+        rows = tf.concat([tf.nn.embedding_lookup(user_table, user_ids),
+                          tf.nn.embedding_lookup(item_table, item_ids)], axis=1)
+        hidden = tf.nn.relu(tf.matmul(rows, kernel) + bias)
+        return tf.reduce_sum(tf.sigmoid(tf.matmul(hidden, head) + head_bias))
+
+    for _ in range(3):  # trace and warm up
+        coordinator.schedule(step).fetch()
+    one_at_a_time = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        coordinator.schedule(step).fetch()
+        one_at_a_time.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(REPEATS):
+        coordinator.schedule(step)
+    coordinator.join()
+    in_flight = (time.perf_counter() - start) / REPEATS
+    shards = [list(v.shape) for v in item_table.variables]
+    print(json.dumps({"median_s": sorted(one_at_a_time)[REPEATS // 2],
+                      "in_flight_s": in_flight, "shards": shards}))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=2_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--memory-mb", type=float, default=300.0,
+                        help="memory each worker is declared to hold")
+    parser.add_argument("--markdown", action="store_true", help="also print Markdown")
+    parser.add_argument("--ps-client", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ps_client:
+        return ps_client(args.ps_client, args.items, args.dim, args.batch_size)
+    console = Console()
+    batch = args.batch_size
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        model = export_recommender(work / "model", items=args.items, users=USERS,
+                                   dim=args.dim)
+        predicted, measured, shards = tfpart_sharded(model, batch, args.memory_mb * 1e6,
+                                                     work, console)
+        ps = parameter_servers(args.items, args.dim, batch, work)
+    (table, cut), = shards.items()
+    rows = [{"system": "tfpart row shards (3 workers)", "shards (rows)": "/".join(
+                 map(str, cut["sizes"])),
+             "step predicted": f"{predicted * 1e3:.2f} ms",
+             "step measured": f"{measured * 1e3:.2f} ms",
+             "error": f"{(predicted / measured - 1) * 100:+.0f}%",
+             "lookups/s": f"{batch / measured:,.0f}"},
+            {"system": "ParameterServerStrategy, one step at a time",
+             "shards (rows)": "/".join(str(s[0]) for s in ps["shards"]),
+             "step predicted": "", "step measured": f"{ps['median_s'] * 1e3:.2f} ms",
+             "error": "", "lookups/s": f"{batch / ps['median_s']:,.0f}"},
+            {"system": f"ParameterServerStrategy, {REPEATS} steps in flight",
+             "shards (rows)": "/".join(str(s[0]) for s in ps["shards"]),
+             "step predicted": "", "step measured": f"{ps['in_flight_s'] * 1e3:.2f} ms",
+             "error": "", "lookups/s": f"{batch / ps['in_flight_s']:,.0f}"}]
+    table_mib = args.items * args.dim * 4 / 2**20
+    show_rows(console, f"Recommender, a {args.items:,} x {args.dim} item table "
+              f"({table_mib:.0f} MiB) over three tasks of {args.memory_mb:.0f} MB, "
+              f"batch {batch}", rows, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
