@@ -43,24 +43,24 @@ def variables_prefix(model_dir):
     return str(Path(model_dir) / "variables" / "variables")
 
 
-def to_original(compiled_dir, original_dir, prefix):
-    """Write ``compiled_dir``'s variables as a checkpoint of ``original_dir`` at
-    ``prefix`` (see the module docstring); returns how many values came from the
-    compiled model."""
+def to_original(checkpoint, compiled_dir, original_dir, prefix):
+    """Write ``checkpoint`` (the compiled model's: its SavedModel's ``variables/variables``,
+    or one written with ``tf.train.Checkpoint(loaded_compiled)``) as a checkpoint of
+    ``original_dir`` at ``prefix`` (see the module docstring); returns how many
+    variables came from it."""
     plan = Plan.load(Path(compiled_dir) / "plan.json")
-    compiled = _read(variables_prefix(compiled_dir))
+    source = _read(checkpoint)
     original = _read(variables_prefix(original_dir))
-    values = dict(original)
-    moved = 0
-    for op, compiled_keys in _compiled_keys(compiled[OBJECT_GRAPH_KEY], plan).items():
-        key = _original_key(original[OBJECT_GRAPH_KEY], op, original_dir)
-        shards = _shards_of(op, plan)
+    values, moved = dict(original), 0
+    for table, keys in _compiled_keys(source[OBJECT_GRAPH_KEY], plan, checkpoint).items():
+        key = _original_key(original[OBJECT_GRAPH_KEY], table, original_dir)
+        shards = _shards_of(table, plan)
         if shards:
             import numpy as np
 
-            values[key] = np.concatenate([compiled[compiled_keys[shard]] for shard in shards])
+            values[key] = np.concatenate([source[keys[shard]] for shard in shards])
         else:
-            values[key] = compiled[compiled_keys[op]]
+            values[key] = source[keys[table]]
         moved += 1
     _check_shapes(values, original, prefix)
     _write(prefix, values)
@@ -68,26 +68,27 @@ def to_original(compiled_dir, original_dir, prefix):
 
 
 def to_compiled(checkpoint, compiled_dir, original_dir, prefix):
-    """Write ``checkpoint`` (keyed as ``original_dir``'s variables) as a checkpoint of
-    ``compiled_dir`` at ``prefix`` (see the module docstring); returns how many values
-    came from it."""
+    """Write ``checkpoint`` (the original's: its SavedModel's ``variables/variables``, or
+    one written with ``tf.train.Checkpoint(loaded_original)`` or by :func:`to_original`)
+    as a checkpoint of ``compiled_dir`` at ``prefix`` (see the module docstring);
+    returns how many variables came from it."""
     plan = Plan.load(Path(compiled_dir) / "plan.json")
     compiled = _read(variables_prefix(compiled_dir))
     source = _read(checkpoint)
-    original_graph = _read(variables_prefix(original_dir))[OBJECT_GRAPH_KEY]
-    values = dict(compiled)
-    moved = 0
-    for op, compiled_keys in _compiled_keys(compiled[OBJECT_GRAPH_KEY], plan).items():
-        key = _original_key(original_graph, op, original_dir)
-        if key not in source:
-            raise ModelError(checkpoint, f"has no value for variable {op} (key {key})")
-        shards = _shards_of(op, plan)
+    saved = _read(variables_prefix(original_dir))[OBJECT_GRAPH_KEY]
+    values, moved = dict(compiled), 0
+    for table, keys in _compiled_keys(compiled[OBJECT_GRAPH_KEY], plan, compiled_dir).items():
+        key = _key_at(source[OBJECT_GRAPH_KEY], _path_of(saved, _node_of(table, saved,
+                                                                           original_dir)))
+        if key is None:
+            raise ModelError(checkpoint, f"has no value for variable {table}")
+        shards = _shards_of(table, plan)
         if shards:
-            sizes = plan.row_shards[op].sizes
+            sizes = plan.row_shards[table].sizes
             for shard, first, rows in zip(shards, first_rows(sizes), sizes):
-                values[compiled_keys[shard]] = source[key][first:first + rows]
+                values[keys[shard]] = source[key][first:first + rows]
         else:
-            values[compiled_keys[op]] = source[key]
+            values[keys[table]] = source[key]
         moved += 1
     _check_shapes(values, compiled, prefix)
     _write(prefix, values)
@@ -100,41 +101,74 @@ def _shards_of(table, plan):
     return [shard_name(table, i) for i in range(len(shards.sizes))] if shards else []
 
 
-def _compiled_keys(object_graph, plan):
+def _compiled_keys(object_graph, plan, path):
     """Original variable op -> {compiled variable op: checkpoint key} for the variables a
-    rebuilt model holds by op (``variables_by_op``; a shard under its table); empty for
-    a model with the original's own keys. Replicas' copies are not mapped: they start
-    from the same values (refused when there are any)."""
+    rebuilt model holds by op (``variables_by_op``; a shard under its table).
+
+    Raises
+    ------
+    TfpartError
+        If the compiled model keeps the original's own keys (nothing to move) or holds
+        a copy of its variables per replica."""
     nodes = object_graph.nodes
     root = {child.local_name: child.node_id for child in nodes[0].children}
     if "variables_by_op" not in root:
-        return {}
+        raise TfpartError(path, "holds the original's variables under their own keys: its "
+                          "checkpoints are the original's")
     if "replica_variables" in root:
-        raise TfpartError("", "the compiled model holds a copy of its variables per replica; "
-                          "moving checkpoints is built for one copy")
+        raise TfpartError(path, "holds a copy of its variables per replica; moving "
+                          "checkpoints is built for one copy")
     mapped = {}
     for child in nodes[root["variables_by_op"]].children:
-        key = next(a.checkpoint_key for a in nodes[child.node_id].attributes if a.name == VALUE)
         found = shard_of(child.local_name)
-        table = found[0] if found and plan.row_shards and found[0] in plan.row_shards \
+        table = found[0] if found and found[0] in (plan.row_shards or {}) \
             else child.local_name
-        mapped.setdefault(table, {})[child.local_name] = key
+        mapped.setdefault(table, {})[child.local_name] = _value_key(nodes[child.node_id])
     return mapped
 
 
 def _original_key(object_graph, op, model_dir):
-    """The original checkpoint's key of the variable whose flat op is ``op``
-    (``variables/<node id>/...``)."""
+    """The checkpoint key, in ``object_graph`` (the original SavedModel's), of the
+    variable whose flat op is ``op``."""
+    return _value_key(object_graph.nodes[_node_of(op, object_graph, model_dir)])
+
+
+def _node_of(op, object_graph, model_dir):
+    """The object-graph node of the variable whose flat op is ``op``
+    (``variables/<node id>/<name>``)."""
     parts = op.split("/")
-    if len(parts) < 2 or parts[0] != "variables" or not parts[1].isdigit():
-        raise ModelError(model_dir, f"variable op {op} does not name an object of the model")
-    node_id = int(parts[1])
-    if node_id >= len(object_graph.nodes):
-        raise ModelError(model_dir, f"has no object {node_id} (variable op {op})")
-    keys = [a.checkpoint_key for a in object_graph.nodes[node_id].attributes if a.name == VALUE]
-    if not keys:
-        raise ModelError(model_dir, f"object {node_id} (variable op {op}) is not a variable")
-    return keys[0]
+    if len(parts) < 2 or parts[0] != "variables" or not parts[1].isdigit() or \
+            int(parts[1]) >= len(object_graph.nodes) or \
+            _value_key(object_graph.nodes[int(parts[1])]) is None:
+        raise ModelError(model_dir, f"variable op {op} names no variable of the model")
+    return int(parts[1])
+
+
+def _path_of(object_graph, node_id):
+    """The child names leading from the root to ``node_id`` (the shortest path)."""
+    paths, queue = {0: ()}, [0]
+    while queue:
+        node = queue.pop(0)
+        for child in object_graph.nodes[node].children:
+            if child.node_id not in paths:
+                paths[child.node_id] = (*paths[node], child.local_name)
+                queue.append(child.node_id)
+    return paths[node_id]
+
+
+def _key_at(object_graph, path):
+    """The checkpoint key of the variable at ``path`` in ``object_graph``, or None."""
+    node = 0
+    for name in path:
+        node = next((c.node_id for c in object_graph.nodes[node].children
+                     if c.local_name == name), None)
+        if node is None:
+            return None
+    return _value_key(object_graph.nodes[node])
+
+
+def _value_key(node):
+    return next((a.checkpoint_key for a in node.attributes if a.name == VALUE), None)
 
 
 def _read(prefix):
@@ -163,15 +197,31 @@ def _check_shapes(values, target, prefix):
 
 
 def _write(prefix, values):
-    """Write ``values`` (the object graph among them) as the checkpoint ``prefix``."""
+    """Write ``values`` (the object graph among them) as the checkpoint ``prefix``: into
+    temporary files beside it, renamed into place once whole (the index last, so a
+    reader never finds an index without its data). An existing checkpoint is refused."""
+    import os
+
     import tensorflow as tf
 
-    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    prefix = Path(prefix)
+    if any(prefix.parent.glob(f"{prefix.name}.index")) or \
+            any(prefix.parent.glob(f"{prefix.name}.data-*")):
+        raise TfpartError(prefix, "a checkpoint exists there; give another prefix")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    staging = prefix.with_name(f".{prefix.name}.tfpart-partial")
     keys = sorted(values)
     tensors = [tf.constant(values[key].SerializeToString()) if key == OBJECT_GRAPH_KEY
                else tf.constant(values[key]) for key in keys]
-    tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=keys, shape_and_slices=[""] * len(keys),
-                      tensors=tensors)
+    try:
+        tf.raw_ops.SaveV2(prefix=str(staging), tensor_names=keys,
+                          shape_and_slices=[""] * len(keys), tensors=tensors)
+        data = sorted(prefix.parent.glob(f"{staging.name}.data-*"))
+        for path in [*data, staging.with_name(f"{staging.name}.index")]:
+            os.replace(path, prefix.with_name(prefix.name + path.name[len(staging.name):]))
+    finally:
+        for path in prefix.parent.glob(f"{staging.name}*"):
+            path.unlink()
 
 
 __all__ = ["to_compiled", "to_original", "variables_prefix"]

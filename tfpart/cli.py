@@ -610,6 +610,28 @@ def cmd_cluster_probe(args):
     return 0
 
 
+def cmd_checkpoint(args):
+    """Move a checkpoint between a compiled model and its original
+    (:mod:`tfpart.checkpoints`)."""
+    plan_file = os.path.join(args.compiled, "plan.json")
+    _check_inputs(models=[args.compiled], files=[plan_file])
+    from tfpart.checkpoints import to_compiled, to_original
+    from tfpart.core.plan import Plan
+
+    original = args.original or Plan.load(plan_file).context.get("model")
+    if not original:
+        raise TfpartError(plan_file, "names no original model; give --original")
+    _check_inputs(models=[original])
+    move = to_original if args.direction == "to-original" else to_compiled
+    moved = move(args.checkpoint, args.compiled, original, args.output)
+    console.print(f"Wrote checkpoint {args.output} of the "
+                  f"{'original' if move is to_original else 'compiled'} model "
+                  f"({moved} variables from {args.checkpoint}); restore it with "
+                  "tf.train.Checkpoint(tf.saved_model.load(MODEL)).read(PREFIX)",
+                  soft_wrap=True)
+    return 0
+
+
 def cmd_run(args):
     _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
     from tfpart.timing import time_model
@@ -851,6 +873,18 @@ def build_parser():
     probe.add_argument("--rounds", type=int, default=3, help="times the whole probe runs")
     probe.add_argument("--repeats", type=int, default=10, help="calls timed per copy size")
     probe.set_defaults(run=cmd_cluster_probe)
+    checkpoint = commands.add_parser("checkpoint", help="move a checkpoint between a "
+                                     "compiled model and its original")
+    checkpoint.add_argument("direction", choices=["to-original", "to-compiled"],
+                            help="to-original: CHECKPOINT is the compiled model's; "
+                            "to-compiled: the original's")
+    checkpoint.add_argument("compiled", help="the compiled model's folder (with plan.json)")
+    checkpoint.add_argument("checkpoint", help="the checkpoint prefix to read "
+                            "(a SavedModel's is DIR/variables/variables)")
+    checkpoint.add_argument("-o", "--output", required=True, help="checkpoint prefix to write")
+    checkpoint.add_argument("--original", help="the original model's folder (default: the "
+                            "one plan.json names)")
+    checkpoint.set_defaults(run=cmd_checkpoint)
     return parser
 
 
