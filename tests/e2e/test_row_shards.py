@@ -136,6 +136,7 @@ def test_gathers_segment_sums_and_safe_sparse_lookups_of_a_module_are_cut(export
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.any_onednn  # refused before any kernel runs
 @pytest.mark.parametrize("exporter, table_bytes, signature, refusal", [
     ("table_lookups_whole", 1000 * 8 * 4, None,
      "'total' of the original, which the compiled model keeps, reads it whole"),
@@ -159,6 +160,7 @@ def test_a_table_that_cannot_be_cut_is_refused_saying_why(exported, tmp_path, ex
     assert caught.match(refusal)
 
 
+@pytest.mark.any_onednn  # refused before any kernel runs
 def test_the_command_refuses_a_table_read_whole_in_one_line(exported, tmp_path):
     model = exported("sparse_reads")  # serving_default slices the table's first rows
     done = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", str(model),
