@@ -539,8 +539,16 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
     measured = load_profiles(profiles, cluster)
     proto = read_saved_model(model_dir)
-    graph, _ = read_model(proto, model_dir, batch_size=batch_size,
-                          signature=plan.context.get("signature"))
+    graph, info = read_model(proto, model_dir, batch_size=batch_size,
+                             signature=plan.context.get("signature"))
+    if plan.row_shards:
+        from rewriters.reader import read_with_row_shards
+
+        try:
+            graph, _ = read_with_row_shards(proto, model_dir, info, {
+                table: shards.sizes for table, shards in plan.row_shards.items()})
+        except PlacementError as exc:
+            raise PlacementError(plan_file, exc.problem) from None
     check_plan_ops(plan, graph, plan_file)
     check_microbatches(plan.microbatches, ops=len(graph), source=plan_file)
     cost = CostModel(graph, cluster, measured=measured, tf32=plan.context.get("tf32"))

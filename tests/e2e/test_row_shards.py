@@ -61,6 +61,11 @@ def test_a_recommender_table_bigger_than_any_device_is_cut_into_row_shards(recom
     assert sum(shards.sizes) == ITEMS and len(set(shards.devices)) == 3
     plan = json.loads((out / "plan.json").read_text())
     assert plan["row_shards"][table]["sizes"] == list(shards.sizes)
+    # `tfpart simulate` of plan.json makes the same cut and predicts the same step
+    from tfpart.compile import simulate_model
+
+    schedule, _, _ = simulate_model(model, out / "plan.json")
+    assert schedule.makespan == pytest.approx(result.plan.predicted.step_time, rel=1e-9)
     # ids in every shard, at each shard's edges, the first and last rows, repeated
     edges = [row for first in first_rows(shards.sizes)[1:] for row in (first - 1, first)]
     items = np.array([[0], [ITEMS - 1], *([row] for row in edges), [0], [ITEMS - 1]],
@@ -75,6 +80,26 @@ def test_a_recommender_table_bigger_than_any_device_is_cut_into_row_shards(recom
         .get_variable_to_shape_map()
     rows = sorted(shape[0] for shape in shapes.values() if shape[1:] == [16])
     assert ITEMS not in rows and sum(rows) == ITEMS + 50  # the shards, and the user table
+
+
+def test_the_compiled_model_runs_exactly_the_sharded_graph_that_was_priced(recommender):
+    """What the cost model priced is what the rewriter built, node for node: the ops
+    imported into the compiled signature are the OpGraph's (its inputs and variables,
+    the shards among them, are bound to the signature's own tensors instead)."""
+    from rewriters.pipeline import original_op_name
+    from rewriters.savedmodel_io import read_saved_model
+
+    model, out, result = recommender
+    library = read_saved_model(out).meta_graphs[0].graph_def.library
+    imported = {original_op_name(node.name) for function in library.function
+                for node in function.node_def if node.name.startswith("tfpart_mb0_stage")}
+    priced = {op for op, attrs in result.graph.ops.items()
+              if attrs["op_type"] not in ("Placeholder", "VarHandleOp")}
+    assert imported == priced
+    lookup = [op for op in priced if "/tfpart_rows/rows" in op]
+    assert len(lookup) == 3  # one gather per shard
+    assert {result.plan.assignment[op] for op in lookup} == set(
+        result.plan.row_shards[next(iter(result.plan.row_shards))].devices)
 
 
 def test_checkpoints_move_both_ways_between_the_original_and_its_shards(recommender,
