@@ -10,7 +10,10 @@ tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy
 none of them, so ``tfpart compile`` cuts the table into row shards over the three
 (:mod:`rewriters.row_shard`); ``tfpart run --cluster`` times the compiled model on
 fresh workers (median of 30 batches, a fresh client). The plan's predicted step stands
-beside it.
+beside it. On workers started anew with their allocator's figures on (``tfpart worker
+--memory-stats``), each worker's peak over three batches (the restore of its shard
+included) stands beside the plan's predicted peak and the memory it was declared to
+hold.
 
 **ParameterServerStrategy**: what a user would write by hand for the same model: the
 tables and the MLP as ``tf.Variable``s created under a ``ParameterServerStrategy`` whose
@@ -67,7 +70,20 @@ def tfpart_sharded(model, batch, memory, work, console):
         timed.write_text(json.dumps(dict(workers.cluster, **links)))
         run = json.loads(tfpart_json("run", out, "--cluster", timed, "--batch-size", batch,
                                      "--repeats", REPEATS, "--json").strip().splitlines()[-1])
-    return plan["predicted"]["step_time"], run["median_s"], plan["row_shards"]
+    (work / "memory").mkdir()
+    with LocalWorkers(SHARDS, work / "memory", memory_stats=True) as workers:
+        counted = work / "memory" / "counted.json"
+        counted.write_text(json.dumps(dict(workers.cluster, **links)))
+        tfpart_json("run", out, "--cluster", counted, "--batch-size", batch, "--repeats", 3)
+        peaks = {name.split("/device:")[0]: figures["peak"]
+                 for name, figures in workers.memory().items()}
+    memory = [{"worker": task,
+               "predicted peak": f"{figures['peak_memory_bytes'] / 1e6:.1f} MB",
+               "measured peak": f"{peaks[task.replace('/replica:0', '')] / 1e6:.1f} MB",
+               "memory": f"{memory / 1e6:.0f} MB"}
+              for task, figures in ((name.split("/device:")[0], figures) for name, figures
+                                    in sorted(plan["predicted"]["devices"].items()))]
+    return plan["predicted"]["step_time"], run["median_s"], plan["row_shards"], memory
 
 
 def parameter_servers(items, dim, batch, work):
@@ -155,8 +171,8 @@ def main(argv=None):
         work = Path(scratch)
         model = export_recommender(work / "model", items=args.items, users=USERS,
                                    dim=args.dim)
-        predicted, measured, shards = tfpart_sharded(model, batch, args.memory_mb * 1e6,
-                                                     work, console)
+        predicted, measured, shards, memory = tfpart_sharded(
+            model, batch, args.memory_mb * 1e6, work, console)
         ps = parameter_servers(args.items, args.dim, batch, work)
     (table, cut), = shards.items()
     rows = [{"system": "tfpart row shards (3 workers)", "shards (rows)": "/".join(
@@ -177,6 +193,8 @@ def main(argv=None):
     show_rows(console, f"Recommender, a {args.items:,} x {args.dim} item table "
               f"({table_mib:.0f} MiB) over three tasks of {args.memory_mb:.0f} MB, "
               f"batch {batch}", rows, args.markdown)
+    show_rows(console, "Each worker's peak memory (its allocator's, over 3 batches after "
+              "the restore)", memory, args.markdown)
     return 0
 
 

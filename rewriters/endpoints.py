@@ -66,18 +66,18 @@ def kept_endpoints(proto, signature):
 def check_nothing_kept_reads(kept, table, path):
     """Refuse to cut ``table`` into row shards when the compiled model keeps (``kept``,
     :func:`kept_endpoints`) a signature or a function that runs the original graph,
-    which reads the table whole.
+    which holds the table whole.
 
     >>> check_nothing_kept_reads({"signatures": ["predict"], "endpoints": []}, "t", "m")
     Traceback (most recent call last):
     ...
-    tfpart.core.errors.PlacementError: m: table t would be cut into row shards, but 'predict' of the original, which the compiled model keeps, reads it whole
+    tfpart.core.errors.PlacementError: m: table t would be cut into row shards, but 'predict' of the original, which the compiled model keeps, runs the original graph on the whole table
     """
     whole = [*kept["signatures"], *kept["endpoints"]]
     if whole:
         raise PlacementError(path, f"table {table} would be cut into row shards, but "
                              f"{whole[0]!r} of the original, which the compiled model "
-                             "keeps, reads it whole")
+                             "keeps, runs the original graph on the whole table")
 
 
 def same_signature(meta, name, signature):

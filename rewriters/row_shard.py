@@ -137,7 +137,8 @@ def shard_flat(flat, sizes):
 def table_shape(node):
     """``(shape, dtype name)`` of the variable of a ``VarHandleOp`` node."""
     tf = tensorflow()
-    return (tuple(tf.TensorShape(node.attr["shape"].shape).as_list()),
+    shape = tf.TensorShape(node.attr["shape"].shape)
+    return (tuple(shape.as_list()) if shape.rank is not None else (),
             tf.as_dtype(node.attr["dtype"].type).name)
 
 

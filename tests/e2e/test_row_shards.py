@@ -164,7 +164,8 @@ def test_gathers_segment_sums_and_safe_sparse_lookups_of_a_module_are_cut(export
 @pytest.mark.any_onednn  # refused before any kernel runs
 @pytest.mark.parametrize("exporter, table_bytes, signature, refusal", [
     ("table_lookups_whole", 1000 * 8 * 4, None,
-     "'total' of the original, which the compiled model keeps, reads it whole"),
+     "'total' of the original, which the compiled model keeps, runs the original graph "
+     "on the whole table"),
     ("sparse_reads", 1000 * 16 * 4, "update",
      r"op StatefulPartitionedCall/ResourceScatterAdd \(a ResourceScatterAdd\) updates it"),
 ])
