@@ -2,7 +2,7 @@
 tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy``.
 
     .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
-        [--memory-mb 300] [--markdown]
+        [--memory-mb 300] [--home-plan] [--markdown]
 
 **tfpart**: three ``tfpart worker`` processes on loopback, their links measured by
 ``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
@@ -14,6 +14,10 @@ beside it. On workers started anew with their allocator's figures on (``tfpart w
 --memory-stats``), each worker's peak over three batches (the restore of its shard
 included) stands beside the plan's predicted peak and the memory it was declared to
 hold.
+
+With ``--home-plan``, a plan by hand beside it: every op on the task of the first shard
+but the other shards and their gathers, predicted by the same simulator and timed the
+same way (what the greedy's spread costs, measured).
 
 **ParameterServerStrategy**: what a user would write by hand for the same model: the
 tables and the MLP as ``tf.Variable``s created under a ``ParameterServerStrategy`` whose
@@ -48,9 +52,10 @@ REPEATS = 30
 USERS, HIDDEN = 1000, 64
 
 
-def tfpart_sharded(model, batch, memory, work, console):
-    """The compiled model's predicted and measured step on three local workers, and its
-    row shards."""
+def tfpart_sharded(model, batch, memory, work, console, home_plan_too=False):
+    """The compiled model's predicted and measured step on three local workers, its
+    row shards, each worker's peak memory, and with ``home_plan_too`` the predicted
+    and measured step of :func:`home_plan`."""
     (work / "probe").mkdir()
     with LocalWorkers(SHARDS, work / "probe") as workers:
         probed = work / "probed.json"
@@ -64,12 +69,7 @@ def tfpart_sharded(model, batch, memory, work, console):
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
                               "--batch-size", batch, "-o", out))
     plan = json.loads((out / "plan.json").read_text())
-    (work / "run").mkdir()
-    with LocalWorkers(SHARDS, work / "run") as workers:
-        timed = work / "run" / "timed.json"
-        timed.write_text(json.dumps(dict(workers.cluster, **links)))
-        run = json.loads(tfpart_json("run", out, "--cluster", timed, "--batch-size", batch,
-                                     "--repeats", REPEATS, "--json").strip().splitlines()[-1])
+    measured = timed_on_fresh_workers(out, links, batch, work / "run")
     (work / "memory").mkdir()
     with LocalWorkers(SHARDS, work / "memory", memory_stats=True) as workers:
         counted = work / "memory" / "counted.json"
@@ -83,7 +83,51 @@ def tfpart_sharded(model, batch, memory, work, console):
                "memory": f"{memory / 1e6:.0f} MB"}
               for task, figures in ((name.split("/device:")[0], figures) for name, figures
                                     in sorted(plan["predicted"]["devices"].items()))]
-    return plan["predicted"]["step_time"], run["median_s"], plan["row_shards"], memory
+    home = home_plan(model, probed, batch, links, work) if home_plan_too else None
+    return plan["predicted"]["step_time"], measured, plan["row_shards"], memory, home
+
+
+def timed_on_fresh_workers(out, links, batch, folder):
+    """Median step of the compiled model ``out`` on three fresh workers whose file has
+    the probed ``links``, timed by a fresh client."""
+    folder.mkdir()
+    with LocalWorkers(SHARDS, folder) as workers:
+        timed = folder / "timed.json"
+        timed.write_text(json.dumps(dict(workers.cluster, **links)))
+        run = json.loads(tfpart_json("run", out, "--cluster", timed, "--batch-size", batch,
+                                     "--repeats", REPEATS, "--json").strip().splitlines()[-1])
+    return run["median_s"]
+
+
+def home_plan(model, cluster_file, batch, links, work):
+    """The plan by hand that keeps every op on the first shard's task but the other
+    shards and their gathers: its predicted and measured step (a check on the
+    simulator's view of spreading ops over tasks)."""
+    import copy
+
+    from costmodel import CostModel
+    from costmodel.simulate import simulate_plan
+    from tfpart.compile import _compile_into, plan_model
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.output_folders import new_staging_folder, removed_on_failure
+    from tfpart.core.row_shards import SCOPE, SHARD
+
+    cluster = load_cluster(cluster_file)
+    plan, graph, info, proto, timings = plan_model(model, cluster, batch_size=batch,
+                                                   strategy="placement")
+    pinned = {op: device for op, device in plan.assignment.items()
+              if f"/{SHARD}" in op or f"/{SCOPE}/rows" in op}
+    first = pinned[next(op for op in pinned if op.endswith(f"/{SHARD}0"))]
+    home = copy.deepcopy(plan)
+    home.assignment = {op: pinned.get(op, first) for op in plan.assignment}
+    home.predicted.step_time = simulate_plan(home, CostModel(graph, cluster)).makespan
+    out = work / "home"
+    staging = new_staging_folder(out, False)
+    with removed_on_failure(staging):
+        _compile_into(staging, model, cluster, out, (home, graph, info, proto, timings),
+                      profiles=(), force=False, progress=None, verify=False)
+    return home.predicted.step_time, timed_on_fresh_workers(out, links, batch,
+                                                            work / "home_run")
 
 
 def parameter_servers(items, dim, batch, work):
@@ -160,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--memory-mb", type=float, default=300.0,
                         help="memory each worker is declared to hold")
+    parser.add_argument("--home-plan", action="store_true", help="also time a plan by "
+                        "hand: every op on one task but the other shards' gathers")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     parser.add_argument("--ps-client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -171,8 +217,8 @@ def main(argv=None):
         work = Path(scratch)
         model = export_recommender(work / "model", items=args.items, users=USERS,
                                    dim=args.dim)
-        predicted, measured, shards, memory = tfpart_sharded(
-            model, batch, args.memory_mb * 1e6, work, console)
+        predicted, measured, shards, memory, home = tfpart_sharded(
+            model, batch, args.memory_mb * 1e6, work, console, args.home_plan)
         ps = parameter_servers(args.items, args.dim, batch, work)
     (table, cut), = shards.items()
     rows = [{"system": "tfpart row shards (3 workers)", "shards (rows)": "/".join(
@@ -181,6 +227,12 @@ def main(argv=None):
              "step measured": f"{measured * 1e3:.2f} ms",
              "error": f"{(predicted / measured - 1) * 100:+.0f}%",
              "lookups/s": f"{batch / measured:,.0f}"},
+            *([{"system": "tfpart, by hand: one task but the other shards' gathers",
+                "shards (rows)": "/".join(map(str, cut["sizes"])),
+                "step predicted": f"{home[0] * 1e3:.2f} ms",
+                "step measured": f"{home[1] * 1e3:.2f} ms",
+                "error": f"{(home[0] / home[1] - 1) * 100:+.0f}%",
+                "lookups/s": f"{batch / home[1]:,.0f}"}] if home else []),
             {"system": "ParameterServerStrategy, one step at a time",
              "shards (rows)": "/".join(str(s[0]) for s in ps["shards"]),
              "step predicted": "", "step measured": f"{ps['median_s'] * 1e3:.2f} ms",
