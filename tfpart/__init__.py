@@ -8,7 +8,9 @@ on this machine), ``export_train_step`` (a Keras model's training step as a
 SavedModel signature), ``train`` and ``TrainOptions`` (train its weights on a cluster,
 synchronously or asynchronously on parameter servers), ``trained_weights``, ``draw``
 (a picture of a plan), ``diff_plans`` (what changed between two plans),
-``load_cluster``, ``Plan``, ``Cluster``; ``CostModel``, ``simulate_plan`` and
+``load_cluster``, ``Plan``, ``Cluster``; ``checkpoint_to_original`` and
+``checkpoint_to_compiled`` (a checkpoint moved between a compiled model and its
+original, a table's row shards included); ``CostModel``, ``simulate_plan`` and
 ``write_gantt`` (price a plan and chart its simulated schedule); ``runnable`` (a
 compiled model made runnable on this machine's logical CPUs); ``ensure_local_cpus``;
 ``resolve_strategy`` (what a compile's flags ask for); ``load_moirai`` and
@@ -37,7 +39,8 @@ _API = {"Cluster": "tfpart.core.cluster", "load_cluster": "tfpart.core.cluster",
         "ensure_local_cpus": "tfpart.runtime", "resolve_strategy": "tfpart.strategy_request",
         "load_moirai": "tfpart.importers", "load_tarnawski_stages": "tfpart.importers",
         "DEFAULT_MODEL_DIR": "profiles", "DEFAULT_CLUSTER_FILE": "profiles",
-        "CLUSTERS_DIR": "profiles"}
+        "CLUSTERS_DIR": "profiles", "checkpoint_to_original": "tfpart.checkpoints",
+        "checkpoint_to_compiled": "tfpart.checkpoints"}
 
 __all__ = sorted(_API)
 

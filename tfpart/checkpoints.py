@@ -12,13 +12,13 @@ node ``<node id>`` of the original's object graph), and for a shard by the rows 
 holds: shard ``i`` of a table holds its rows ``first[i]`` to ``first[i] + sizes[i] - 1``
 (plan.json's ``row_shards``).
 
-* :func:`to_original` writes the compiled model's variables as a checkpoint of the
-  original: the original's object graph and keys, each table whole (its shards
+* :func:`checkpoint_to_original` writes the compiled model's variables as a checkpoint
+  of the original: the original's object graph and keys, each table whole (its shards
   concatenated in order), and the original's own values for what the compiled model
   does not hold (the second, unread copy of a Keras export's variables). The original
   reads it with ``tf.train.Checkpoint(tf.saved_model.load(original)).read(prefix)``, or
   loads it as the ``variables/variables`` of a copy of its folder.
-* :func:`to_compiled` writes a checkpoint of the original (the original's
+* :func:`checkpoint_to_compiled` writes a checkpoint of the original (the original's
   ``variables/variables``, or one the original wrote as above) as a checkpoint of the
   compiled model, each shard its rows: ``tf.train.Checkpoint(tf.saved_model.load(
   compiled)).read(prefix)`` restores it.
@@ -29,6 +29,8 @@ restore matches every variable and nothing is left over.
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from tfpart.core.errors import ModelError, TfpartError
 from tfpart.core.plan import Plan
@@ -43,7 +45,7 @@ def variables_prefix(model_dir):
     return str(Path(model_dir) / "variables" / "variables")
 
 
-def to_original(checkpoint, compiled_dir, original_dir, prefix):
+def checkpoint_to_original(checkpoint, compiled_dir, original_dir, prefix):
     """Write ``checkpoint`` (the compiled model's: its SavedModel's ``variables/variables``,
     or one written with ``tf.train.Checkpoint(loaded_compiled)``) as a checkpoint of
     ``original_dir`` at ``prefix`` (see the module docstring); returns how many
@@ -56,8 +58,6 @@ def to_original(checkpoint, compiled_dir, original_dir, prefix):
         key = _original_key(original[OBJECT_GRAPH_KEY], table, original_dir)
         shards = _shards_of(table, plan)
         if shards:
-            import numpy as np
-
             values[key] = np.concatenate([source[keys[shard]] for shard in shards])
         else:
             values[key] = source[keys[table]]
@@ -67,9 +67,10 @@ def to_original(checkpoint, compiled_dir, original_dir, prefix):
     return moved
 
 
-def to_compiled(checkpoint, compiled_dir, original_dir, prefix):
+def checkpoint_to_compiled(checkpoint, compiled_dir, original_dir, prefix):
     """Write ``checkpoint`` (the original's: its SavedModel's ``variables/variables``, or
-    one written with ``tf.train.Checkpoint(loaded_original)`` or by :func:`to_original`)
+    one written with ``tf.train.Checkpoint(loaded_original)`` or by
+    :func:`checkpoint_to_original`)
     as a checkpoint of ``compiled_dir`` at ``prefix`` (see the module docstring);
     returns how many variables came from it."""
     plan = Plan.load(Path(compiled_dir) / "plan.json")
@@ -224,4 +225,4 @@ def _write(prefix, values):
             path.unlink()
 
 
-__all__ = ["to_compiled", "to_original", "variables_prefix"]
+__all__ = ["checkpoint_to_compiled", "checkpoint_to_original", "variables_prefix"]

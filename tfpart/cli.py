@@ -615,17 +615,18 @@ def cmd_checkpoint(args):
     (:mod:`tfpart.checkpoints`)."""
     plan_file = os.path.join(args.compiled, "plan.json")
     _check_inputs(models=[args.compiled], files=[plan_file])
-    from tfpart.checkpoints import to_compiled, to_original
+    from tfpart.checkpoints import checkpoint_to_compiled, checkpoint_to_original
     from tfpart.core.plan import Plan
 
     original = args.original or Plan.load(plan_file).context.get("model")
     if not original:
         raise TfpartError(plan_file, "names no original model; give --original")
     _check_inputs(models=[original])
-    move = to_original if args.direction == "to-original" else to_compiled
+    to_original = args.direction == "to-original"
+    move = checkpoint_to_original if to_original else checkpoint_to_compiled
     moved = move(args.checkpoint, args.compiled, original, args.output)
     console.print(f"Wrote checkpoint {args.output} of the "
-                  f"{'original' if move is to_original else 'compiled'} model "
+                  f"{'original' if to_original else 'compiled'} model "
                   f"({moved} variables from {args.checkpoint}); restore it with "
                   "tf.train.Checkpoint(tf.saved_model.load(MODEL)).read(PREFIX)",
                   soft_wrap=True)

@@ -106,7 +106,7 @@ def test_checkpoints_move_both_ways_between_the_original_and_its_shards(recommen
                                                                        tmp_path):
     import tensorflow as tf
 
-    from tfpart.checkpoints import to_compiled, to_original
+    from tfpart.checkpoints import checkpoint_to_compiled, checkpoint_to_original
 
     model, out, result = recommender
     (shards,) = result.plan.row_shards.values()
@@ -123,7 +123,8 @@ def test_checkpoints_move_both_ways_between_the_original_and_its_shards(recommen
     for variable in tables:
         variable.assign(0.01 - variable)
     tf.train.Checkpoint(original).write(str(tmp_path / "original"))
-    assert to_compiled(tmp_path / "original", out, model, tmp_path / "compiled") == 6
+    assert checkpoint_to_compiled(tmp_path / "original", out, model,
+                                  tmp_path / "compiled") == 6
     compiled = tf.saved_model.load(str(out))
     tf.train.Checkpoint(compiled).read(str(tmp_path / "compiled")) \
         .assert_existing_objects_matched()
@@ -134,7 +135,7 @@ def test_checkpoints_move_both_ways_between_the_original_and_its_shards(recommen
         if variable.shape[-1] == 16:  # the item table's shards and the user table
             variable.assign(variable + 0.03)
     tf.train.Checkpoint(compiled).write(str(tmp_path / "trained"))
-    assert to_original(tmp_path / "trained", out, model, tmp_path / "back") == 6
+    assert checkpoint_to_original(tmp_path / "trained", out, model, tmp_path / "back") == 6
     restored = tf.saved_model.load(str(model))
     tf.train.Checkpoint(restored).read(str(tmp_path / "back")) \
         .assert_existing_objects_matched()
