@@ -91,18 +91,19 @@ def shard_tables(graph_def, sizes):
     nodes = {node.name: node for node in graph_def.node}
     replaced, shards = {}, {}
     for table, shard_sizes in sizes.items():
+        if table not in nodes or nodes[table].op != "VarHandleOp":
+            raise PlacementError("", f"the plan cuts table {table}, which is no variable of "
+                                 "the model")
         shape, dtype = table_shape(nodes[table])
-        if sum(shard_sizes) != shape[0] or min(shard_sizes) < 1:
+        if not shape or sum(shard_sizes) != shape[0] or min(shard_sizes) < 1:
             raise PlacementError("", f"row shards of {list(shard_sizes)} rows do not cut the "
-                                 f"{shape[0]} rows of table {table}")
+                                 f"{shape[0] if shape else 0} rows of table {table}")
         reads, lookups = _table_readers(graph_def, nodes, table)
         firsts = first_rows(shard_sizes)
         for i, (first, rows) in enumerate(zip(firsts, shard_sizes)):
             shards[shard_name(table, i)] = (table, first, int(rows))
-        replaced[table] = [make_node(shard_name(table, i), "VarHandleOp", [], dtype=type_attr(
-            dtype), shape=_shape_attr([rows, *shape[1:]]), shared_name=tf.compat.v1.AttrValue(
-            s=shard_name(table, i).encode()), container=tf.compat.v1.AttrValue(s=b""))
-            for i, rows in enumerate(shard_sizes)]
+        replaced[table] = [_shard_variable(shard_name(table, i), [rows, *shape[1:]], dtype)
+                           for i, rows in enumerate(shard_sizes)]
         for read in reads:
             replaced[read.name] = [make_node(read.name, "NoOp", [
                 s for s in read.input if s.startswith("^")])]
@@ -122,6 +123,14 @@ def shard_tables(graph_def, sizes):
                 del copy.input[:]
                 copy.input.extend(inputs)
     return new, shards
+
+
+def _shard_variable(name, shape, dtype):
+    """The ``VarHandleOp`` of one shard."""
+    tf = tensorflow()
+    return make_node(name, "VarHandleOp", [], dtype=type_attr(dtype), shape=_shape_attr(shape),
+                     shared_name=tf.compat.v1.AttrValue(s=name.encode()),
+                     container=tf.compat.v1.AttrValue(s=b""))
 
 
 def shard_flat(flat, sizes):

@@ -108,9 +108,11 @@ def test_shards_are_consecutive_rows_in_order():
                                      zip(first_rows([20, 20, 10]), [20, 20, 10])]
 
 
-def test_sizes_that_do_not_cover_the_table_are_refused():
+def test_sizes_that_do_not_cover_the_table_or_a_missing_table_are_refused():
     with pytest.raises(PlacementError, match="do not cut the 50 rows of table table"):
         shard_tables(lookup_graph("gather"), {"table": [20, 20]})
+    with pytest.raises(PlacementError, match="cuts table read, which is no variable"):
+        shard_tables(lookup_graph("gather"), {"read": [25, 25]})
 
 
 def test_a_table_read_whole_is_refused_naming_the_op():
