@@ -2,9 +2,9 @@
 tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy``.
 
     .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
-        [--memory-mb 300] [--home-plan] [--markdown]
+        [--memory-mb 300] [--workers 3] [--home-plan] [--markdown]
 
-**tfpart**: three ``tfpart worker`` processes on loopback, their links measured by
+**tfpart**: three ``tfpart worker`` processes on loopback (``--workers``), their links measured by
 ``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
 :func:`examples.models.recommender` (a 2M x 64 item table of 512 MB at the default) fits
 none of them, so ``tfpart compile`` cuts the table into row shards over the three
@@ -21,7 +21,7 @@ same way (what the greedy's spread costs, measured).
 
 **ParameterServerStrategy**: what a user would write by hand for the same model: the
 tables and the MLP as ``tf.Variable``s created under a ``ParameterServerStrategy`` whose
-``FixedShardsPartitioner(3)`` cuts the item table over three ``ps`` tasks (a
+``FixedShardsPartitioner`` cuts the item table over as many ``ps`` tasks (a
 ``ShardedVariable``), ``tf.nn.embedding_lookup`` of it (which looks each id up on its
 shard) and the same MLP, run by one worker task through a ``ClusterCoordinator``: one
 step at a time (schedule, then fetch its result) and 30 steps in flight (schedule all,
@@ -47,19 +47,18 @@ from benchmarks.pipeline_throughput import tfpart_json
 from examples.models import export_recommender
 from tfpart.local_workers import LocalWorkers
 
-SHARDS = 3
 REPEATS = 30
 USERS, HIDDEN = 1000, 64
 
 
-def tfpart_sharded(model, batch, memory, work, console, home_plan_too=False):
-    """The compiled model's predicted and measured step on three local workers, its
+def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too=False):
+    """The compiled model's predicted and measured step on ``workers`` local workers, its
     row shards, each worker's peak memory, and with ``home_plan_too`` the predicted
     and measured step of :func:`home_plan`."""
     (work / "probe").mkdir()
-    with LocalWorkers(SHARDS, work / "probe") as workers:
+    with LocalWorkers(workers, work / "probe") as tasks:
         probed = work / "probed.json"
-        tfpart_json("cluster", "probe", workers.path, "-o", probed)
+        tfpart_json("cluster", "probe", tasks.path, "-o", probed)
     cluster = json.loads(probed.read_text())
     links = {"links": cluster["links"], "step_overhead": cluster["step_overhead"]}
     for device in cluster["devices"]:
@@ -69,37 +68,37 @@ def tfpart_sharded(model, batch, memory, work, console, home_plan_too=False):
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
                               "--batch-size", batch, "-o", out))
     plan = json.loads((out / "plan.json").read_text())
-    measured = timed_on_fresh_workers(out, links, batch, work / "run")
+    measured = timed_on_fresh_workers(out, links, batch, work / "run", workers)
     (work / "memory").mkdir()
-    with LocalWorkers(SHARDS, work / "memory", memory_stats=True) as workers:
+    with LocalWorkers(workers, work / "memory", memory_stats=True) as tasks:
         counted = work / "memory" / "counted.json"
-        counted.write_text(json.dumps(dict(workers.cluster, **links)))
+        counted.write_text(json.dumps(dict(tasks.cluster, **links)))
         tfpart_json("run", out, "--cluster", counted, "--batch-size", batch, "--repeats", 3)
         peaks = {name.split("/device:")[0]: figures["peak"]
-                 for name, figures in workers.memory().items()}
+                 for name, figures in tasks.memory().items()}
     memory = [{"worker": task,
                "predicted peak": f"{figures['peak_memory_bytes'] / 1e6:.1f} MB",
                "measured peak": f"{peaks[task.replace('/replica:0', '')] / 1e6:.1f} MB",
                "memory": f"{memory / 1e6:.0f} MB"}
               for task, figures in ((name.split("/device:")[0], figures) for name, figures
                                     in sorted(plan["predicted"]["devices"].items()))]
-    home = home_plan(model, probed, batch, links, work) if home_plan_too else None
+    home = home_plan(model, probed, batch, links, work, workers) if home_plan_too else None
     return plan["predicted"]["step_time"], measured, plan["row_shards"], memory, home
 
 
-def timed_on_fresh_workers(out, links, batch, folder):
-    """Median step of the compiled model ``out`` on three fresh workers whose file has
-    the probed ``links``, timed by a fresh client."""
+def timed_on_fresh_workers(out, links, batch, folder, workers):
+    """Median step of the compiled model ``out`` on ``workers`` fresh workers whose file
+    has the probed ``links``, timed by a fresh client."""
     folder.mkdir()
-    with LocalWorkers(SHARDS, folder) as workers:
+    with LocalWorkers(workers, folder) as tasks:
         timed = folder / "timed.json"
-        timed.write_text(json.dumps(dict(workers.cluster, **links)))
+        timed.write_text(json.dumps(dict(tasks.cluster, **links)))
         run = json.loads(tfpart_json("run", out, "--cluster", timed, "--batch-size", batch,
                                      "--repeats", REPEATS, "--json").strip().splitlines()[-1])
     return run["median_s"]
 
 
-def home_plan(model, cluster_file, batch, links, work):
+def home_plan(model, cluster_file, batch, links, work, workers):
     """The plan by hand that keeps every op on the first shard's task but the other
     shards and their gathers: its predicted and measured step (a check on the
     simulator's view of spreading ops over tasks)."""
@@ -127,15 +126,15 @@ def home_plan(model, cluster_file, batch, links, work):
         _compile_into(staging, model, cluster, out, (home, graph, info, proto, timings),
                       profiles=(), force=False, progress=None, verify=False)
     return home.predicted.step_time, timed_on_fresh_workers(out, links, batch,
-                                                            work / "home_run")
+                                                            work / "home_run", workers)
 
 
-def parameter_servers(items, dim, batch, work):
+def parameter_servers(items, dim, batch, work, shards):
     """Seconds per step of the same model under ``ParameterServerStrategy`` (one worker,
-    three ps tasks), from a fresh client process: one step at a time, and with
+    ``shards`` ps tasks), from a fresh client process: one step at a time, and with
     ``REPEATS`` steps in flight; and the item table's shards."""
     (work / "ps").mkdir()
-    with LocalWorkers(1, work / "ps", ps=SHARDS) as workers:
+    with LocalWorkers(1, work / "ps", ps=shards) as workers:
         done = subprocess.run([sys.executable, "-m", "benchmarks.sharded_tables",
                                "--ps-client", str(workers.path), "--items", str(items),
                                "--dim", str(dim), "--batch-size", str(batch)],
@@ -153,11 +152,12 @@ def ps_client(cluster_file, items, dim, batch):
     from tfpart import servers
     from tfpart.core.cluster import load_cluster
 
+    cluster = load_cluster(cluster_file)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        servers.cluster_spec(load_cluster(cluster_file)), rpc_layer="grpc")
+        servers.cluster_spec(cluster), rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         resolver, variable_partitioner=tf.distribute.experimental.partitioners
-        .FixedShardsPartitioner(SHARDS))
+        .FixedShardsPartitioner(len(cluster.tf_cluster["ps"])))
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
     def uniform(shape):
@@ -204,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--memory-mb", type=float, default=300.0,
                         help="memory each worker is declared to hold")
+    parser.add_argument("--workers", type=int, default=3,
+                        help="worker tasks (and parameter-server tasks)")
     parser.add_argument("--home-plan", action="store_true", help="also time a plan by "
                         "hand: every op on one task but the other shards' gathers")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
@@ -218,10 +220,10 @@ def main(argv=None):
         model = export_recommender(work / "model", items=args.items, users=USERS,
                                    dim=args.dim)
         predicted, measured, shards, memory, home = tfpart_sharded(
-            model, batch, args.memory_mb * 1e6, work, console, args.home_plan)
-        ps = parameter_servers(args.items, args.dim, batch, work)
+            model, batch, args.memory_mb * 1e6, work, console, args.workers, args.home_plan)
+        ps = parameter_servers(args.items, args.dim, batch, work, args.workers)
     (table, cut), = shards.items()
-    rows = [{"system": "tfpart row shards (3 workers)", "shards (rows)": "/".join(
+    rows = [{"system": f"tfpart row shards ({args.workers} workers)", "shards (rows)": "/".join(
                  map(str, cut["sizes"])),
              "step predicted": f"{predicted * 1e3:.2f} ms",
              "step measured": f"{measured * 1e3:.2f} ms",
@@ -243,7 +245,7 @@ def main(argv=None):
              "error": "", "lookups/s": f"{batch / ps['in_flight_s']:,.0f}"}]
     table_mib = args.items * args.dim * 4 / 2**20
     show_rows(console, f"Recommender, a {args.items:,} x {args.dim} item table "
-              f"({table_mib:.0f} MiB) over three tasks of {args.memory_mb:.0f} MB, "
+              f"({table_mib:.0f} MiB) over {args.workers} tasks of {args.memory_mb:.0f} MB, "
               f"batch {batch}", rows, args.markdown)
     show_rows(console, "Each worker's peak memory (its allocator's, over 3 batches after "
               "the restore)", memory, args.markdown)
