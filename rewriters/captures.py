@@ -288,16 +288,25 @@ def check_checkpoint(model_dir):
     tfpart.core.errors.ModelError
         Naming the variables prefix, if a file of it is corrupt or truncated.
     """
-    prefix = Path(model_dir) / "variables" / "variables"
+    prefix = variables_prefix(model_dir)
     if not Path(f"{prefix}.index").exists():
         return
-    with _reading_variables(prefix) as reader:
+    with reading_checkpoint(prefix) as reader:
         for key in reader.get_variable_to_shape_map():
             reader.get_tensor(key)
 
 
+def variables_prefix(model_dir):
+    """The checkpoint prefix of a SavedModel's variables.
+
+    >>> variables_prefix("model").as_posix()
+    'model/variables/variables'
+    """
+    return Path(model_dir) / "variables" / "variables"
+
+
 @contextmanager
-def _reading_variables(prefix):
+def reading_checkpoint(prefix):
     """A checkpoint reader of ``prefix``; whatever a corrupt or truncated file raises
     while it is read becomes a ModelError naming the prefix."""
     from rewriters.tf_import import tensorflow
@@ -348,8 +357,8 @@ def variable_values(model_dir, proto, flat):
     """Checkpoint value of every variable the signature reads, by its flat op name."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-    prefix = Path(model_dir) / "variables" / "variables"
-    with _reading_variables(prefix) as reader:
+    prefix = variables_prefix(model_dir)
+    with reading_checkpoint(prefix) as reader:
         graph = trackable_object_graph_pb2.TrackableObjectGraph()
         graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
         keys = {node_id: attr.checkpoint_key for node_id, node in enumerate(graph.nodes)
@@ -363,5 +372,5 @@ def variable_values(model_dir, proto, flat):
 
 __all__ = ["Capture", "HANDLE_KINDS", "KINDS", "add_capture", "capture_kind", "capture_op_name",
            "captured_tensor", "check_checkpoint", "load_captured", "load_root",
-           "loaded_objects", "object_paths", "resource_bytes", "resource_functions",
-           "state_input_map", "variable_values"]
+           "loaded_objects", "object_paths", "reading_checkpoint", "resource_bytes",
+           "resource_functions", "state_input_map", "variable_values", "variables_prefix"]

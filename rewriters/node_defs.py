@@ -1,5 +1,6 @@
 """NodeDefs built by hand for the rewrites made in a flat GraphDef (filter splits, row
-shards): a node with attributes, an integer constant, and attribute values.
+shards): a node with attributes, an integer constant, and attribute values (types,
+integers, booleans, strings, shapes).
 
 Examples
 --------
@@ -42,4 +43,21 @@ def int_attr(value):
     return tf.compat.v1.AttrValue(i=value)
 
 
-__all__ = ["int_attr", "int_constant", "make_node", "type_attr"]
+def bool_attr(value):
+    """The AttrValue of the boolean ``value``."""
+    return tensorflow().compat.v1.AttrValue(b=value)
+
+
+def string_attr(text):
+    """The AttrValue of the string ``text``."""
+    return tensorflow().compat.v1.AttrValue(s=text.encode())
+
+
+def shape_attr(dims):
+    """The AttrValue of the shape ``dims``."""
+    tf = tensorflow()
+    return tf.compat.v1.AttrValue(shape=tf.TensorShape(dims).as_proto())
+
+
+__all__ = ["bool_attr", "int_attr", "int_constant", "make_node", "shape_attr", "string_attr",
+           "type_attr"]

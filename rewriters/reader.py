@@ -180,10 +180,10 @@ def _capture_bytes(meta, flat, path):
     objects = meta.object_graph_def
     owned = {name: _variable_bytes(objects.nodes[node_id].variable)
              for node_id, name in flat.variable_ops.items()}
+    node_of = {name: node_id for node_id, name in flat.variable_ops.items()}
     for shard, (table, _, rows) in flat.row_shards.items():
-        whole = objects.nodes[next(i for i, name in flat.variable_ops.items() if name == table)]
-        owned[shard] = _variable_bytes(whole.variable) * rows // max(
-            whole.variable.shape.dim[0].size, 1)
+        whole = objects.nodes[node_of[table]].variable
+        owned[shard] = _variable_bytes(whole) * rows // max(whole.shape.dim[0].size, 1)
     owned.update({capture.op_name: resource_bytes(meta, node_id, path or None)
                   for node_id, capture in flat.info.captures.items()
                   if capture.kind == "resource"})

@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from rewriters.node_defs import int_attr, int_constant, make_node, type_attr
+from rewriters.node_defs import (bool_attr, int_attr, int_constant, make_node, shape_attr,
+                                 string_attr, type_attr)
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import PlacementError
 from tfpart.core.ops import writes_state
@@ -89,6 +90,7 @@ def shard_tables(graph_def, sizes):
     """
     tf = tensorflow()
     nodes = {node.name: node for node in graph_def.node}
+    readers = _data_readers(graph_def)
     replaced, shards = {}, {}
     for table, shard_sizes in sizes.items():
         if table not in nodes or nodes[table].op != "VarHandleOp":
@@ -98,7 +100,7 @@ def shard_tables(graph_def, sizes):
         if not shape or sum(shard_sizes) != shape[0] or min(shard_sizes) < 1:
             raise PlacementError("", f"row shards of {list(shard_sizes)} rows do not cut the "
                                  f"{shape[0] if shape else 0} rows of table {table}")
-        reads, lookups = _table_readers(graph_def, nodes, table)
+        reads, lookups = _table_readers(readers, nodes, table)
         firsts = first_rows(shard_sizes)
         for i, (first, rows) in enumerate(zip(firsts, shard_sizes)):
             shards[shard_name(table, i)] = (table, first, int(rows))
@@ -127,10 +129,8 @@ def shard_tables(graph_def, sizes):
 
 def _shard_variable(name, shape, dtype):
     """The ``VarHandleOp`` of one shard."""
-    tf = tensorflow()
-    return make_node(name, "VarHandleOp", [], dtype=type_attr(dtype), shape=_shape_attr(shape),
-                     shared_name=tf.compat.v1.AttrValue(s=name.encode()),
-                     container=tf.compat.v1.AttrValue(s=b""))
+    return make_node(name, "VarHandleOp", [], dtype=type_attr(dtype), shape=shape_attr(shape),
+                     shared_name=string_attr(name), container=string_attr(""))
 
 
 def shard_flat(flat, sizes):
@@ -151,11 +151,11 @@ def table_shape(node):
             tf.as_dtype(node.attr["dtype"].type).name)
 
 
-def _table_readers(graph_def, nodes, table):
+def _table_readers(readers, nodes, table):
     """``(reads, lookups)``: the table's ``ReadVariableOp`` nodes (which feed only
-    lookups or control edges) and the lookups of its rows; PlacementError naming the
-    first op that reads it otherwise."""
-    readers = _data_readers(graph_def)
+    lookups or control edges) and the lookups of its rows (``readers``:
+    :func:`_data_readers`); PlacementError naming the first op that reads it
+    otherwise."""
     reads, lookups = [], []
     for reader, index in readers.get(table, []):
         if reader.op == "ReadVariableOp":
@@ -172,16 +172,14 @@ def _table_readers(graph_def, nodes, table):
 
 
 def _data_readers(graph_def):
-    """Node name -> the ``(node, input index)`` of every data input reading it."""
+    """Node name -> the ``(node, input index)`` of every data input reading it (index -1
+    for a read of an output other than the first)."""
     readers = {}
     for node in graph_def.node:
         data = [source for source in node.input if not source.startswith("^")]
         for index, source in enumerate(data):
             name, _, port = source.partition(":")
-            if port in ("", "0"):
-                readers.setdefault(name, []).append((node, index))
-            else:
-                readers.setdefault(name, []).append((node, -1))
+            readers.setdefault(name, []).append((node, index if port in ("", "0") else -1))
     return readers
 
 
@@ -246,7 +244,7 @@ def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
             num_partitions=int_attr(count))]
     added += [make_node(f"{scope}/rows{i}", "ResourceGather", [
         shard_name(table, i), f"{scope}/ids_parts:{i}"], dtype=type_attr(dtype),
-        Tindices=id_type, batch_dims=int_attr(0), validate_indices=_bool_attr(True))
+        Tindices=id_type, batch_dims=int_attr(0), validate_indices=bool_attr(True))
         for i in range(count)]
     added.append(make_node(f"{scope}/stitched", "DynamicStitch", [
         *(f"{scope}/position_parts:{i}" for i in range(count)),
@@ -277,15 +275,6 @@ def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
 
 def _attr_int(node, name):
     return node.attr[name].i if name in node.attr else 0
-
-
-def _bool_attr(value):
-    return tensorflow().compat.v1.AttrValue(b=value)
-
-
-def _shape_attr(dims):
-    tf = tensorflow()
-    return tf.compat.v1.AttrValue(shape=tf.TensorShape(dims).as_proto())
 
 
 __all__ = ["SEGMENT_LOOKUPS", "shard_flat", "shard_tables", "table_shape"]

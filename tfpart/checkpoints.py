@@ -32,17 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from rewriters.captures import object_paths, reading_checkpoint, variables_prefix
 from tfpart.core.errors import ModelError, TfpartError
+from tfpart.core.output_folders import TEMPORARY_TAG, os_errors
 from tfpart.core.plan import Plan
 from tfpart.core.row_shards import first_rows, shard_name, shard_of
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 VALUE = "VARIABLE_VALUE"
-
-
-def variables_prefix(model_dir):
-    """The checkpoint prefix of a SavedModel's variables."""
-    return str(Path(model_dir) / "variables" / "variables")
 
 
 def checkpoint_to_original(checkpoint, compiled_dir, original_dir, prefix):
@@ -77,10 +74,11 @@ def checkpoint_to_compiled(checkpoint, compiled_dir, original_dir, prefix):
     compiled = _read(variables_prefix(compiled_dir))
     source = _read(checkpoint)
     saved = _read(variables_prefix(original_dir))[OBJECT_GRAPH_KEY]
+    paths = object_paths(saved)  # the same variable is found in ``checkpoint`` by its path
     values, moved = dict(compiled), 0
     for table, keys in _compiled_keys(compiled[OBJECT_GRAPH_KEY], plan, compiled_dir).items():
-        key = _key_at(source[OBJECT_GRAPH_KEY], _path_of(saved, _node_of(table, saved,
-                                                                           original_dir)))
+        path = paths.get(_node_of(table, saved, original_dir))
+        key = _key_at(source[OBJECT_GRAPH_KEY], path.split(".")[1:]) if path else None
         if key is None:
             raise ModelError(checkpoint, f"has no value for variable {table}")
         shards = _shards_of(table, plan)
@@ -145,18 +143,6 @@ def _node_of(op, object_graph, model_dir):
     return int(parts[1])
 
 
-def _path_of(object_graph, node_id):
-    """The child names leading from the root to ``node_id`` (the shortest path)."""
-    paths, queue = {0: ()}, [0]
-    while queue:
-        node = queue.pop(0)
-        for child in object_graph.nodes[node].children:
-            if child.node_id not in paths:
-                paths[child.node_id] = (*paths[node], child.local_name)
-                queue.append(child.node_id)
-    return paths[node_id]
-
-
 def _key_at(object_graph, path):
     """The checkpoint key of the variable at ``path`` in ``object_graph``, or None."""
     node = 0
@@ -173,16 +159,14 @@ def _value_key(node):
 
 
 def _read(prefix):
-    """Every tensor of the checkpoint at ``prefix``, by key (the object graph parsed)."""
-    import tensorflow as tf
+    """Every tensor of the checkpoint at ``prefix``, by key (the object graph parsed);
+    ModelError naming it if it cannot be read."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-    try:
-        reader = tf.train.load_checkpoint(str(prefix))
-    except (tf.errors.OpError, ValueError) as exc:
-        raise ModelError(prefix, f"cannot read the checkpoint: {str(exc).splitlines()[0]}") \
-            from None
-    values = {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()}
+    with reading_checkpoint(prefix) as reader:
+        values = {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()}
+    if OBJECT_GRAPH_KEY not in values:
+        raise ModelError(prefix, "is not an object-based checkpoint (it has no object graph)")
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(values[OBJECT_GRAPH_KEY])
     values[OBJECT_GRAPH_KEY] = graph
@@ -200,7 +184,8 @@ def _check_shapes(values, target, prefix):
 def _write(prefix, values):
     """Write ``values`` (the object graph among them) as the checkpoint ``prefix``: into
     temporary files beside it, renamed into place once whole (the index last, so a
-    reader never finds an index without its data). An existing checkpoint is refused."""
+    reader never finds an index without its data); a file system's refusal is a
+    one-line OutputError. An existing checkpoint is refused."""
     import os
 
     import tensorflow as tf
@@ -209,20 +194,21 @@ def _write(prefix, values):
     if any(prefix.parent.glob(f"{prefix.name}.index")) or \
             any(prefix.parent.glob(f"{prefix.name}.data-*")):
         raise TfpartError(prefix, "a checkpoint exists there; give another prefix")
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    staging = prefix.with_name(f".{prefix.name}.tfpart-partial")
+    staging = prefix.with_name(f".{prefix.name}{TEMPORARY_TAG}{os.getpid()}-")
     keys = sorted(values)
-    tensors = [tf.constant(values[key].SerializeToString()) if key == OBJECT_GRAPH_KEY
-               else tf.constant(values[key]) for key in keys]
-    try:
-        tf.raw_ops.SaveV2(prefix=str(staging), tensor_names=keys,
-                          shape_and_slices=[""] * len(keys), tensors=tensors)
-        data = sorted(prefix.parent.glob(f"{staging.name}.data-*"))
-        for path in [*data, staging.with_name(f"{staging.name}.index")]:
-            os.replace(path, prefix.with_name(prefix.name + path.name[len(staging.name):]))
-    finally:
-        for path in prefix.parent.glob(f"{staging.name}*"):
-            path.unlink()
+    with os_errors(prefix, also=(tf.errors.OpError,)):
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        tensors = [tf.constant(values[key].SerializeToString()) if key == OBJECT_GRAPH_KEY
+                   else tf.constant(values[key]) for key in keys]
+        try:
+            tf.raw_ops.SaveV2(prefix=str(staging), tensor_names=keys,
+                              shape_and_slices=[""] * len(keys), tensors=tensors)
+            data = sorted(prefix.parent.glob(f"{staging.name}.data-*"))
+            for path in [*data, staging.with_name(f"{staging.name}.index")]:
+                os.replace(path, prefix.with_name(prefix.name + path.name[len(staging.name):]))
+        finally:
+            for path in prefix.parent.glob(f"{staging.name}*"):
+                path.unlink()
 
 
-__all__ = ["checkpoint_to_compiled", "checkpoint_to_original", "variables_prefix"]
+__all__ = ["checkpoint_to_compiled", "checkpoint_to_original"]

@@ -143,6 +143,28 @@ def test_checkpoints_move_both_ways_between_the_original_and_its_shards(recommen
     assert not np.array_equal(scores(restored), scores(original))
 
 
+def test_a_checkpoint_that_cannot_be_read_or_written_is_one_line(recommender, tmp_path):
+    import shutil
+
+    from tfpart.checkpoints import checkpoint_to_compiled, checkpoint_to_original
+    from tfpart.core.errors import ModelError, OutputError
+
+    model, out, _ = recommender
+    truncated = tmp_path / "truncated"
+    shutil.copytree(model / "variables", truncated)
+    data = next(truncated.glob("variables.data-*"))
+    data.write_bytes(data.read_bytes()[:1000])
+    with pytest.raises(ModelError, match="cannot read the variables"):
+        checkpoint_to_compiled(truncated / "variables", out, model, tmp_path / "a")
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    with pytest.raises(OutputError, match="cannot write it"):
+        checkpoint_to_original(out / "variables" / "variables", out, model,
+                               blocked / "ckpt")
+    assert blocked.read_text() == "not a folder"
+    assert not list(tmp_path.glob("a*"))
+
+
 def test_gathers_segment_sums_and_safe_sparse_lookups_of_a_module_are_cut(exported, tmp_path):
     from tfpart.compile import compile_model
 
