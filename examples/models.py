@@ -600,6 +600,42 @@ def export_small_recommender(path):
     return export_recommender(path, items=100_000, users=50, dim=16)
 
 
+def export_table_training(path, rows=100_000, width=16, optimizer="adam", seed=0):
+    """The training step of a regressor on ids through an embedding table (``rows`` x
+    ``width``, 6.4 MB at the default) and a small MLP, as a ``tf.Module`` with one
+    signature, ``train_step(x, y)`` (``x``: ``[batch, 2]`` int32 ids; ``y``: ``[batch,
+    1]``; mean squared error). ``optimizer``: ``sgd`` (Keras updates the table by
+    ``ResourceScatterSub`` of the rows read), ``sgd_momentum`` or ``adam`` (dense
+    updates of the table and its slots, from the gradient made dense by
+    ``UnsortedSegmentSum``). Nothing else reads the table whole, so tfpart can cut it
+    into row shards."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((2,), dtype="int32", name="ids")
+    x = keras.layers.Flatten()(keras.layers.Embedding(rows, width, name="item_table")(ids))
+    model = keras.Model(ids, keras.layers.Dense(1)(
+        keras.layers.Dense(16, activation="relu")(x)), name="table_regressor")
+    chosen = {"sgd": lambda: keras.optimizers.SGD(0.1), **{
+        name: lambda make=make: make(keras) for name, make in OPTIMIZERS.items()}}[optimizer]()
+    chosen.build(model.trainable_variables)
+    module = tf.Module()
+    module.model, module.optimizer = model, chosen
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.int32, name="x"),
+                                  tf.TensorSpec([None, 1], tf.float32, name="y")])
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(y - model(x, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        chosen.apply_gradients(zip(grads, model.trainable_variables))
+        return {"loss": loss}
+
+    tf.saved_model.save(module, str(path), signatures={"train_step": train_step})
+    return path
+
+
 def export_table_lookups(path, rows=1000, width=8, whole_read=False):
     """A ``tf.Module`` whose ``serving_default`` looks up rows of a ``rows`` x ``width``
     table for ``ids`` (``[batch, 3]``, -1 for none) three ways: the first id's row

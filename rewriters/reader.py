@@ -80,7 +80,8 @@ def _read_flat(proto, path, flat, timings):
         flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
         merge_colocation_groups(opgraph, flat.info.fusion_groups)
         merge_colocation_groups(opgraph, optimizer_slot_groups(
-            opgraph, set(flat.variable_ops.values()), [p for p, _, _ in flat.inputs.values()]))
+            opgraph, {*flat.variable_ops.values(), *flat.row_shards},
+            [p for p, _, _ in flat.inputs.values()]))
         if any(attrs["op_type"] in RESOURCE_WRITE_OPS for attrs in opgraph.ops.values()):
             _mark_phases(opgraph, flat, proto, path)
         # not in a training step: there, making the pruned ops' inputs control edges

@@ -54,19 +54,71 @@ import dataclasses
 
 from rewriters.node_defs import (bool_attr, int_attr, int_constant, make_node, shape_attr,
                                  string_attr, type_attr)
+from rewriters.row_region import (SEGMENT_LOOKUPS, data_readers, graph_shapes, row_region,
+                                  table_shape)
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import PlacementError
-from tfpart.core.ops import writes_state
 from tfpart.core.row_shards import first_rows, lookup_scope, shard_name
 
-SEGMENT_LOOKUPS = frozenset({"SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
-                             "SparseSegmentSumWithNumSegments",
-                             "SparseSegmentMeanWithNumSegments",
-                             "SparseSegmentSqrtNWithNumSegments"})
+
+def table_regions(graph_def, sizes, outputs=()):
+    """The :class:`rewriters.row_region.RowRegion` of each table of ``sizes`` (table op
+    -> rows of each shard), its companions (an optimizer's slots) in the same region;
+    a companion named in ``sizes`` too must have the table's shards.
+
+    Raises
+    ------
+    tfpart.core.errors.PlacementError
+        If a table is no variable, the sizes do not cover its rows, or its rows are
+        read in a way that cannot be cut (naming the op).
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    regions, done = [], set()
+    shapes = None
+    for table, shard_sizes in sizes.items():
+        if table not in nodes or nodes[table].op != "VarHandleOp":
+            raise PlacementError("", f"the plan cuts table {table}, which is no variable of "
+                                 "the model")
+        shape = table_shape(nodes[table])[0]
+        if not shape or sum(shard_sizes) != shape[0] or min(shard_sizes) < 1:
+            raise PlacementError("", f"row shards of {list(shard_sizes)} rows do not cut the "
+                                 f"{shape[0] if shape else 0} rows of table {table}")
+        if table in done:
+            continue
+        shapes = shapes or graph_shapes(graph_def)
+        region = row_region(graph_def, table, outputs=outputs, shapes=shapes)
+        for companion in region.variables[1:]:
+            if list(sizes.get(companion, shard_sizes)) != list(shard_sizes):
+                raise PlacementError("", f"variable {companion} is updated row by row with "
+                                     f"table {table}, so it needs the same row shards")
+        done.update(region.variables)
+        regions.append(region)
+    return regions
 
 
-def shard_tables(graph_def, sizes):
-    """A copy of ``graph_def`` with each table of ``sizes`` cut into row shards.
+def with_companions(graph_def, sizes, outputs=()):
+    """``sizes`` with each table's companions (:func:`table_regions`) cut the same way.
+
+    >>> import tensorflow as tf
+    >>> graph = tf.Graph()
+    >>> with graph.as_default():
+    ...     t = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[4, 2], name="t")
+    ...     m = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[4, 2], name="m")
+    ...     value = tf.raw_ops.ReadVariableOp(resource=m, dtype=tf.float32)
+    ...     _ = tf.raw_ops.AssignAddVariableOp(resource=t, value=value)
+    >>> with_companions(graph.as_graph_def(), {"t": [3, 1]})
+    {'t': [3, 1], 'm': [3, 1]}
+    """
+    found = dict(sizes)
+    for region in table_regions(graph_def, sizes, outputs):
+        for variable in region.variables:
+            found[variable] = list(sizes[region.variables[0]])
+    return found
+
+
+def shard_tables(graph_def, sizes, outputs=()):
+    """A copy of ``graph_def`` with each table of ``sizes`` (and its companions,
+    :func:`with_companions`) cut into row shards.
 
     Parameters
     ----------
@@ -75,6 +127,8 @@ def shard_tables(graph_def, sizes):
     sizes : dict
         Table op name -> the rows of each shard, in order (their sum: the table's
         rows).
+    outputs : collection of str
+        The nodes whose values the graph returns (none may be made of a table's rows).
 
     Returns
     -------
@@ -90,32 +144,41 @@ def shard_tables(graph_def, sizes):
     """
     tf = tensorflow()
     nodes = {node.name: node for node in graph_def.node}
-    readers = _data_readers(graph_def)
+    readers = data_readers(graph_def)
     replaced, shards = {}, {}
-    for table, shard_sizes in sizes.items():
-        if table not in nodes or nodes[table].op != "VarHandleOp":
-            raise PlacementError("", f"the plan cuts table {table}, which is no variable of "
-                                 "the model")
-        shape, dtype = table_shape(nodes[table])
-        if not shape or sum(shard_sizes) != shape[0] or min(shard_sizes) < 1:
-            raise PlacementError("", f"row shards of {list(shard_sizes)} rows do not cut the "
-                                 f"{shape[0] if shape else 0} rows of table {table}")
-        reads, lookups = _table_readers(readers, nodes, table)
+    cut = set()
+    for region in table_regions(graph_def, sizes, outputs):
+        shard_sizes = list(sizes[region.variables[0]])
         firsts = first_rows(shard_sizes)
-        for i, (first, rows) in enumerate(zip(firsts, shard_sizes)):
-            shards[shard_name(table, i)] = (table, first, int(rows))
-        replaced[table] = [_shard_variable(shard_name(table, i), [rows, *shape[1:]], dtype)
-                           for i, rows in enumerate(shard_sizes)]
-        for read in reads:
-            replaced[read.name] = [make_node(read.name, "NoOp", [
-                s for s in read.input if s.startswith("^")])]
-        for lookup in lookups:
-            replaced[lookup.name] = _partitioned_lookup(lookup, nodes, table, firsts, shape,
-                                                        dtype)
+        pieces = _Pieces(region, len(shard_sizes))
+        for variable in region.variables:
+            shape, dtype = table_shape(nodes[variable])
+            for i, (first, rows) in enumerate(zip(firsts, shard_sizes)):
+                shards[shard_name(variable, i)] = (variable, first, int(rows))
+            replaced[variable] = [_shard_variable(shard_name(variable, i), [rows, *shape[1:]],
+                                                  dtype) for i, rows in enumerate(shard_sizes)]
+            cut.add(variable)
+        for name, kind in region.kinds.items():
+            node = nodes[name]
+            if kind == "lookup":
+                variable = region.lookups[name]
+                shape, dtype = table_shape(nodes[variable])
+                replaced[name] = _partitioned_lookup(node, nodes, variable, firsts, shape,
+                                                     dtype)
+            elif kind == "lookup_read":
+                gathers = [f"^{lookup_scope(user.name)}/rows{i}"
+                           for user, _ in readers.get(name, [])
+                           for i in range(len(shard_sizes))]
+                replaced[name] = [make_node(name, "NoOp", [*_control(node), *gathers])]
+            else:
+                row_shape = table_shape(nodes[region.variables[0]])[0][1:]
+                replaced[name] = [*_REWRITES[kind](node, pieces, shard_sizes, row_shape),
+                                  make_node(name, "NoOp", [f"^{pieces(name, i)}" for i in
+                                                           range(len(shard_sizes))])]
     new = tf.compat.v1.GraphDef()
     new.versions.CopyFrom(graph_def.versions)
     new.library.CopyFrom(graph_def.library)
-    controls = {f"^{table}": f"^{shard_name(table, 0)}" for table in sizes}
+    controls = {f"^{table}": f"^{shard_name(table, 0)}" for table in cut}
     for node in graph_def.node:
         for added in replaced.get(node.name, [node]):
             copy = new.node.add()
@@ -139,70 +202,87 @@ def shard_flat(flat, sizes):
     them."""
     if not sizes:
         return flat
-    graph_def, shards = shard_tables(flat.graph_def, sizes)
+    graph_def, shards = shard_tables(flat.graph_def, sizes, output_nodes(flat))
     return dataclasses.replace(flat, graph_def=graph_def, row_shards=shards)
 
 
-def table_shape(node):
-    """``(shape, dtype name)`` of the variable of a ``VarHandleOp`` node."""
-    tf = tensorflow()
-    shape = tf.TensorShape(node.attr["shape"].shape)
-    return (tuple(shape.as_list()) if shape.rank is not None else (),
-            tf.as_dtype(node.attr["dtype"].type).name)
+def output_nodes(flat):
+    """The nodes whose values ``flat`` returns."""
+    return {tensor.rsplit(":", 1)[0] for tensor in flat.outputs}
 
 
-def _table_readers(readers, nodes, table):
-    """``(reads, lookups)``: the table's ``ReadVariableOp`` nodes (which feed only
-    lookups or control edges) and the lookups of its rows (``readers``:
-    :func:`_data_readers`); PlacementError naming the first op that reads it
-    otherwise."""
-    reads, lookups = [], []
-    for reader, index in readers.get(table, []):
-        if reader.op == "ReadVariableOp":
-            reads.append(reader)
-            for user, user_index in readers.get(reader.name, []):
-                if user_index != 0 or not _reads_rows(user, nodes):
-                    raise _refused(table, user)
-                lookups.append(user)
-        elif reader.op == "ResourceGather" and index == 0 and _attr_int(reader, "batch_dims") == 0:
-            lookups.append(reader)
+class _Pieces:
+    """The name of shard ``i`` of a value cut by rows: a shard's variable, or
+    ``<op>/tfpart_rows/shard<i>``; other tensors as they are."""
+
+    def __init__(self, region, count):
+        self.variables = set(region.variables)
+        self.partitioned = region.partitioned()
+        self.count = count
+
+    def __call__(self, name, i):
+        if name in self.variables:
+            return shard_name(name, i)
+        return f"{lookup_scope(name)}/shard{i}"
+
+    def source(self, source, i):
+        """Input ``source`` of shard ``i``'s op."""
+        name = source.split(":")[0]
+        return self(name, i) if name in self.partitioned else source
+
+
+def _control(node):
+    return [source for source in node.input if source.startswith("^")]
+
+
+def _per_shard(node, pieces, sizes=(), row_shape=()):
+    """A copy of ``node`` for each shard, its inputs cut by rows read shard by shard."""
+    copies = []
+    for i in range(pieces.count):
+        copy = type(node)()
+        copy.CopyFrom(node)
+        copy.name = pieces(node.name, i)
+        del copy.input[:]
+        copy.input.extend(source if source.startswith("^") else pieces.source(source, i)
+                          for source in node.input)
+        copy.device = ""
+        copies.append(copy)
+    return copies
+
+
+def _routed_update(node, pieces, sizes, row_shape, values_index):
+    """A segment sum into the rows or a scatter of some rows: the ids (input 1) routed
+    to their shards, the values (input ``values_index``) split with them, and the op
+    once per shard on its ids, made local."""
+    scope = lookup_scope(node.name)
+    data = [source for source in node.input if not source.startswith("^")]
+    id_type = node.attr["Tindices"]
+    dtype = node.attr["T" if "T" in node.attr else "dtype"]
+    added = [*_route(scope, data[1], id_type, first_rows(sizes)),
+             int_constant(f"{scope}/values_shape", [-1, *row_shape]),
+             make_node(f"{scope}/value_rows", "Reshape", [data[values_index],
+                                                           f"{scope}/values_shape"],
+                       T=dtype, Tshape=type_attr("int32")),
+             make_node(f"{scope}/value_parts", "DynamicPartition", [
+                 f"{scope}/value_rows", f"{scope}/shard"], T=dtype,
+                 num_partitions=int_attr(len(sizes)))]
+    for i, rows in enumerate(sizes):
+        copy = type(node)()
+        copy.CopyFrom(node)
+        copy.name = pieces(node.name, i)
+        copy.device = ""
+        del copy.input[:]
+        if node.op == "UnsortedSegmentSum":
+            count_type = tensorflow().as_dtype(node.attr["Tnumsegments"].type).name
+            added.append(int_constant(f"{scope}/rows{i}", rows, count_type))
+            copy.input.extend([f"{scope}/value_parts:{i}", f"{scope}/ids_parts:{i}",
+                               f"{scope}/rows{i}"])
         else:
-            raise _refused(table, reader)
-    return reads, lookups
-
-
-def _data_readers(graph_def):
-    """Node name -> the ``(node, input index)`` of every data input reading it (index -1
-    for a read of an output other than the first)."""
-    readers = {}
-    for node in graph_def.node:
-        data = [source for source in node.input if not source.startswith("^")]
-        for index, source in enumerate(data):
-            name, _, port = source.partition(":")
-            readers.setdefault(name, []).append((node, index if port in ("", "0") else -1))
-    return readers
-
-
-def _reads_rows(node, nodes):
-    """Whether ``node`` reads rows of its first input: a ``GatherV2`` along axis 0, or
-    a sparse segment reduction."""
-    if node.op in SEGMENT_LOOKUPS:
-        return True
-    if node.op != "GatherV2" or _attr_int(node, "batch_dims") != 0:
-        return False
-    axis = nodes.get(node.input[2].split(":")[0])
-    if axis is None or axis.op != "Const":
-        return False
-    return int(tensorflow().make_ndarray(axis.attr["value"].tensor)) == 0
-
-
-def _refused(table, reader):
-    how = ("updates it (a training step's updates of row shards are not built yet)"
-           if writes_state(reader.op) else "reads it other than by rows")
-    return PlacementError("", f"table {table} cannot be cut into row shards: op "
-                          f"{reader.name} (a {reader.op}) {how}")
-
-
+            copy.input.append(pieces(data[0].split(":")[0], i))
+            copy.input.extend([f"{scope}/ids_parts:{i}", f"{scope}/value_parts:{i}"])
+        copy.input.extend(_control(node))
+        added.append(copy)
+    return added
 def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
     """The nodes that replace ``lookup`` (which keeps its name, as the result)."""
     scope = lookup_scope(lookup.name)
@@ -212,36 +292,7 @@ def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
     id_type = lookup.attr["Tindices" if "Tindices" in lookup.attr else "Tidx"]
     id_name = "int64" if id_type.type == type_attr("int64").type else "int32"
     count = len(firsts)
-    added = [
-        int_constant(f"{scope}/minus_one", [-1]),
-        make_node(f"{scope}/flat_ids", "Reshape", [ids, f"{scope}/minus_one"],
-                  T=id_type, Tshape=type_attr("int32")),
-        int_constant(f"{scope}/one_row", [1, -1]),
-        make_node(f"{scope}/ids_row", "Reshape", [f"{scope}/flat_ids", f"{scope}/one_row"],
-                  T=id_type, Tshape=type_attr("int32")),
-        int_constant(f"{scope}/bounds", [firsts[1:]], id_name),
-        make_node(f"{scope}/shard_row", "UpperBound", [f"{scope}/bounds", f"{scope}/ids_row"],
-                  T=id_type, out_type=type_attr("int32")),
-        make_node(f"{scope}/shard", "Reshape", [f"{scope}/shard_row", f"{scope}/minus_one"],
-                  T=type_attr("int32"), Tshape=type_attr("int32")),
-        int_constant(f"{scope}/firsts", firsts, id_name),
-        int_constant(f"{scope}/axis", 0),
-        make_node(f"{scope}/first", "GatherV2", [f"{scope}/firsts", f"{scope}/shard",
-                                                 f"{scope}/axis"],
-                  Tparams=id_type, Tindices=type_attr("int32"), Taxis=type_attr("int32"),
-                  batch_dims=int_attr(0)),
-        make_node(f"{scope}/local_ids", "Sub", [f"{scope}/flat_ids", f"{scope}/first"],
-                  T=id_type),
-        make_node(f"{scope}/count", "Size", [f"{scope}/flat_ids"], T=id_type,
-                  out_type=type_attr("int32")),
-        int_constant(f"{scope}/one", 1),
-        make_node(f"{scope}/positions", "Range", [f"{scope}/axis", f"{scope}/count",
-                                                  f"{scope}/one"], Tidx=type_attr("int32")),
-        make_node(f"{scope}/ids_parts", "DynamicPartition", [
-            f"{scope}/local_ids", f"{scope}/shard"], T=id_type, num_partitions=int_attr(count)),
-        make_node(f"{scope}/position_parts", "DynamicPartition", [
-            f"{scope}/positions", f"{scope}/shard"], T=type_attr("int32"),
-            num_partitions=int_attr(count))]
+    added = _route(scope, ids, id_type, firsts)
     added += [make_node(f"{scope}/rows{i}", "ResourceGather", [
         shard_name(table, i), f"{scope}/ids_parts:{i}"], dtype=type_attr(dtype),
         Tindices=id_type, batch_dims=int_attr(0), validate_indices=bool_attr(True))
@@ -273,8 +324,48 @@ def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
     return [*added, result]
 
 
-def _attr_int(node, name):
-    return node.attr[name].i if name in node.attr else 0
+def _route(scope, ids, id_type, firsts):
+    """The nodes under ``scope`` that route each of ``ids`` (flattened) to the shard
+    holding it (``<scope>/shard``: the number of shard boundaries at or below it), make
+    it an index into that shard and split the ids and their positions by shard
+    (``<scope>/ids_parts:<i>``, ``<scope>/position_parts:<i>``)."""
+    id_name = "int64" if id_type.type == type_attr("int64").type else "int32"
+    return [
+        int_constant(f"{scope}/minus_one", [-1]),
+        make_node(f"{scope}/flat_ids", "Reshape", [ids, f"{scope}/minus_one"],
+                  T=id_type, Tshape=type_attr("int32")),
+        int_constant(f"{scope}/one_row", [1, -1]),
+        make_node(f"{scope}/ids_row", "Reshape", [f"{scope}/flat_ids", f"{scope}/one_row"],
+                  T=id_type, Tshape=type_attr("int32")),
+        int_constant(f"{scope}/bounds", [firsts[1:]], id_name),
+        make_node(f"{scope}/shard_row", "UpperBound", [f"{scope}/bounds", f"{scope}/ids_row"],
+                  T=id_type, out_type=type_attr("int32")),
+        make_node(f"{scope}/shard", "Reshape", [f"{scope}/shard_row", f"{scope}/minus_one"],
+                  T=type_attr("int32"), Tshape=type_attr("int32")),
+        int_constant(f"{scope}/firsts", firsts, id_name),
+        int_constant(f"{scope}/axis", 0),
+        make_node(f"{scope}/first", "GatherV2", [f"{scope}/firsts", f"{scope}/shard",
+                                                 f"{scope}/axis"],
+                  Tparams=id_type, Tindices=type_attr("int32"), Taxis=type_attr("int32"),
+                  batch_dims=int_attr(0)),
+        make_node(f"{scope}/local_ids", "Sub", [f"{scope}/flat_ids", f"{scope}/first"],
+                  T=id_type),
+        make_node(f"{scope}/count", "Size", [f"{scope}/flat_ids"], T=id_type,
+                  out_type=type_attr("int32")),
+        int_constant(f"{scope}/one", 1),
+        make_node(f"{scope}/positions", "Range", [f"{scope}/axis", f"{scope}/count",
+                                                  f"{scope}/one"], Tidx=type_attr("int32")),
+        make_node(f"{scope}/ids_parts", "DynamicPartition", [
+            f"{scope}/local_ids", f"{scope}/shard"], T=id_type,
+            num_partitions=int_attr(len(firsts))),
+        make_node(f"{scope}/position_parts", "DynamicPartition", [
+            f"{scope}/positions", f"{scope}/shard"], T=type_attr("int32"),
+            num_partitions=int_attr(len(firsts)))]
 
 
-__all__ = ["SEGMENT_LOOKUPS", "shard_flat", "shard_tables", "table_shape"]
+_REWRITES = {"read": _per_shard, "elementwise": _per_shard, "assign": _per_shard,
+             "segment_sum": lambda *args: _routed_update(*args, values_index=0),
+             "scatter": lambda *args: _routed_update(*args, values_index=2)}
+
+
+__all__ = ["output_nodes", "shard_flat", "shard_tables", "table_regions", "with_companions"]

@@ -315,15 +315,21 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
     from partitioner.row_shards import row_shard_sizes
     from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
     from rewriters.reader import read_with_row_shards
-    from rewriters.row_shard import table_shape
+    from rewriters.row_region import table_shape
+    from rewriters.row_shard import output_nodes, with_companions
 
     nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
+    welded = {}  # a variable with its optimizer slots is placed as one
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] == "VarHandleOp":
+            welded[attrs["colocation"]] = welded.get(attrs["colocation"], 0) + \
+                attrs["param_bytes"]
     tables = {}
     for op, attrs in graph.ops.items():
         if attrs["op_type"] == "VarHandleOp" and attrs["param_bytes"] and op in nodes:
             shape = table_shape(nodes[op])[0]
             if shape and shape[0]:
-                tables[op] = (attrs["param_bytes"], shape[0])
+                tables[op] = (welded[attrs["colocation"]], shape[0])
     memories = [device.memory for device in cluster.devices]
     sizes = row_shard_sizes(tables, memories)
     if not sizes:
@@ -335,6 +341,7 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
         raise PlacementError(model_dir, f"{too_big}, and the tables of a TensorFlow 1 "
                              "SavedModel are not cut into row shards")
     try:
+        sizes = with_companions(info.flat.graph_def, sizes, output_nodes(info.flat))
         graph, info = read_with_row_shards(proto, model_dir, info, sizes, timings)
         check_nothing_kept_reads(kept_endpoints(proto, info.signature), table, model_dir)
     except PlacementError as exc:
