@@ -16,12 +16,18 @@ For a table cut into shards of ``sizes`` rows, the rewritten graph has
 * ``<lookup>`` itself: the stitched rows in the lookup's output shape (or the segment
   reduction of them), so every reader of the lookup reads the same tensor as before;
 * each read of the table that fed only lookups (or only control edges): a ``NoOp`` of
-  its name, so what waited for the read still waits.
+  its name, waiting for the lookups' gathers, so what waited for the read still waits;
+* in a training step, every other op acting on the rows (:mod:`rewriters.row_region`:
+  reads, element-wise arithmetic, segment sums into the rows, assignments, scatters),
+  once per shard as ``<op>/tfpart_rows/shard<i>`` on that shard's rows (a scatter or
+  segment sum routing its ids as a lookup does), and a ``NoOp`` of the op's name
+  waiting for them all; an optimizer's slots of the table's shape are cut with it.
 
 Repeated ids, ids in every shard and an empty batch of ids give the original's rows;
 an id outside the table fails as the original's gather does on a CPU (in the last or
-the first shard). A table read in any other way (a slice, a matmul with the whole
-table, an update) cannot be cut: :func:`shard_tables` refuses it, naming the op.
+the first shard). A table read or updated in any other way (a slice, a matmul with
+the whole table, a dense ``Apply`` op) cannot be cut: :func:`shard_tables` refuses it,
+naming the op.
 
 This is a library function of the reader (which prices the sharded graph) and of the
 pipeline pass (which imports the same sharded graph); it is not a pass by itself.

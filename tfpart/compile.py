@@ -253,6 +253,10 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             step(f"partitioning {len(graph)} ops into "
                  f"{get_algorithm(name).making}{first_run}")
             try:
+                if row_shards and info.training and get_algorithm(name).stages:
+                    raise PlacementError(model_dir, f"table {next(iter(row_shards))} is cut "
+                                         "into row shards, whose updates in a training step "
+                                         "do not combine with pipeline stages yet")
                 tried[name] = _partition(get_algorithm(name), request, cost, proto,
                                          model_dir, info, mixing_cache)
                 _check_row_shards_combine(tried[name][0], row_shards, model_dir)

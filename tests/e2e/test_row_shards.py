@@ -295,3 +295,20 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
     final = tf.train.load_variable(str(tmp_path / "back"), table)
     assert initial.shape == TRAINING_TABLE
     assert not np.array_equal(initial[[0, rows - 1]], final[[0, rows - 1]])  # it trained
+
+
+@pytest.mark.any_onednn  # refused before any kernel runs
+def test_pipeline_stages_of_a_training_step_with_a_cut_table_are_refused(tmp_path):
+    from examples.models import export_table_training
+    from tfpart.compile import plan_model
+    from tfpart.core.cluster import load_cluster
+
+    rows, width = TRAINING_TABLE
+    model = export_table_training(tmp_path / "model", rows, width, "sgd")
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(local_cluster(3, memory=int(rows * width * 4 / RATIO))))
+    with pytest.raises(PlacementError, match="cut into row shards, whose updates in a "
+                                             "training step do not combine with pipeline "
+                                             "stages yet"):
+        plan_model(model, load_cluster(cluster), signature="train_step", batch_size=8,
+                   microbatches=2)

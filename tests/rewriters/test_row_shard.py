@@ -135,3 +135,85 @@ def test_a_gather_along_another_axis_is_refused():
         tf.gather(read, [0, 2], axis=1, name="columns")
     with pytest.raises(PlacementError, match=r"columns \(a GatherV2\)"):
         shard_tables(graph.as_graph_def(), {"table": [25, 25]})
+
+
+def update_graph(kind):
+    """A GraphDef of one optimizer step on variable ``table`` (and its slot
+    ``momentum``) for the gradient rows ``grads`` of ``ids``: ``scatter`` (SGD: the
+    rows read, updated in place) or ``momentum`` (the gradient made dense by a segment
+    sum, the slot and the table updated whole, as Keras does)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[ROWS, WIDTH], name="table")
+        ids = tf.compat.v1.placeholder(tf.int32, [None], name="ids")
+        grads = tf.compat.v1.placeholder(tf.float32, [None, WIDTH], name="grads")
+        if kind == "scatter":
+            tf.raw_ops.ResourceScatterSub(resource=table, indices=ids, updates=grads * 0.1,
+                                          name="step")
+        else:
+            slot = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[ROWS, WIDTH],
+                                          name="momentum")
+            dense = tf.math.unsorted_segment_sum(grads, ids, ROWS, name="dense")
+            value = tf.raw_ops.ReadVariableOp(resource=slot, dtype=tf.float32)
+            keep = tf.raw_ops.AssignVariableOp(resource=slot, value=value * 0.9 - dense * 0.1,
+                                               name="keep")
+            with tf.control_dependencies([keep]):
+                new = tf.raw_ops.ReadVariableOp(resource=slot, dtype=tf.float32)
+            tf.raw_ops.AssignAddVariableOp(resource=table, value=tf.sqrt(tf.abs(new)) + new,
+                                           name="step")
+    return graph.as_graph_def()
+
+
+def stepped(graph_def, variables, feeds):
+    """Run ``graph_def``'s updates once on ``variables`` (by op name)."""
+    def body():
+        graph = tf.compat.v1.get_default_graph()
+        input_map = {f"{name}:0": graph.capture(v.handle) for name, v in variables.items()}
+        input_map.update({f"{name}:0": tf.constant(value) for name, value in feeds.items()})
+        tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
+    tf.function(body, autograph=False)()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=2, max_size=4).filter(lambda s: sum(s) <= ROWS),
+       st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=20),
+       st.sampled_from(["scatter", "momentum"]))
+def test_an_update_cut_by_rows_leaves_every_variable_as_the_whole_update(sizes, ids, kind):
+    sizes = [*sizes[:-1], sizes[-1] + ROWS - sum(sizes)]
+    graph_def = update_graph(kind)
+    sharded, shards = shard_tables(graph_def, {"table": sizes})
+    assert {table for table, _, _ in shards.values()} == (
+        {"table"} if kind == "scatter" else {"table", "momentum"})  # the slot cut with it
+    start = {"table": TABLE, "momentum": TABLE[::-1] / 100}
+    feeds = {"ids": np.array(ids, np.int32),
+             "grads": np.arange(len(ids) * WIDTH, dtype=np.float32).reshape(-1, WIDTH)}
+    whole = {name: tf.Variable(start[name]) for name in {t for t, _, _ in shards.values()}}
+    pieces = {name: tf.Variable(start[table][first:first + rows])
+              for name, (table, first, rows) in shards.items()}
+    stepped(graph_def, whole, feeds)
+    stepped(sharded, pieces, feeds)
+    for name, variable in whole.items():
+        joined = np.concatenate([pieces[shard].numpy() for shard, (table, _, _)
+                                 in shards.items() if table == name])
+        np.testing.assert_allclose(joined, variable.numpy(), rtol=1e-6)
+    if ids:  # the update did something
+        assert not np.array_equal(whole["table"].numpy(), TABLE)
+
+
+def test_an_update_not_made_row_by_row_is_refused_naming_the_op():
+    graph = tf.Graph()
+    with graph.as_default():
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[ROWS, WIDTH], name="table")
+        tf.raw_ops.AssignAddVariableOp(resource=handle, value=tf.ones([ROWS, WIDTH]),
+                                       name="shift")
+    with pytest.raises(PlacementError, match=r"op shift \(a AssignAddVariableOp\) assigns "
+                                             "it a value that is not made row by row"):
+        shard_tables(graph.as_graph_def(), {"table": [25, 25]})
+    graph = tf.Graph()
+    with graph.as_default():
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[ROWS, WIDTH], name="table")
+        tf.raw_ops.ResourceApplyGradientDescent(var=handle, alpha=0.1,
+                                                delta=tf.ones([ROWS, WIDTH]), name="apply")
+    with pytest.raises(PlacementError, match=r"op apply \(a ResourceApplyGradientDescent\) "
+                                             "updates it in a way not cut by rows"):
+        shard_tables(graph.as_graph_def(), {"table": [25, 25]})
