@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,15 +308,18 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
 def _cut_tables(graph, info, proto, model_dir, cluster, timings):
     """The graph and info of the model with its tables that fit no device of
-    ``cluster`` cut into row shards (:mod:`partitioner.row_shards`), and the rows of
-    each table's shards (empty if none is cut).
+    ``cluster`` (with their optimizer's slots) cut into row shards
+    (:mod:`partitioner.row_shards`), and the rows of each table's shards (empty if none
+    is cut). When every variable fits but some op needs more memory than any device
+    has (:func:`costmodel.memory.memory_lower_bound`: a training step's dense update
+    of a table and its slots), the largest table is cut if that lowers the need.
 
     Raises
     ------
     PlacementError
         If such a table cannot be cut (a read other than by rows, a TF1 SavedModel),
         saying why."""
-    from costmodel.memory import size_text
+    from costmodel.memory import memory_lower_bound, size_text
     from partitioner.row_shards import row_shard_sizes
     from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
     from rewriters.reader import read_with_row_shards
@@ -336,6 +340,13 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
                 tables[op] = (welded[attrs["colocation"]], shape[0])
     memories = [device.memory for device in cluster.devices]
     sizes = row_shard_sizes(tables, memories)
+    need = memory_lower_bound(graph, len(memories))[0]
+    # every variable fits, but some op needs more than a device has beside them (a
+    # training step's dense update of a table and its slots): try cutting the largest
+    for_an_op = not sizes and tables and info.format != "tf1" and need > max(memories)
+    if for_an_op:
+        largest = max(tables, key=lambda name: tables[name][0])
+        sizes = row_shard_sizes({largest: (math.inf, tables[largest][1])}, memories)
     if not sizes:
         return graph, info, {}
     table = max(sizes, key=lambda name: tables[name][0])
@@ -346,11 +357,15 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
                              "SavedModel are not cut into row shards")
     try:
         sizes = with_companions(info.flat.graph_def, sizes, output_nodes(info.flat))
-        graph, info = read_with_row_shards(proto, model_dir, info, sizes, timings)
+        cut_graph, cut_info = read_with_row_shards(proto, model_dir, info, sizes, timings)
         check_nothing_kept_reads(kept_endpoints(proto, info.signature), table, model_dir)
     except PlacementError as exc:
+        if for_an_op:  # left whole: the partitioner says what does not fit
+            return graph, info, {}
         raise PlacementError(model_dir, f"{too_big}, and {exc.problem}") from None
-    return graph, info, sizes
+    if for_an_op and memory_lower_bound(cut_graph, len(memories))[0] >= need:
+        return graph, info, {}  # the cut does not lower what the largest op needs
+    return cut_graph, cut_info, sizes
 
 
 def _check_row_shards_combine(plan, row_shards, model_dir):

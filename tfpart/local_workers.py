@@ -61,7 +61,9 @@ class LocalWorkers:
     links : dict, optional
         The cluster file's ``links`` block (the cost model's view of loopback).
     pin : bool
-        Pin task ``k`` to core ``k mod cores`` with ``taskset``, when it exists.
+        Pin task ``k`` to core ``k mod cores`` with ``taskset``, when it exists. With
+        more tasks than cores, the cluster file gives tasks pinned to one core one
+        ``core_group``: they take turns on it, which the simulator then knows.
     extra : dict, optional
         More top-level cluster-file fields (``step_overhead``, ``name``).
     ps : int
@@ -84,16 +86,20 @@ class LocalWorkers:
         jobs = {"worker": [f"localhost:{p}" for p in self.ports[:count]]}
         if ps:
             jobs["ps"] = [f"localhost:{p}" for p in self.ports[count:]]
+        pin = pin and shutil.which("taskset") is not None
+        cores = os.cpu_count() or 1
+        shared = pin and count > cores  # tasks pinned to one core take turns on it
         self.cluster = {"name": f"{count} local workers",
                         "cluster": jobs,
                         "devices": [{"name": f"/job:worker/task:{k}/device:CPU:0",
-                                     "kind": "cpu"} for k in range(count)],
+                                     "kind": "cpu",
+                                     **({"core_group": f"core{k % cores}"} if shared else {})}
+                                    for k in range(count)],
                         **(extra or {})}
         if links:
             self.cluster["links"] = links
         self.path = Path(directory) / "workers.json"
         self.path.write_text(json.dumps(self.cluster))
-        pin = pin and shutil.which("taskset") is not None
         self.processes = [self._start(k, pin) for k in range(count)] + [
             self._start(k, False, "ps") for k in range(ps)]
         deadline = time.time() + timeout

@@ -224,14 +224,16 @@ def test_the_command_refuses_a_table_read_whole_in_one_line(exported, tmp_path):
 
 
 TRAINING_TABLE = (1000, 8)  # 32 KB
+
+
 # Each device's memory against the table: the table with its slots fits none, and the
-# step's updates (a few values of a shard's size at once) fit beside the shards.
-TRAINING_MEMORY = {"sgd": 1 / RATIO, "sgd_momentum": 2.2, "adam": 3.0}
-
-
-@pytest.mark.parametrize("optimizer, slots", [("sgd", 0), ("sgd_momentum", 1), ("adam", 2)])
+# step's updates (a few values of a shard's size at once) fit beside the shards; or
+# (momentum at 2.5) the table and its slot fit a device but their dense update does not.
+@pytest.mark.parametrize("optimizer, slots, memory", [
+    ("sgd", 0, 1 / RATIO), ("sgd_momentum", 1, 2.2), ("adam", 2, 3.0),
+    ("sgd_momentum", 1, 2.5)])
 def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, optimizer,
-                                                                   slots):
+                                                                   slots, memory):
     """Sparse (SGD: a scatter of the rows read) and dense updates (momentum, Adam: the
     gradient made dense, then the table and its slots updated whole): 20 steps with ids
     in every shard, the first and last rows and repeats give the original's losses,
@@ -246,8 +248,7 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
     rows, width = TRAINING_TABLE
     model = export_table_training(tmp_path / "model", rows, width, optimizer)
     cluster = tmp_path / "cluster.json"
-    cluster.write_text(json.dumps(local_cluster(3, memory=int(
-        rows * width * 4 * TRAINING_MEMORY[optimizer]))))
+    cluster.write_text(json.dumps(local_cluster(3, memory=int(rows * width * 4 * memory))))
     out = tmp_path / "out"
     result = compile_model(model, cluster, out, signature="train_step", batch_size=8,
                            verify=True)
