@@ -47,17 +47,30 @@ FUSED_INTO = {
     **{act: BATCH_NORMS | ADDS | {"BiasAdd"} for act in ACTIVATIONS},
 }
 FUSION_ROOTS = CONTRACTIONS | BATCH_NORMS
+# Readers of a static shape, which Grappler folds into constants before the remapper
+# runs (a training step's gradient of an add reads its inputs' shapes).
+SHAPE_READERS = {"Shape", "ShapeN", "Size", "Rank"}
 
 
 def _data_readers(graph, op):
-    return [v for v, edge in graph.out_edges(op).items() if not edge["control"]]
+    return [v for v, edge in graph.out_edges(op).items() if not edge["control"]
+            and graph.ops[v]["op_type"] not in SHAPE_READERS]
+
+
+def _adds_a_bias(graph, op, contraction):
+    """Whether add ``op`` adds a vector to ``contraction``'s output: the remapper fuses
+    such an add as a bias (Keras 3's ``Dense`` without an activation)."""
+    others = [graph.ops[source]["outputs"] for source, edge in graph.in_edges(op).items()
+              if not edge["control"] and source != contraction]
+    return len(others) == 1 and len(others[0]) == 1 and len(others[0][0][0]) == 1
 
 
 def table_fusion_groups(graph):
     """Fusion groups (sorted lists of op names, two ops or more) of an OpGraph by the
-    remapper patterns in :data:`FUSED_INTO`: an op joins the pattern of the first op it
+    remapper patterns in :data:`FUSED_INTO` (and a contraction with an add of a
+    vector, which fuses as a bias add): an op joins the pattern of the first op it
     reads that starts or continues a pattern, is of a type it fuses into, and has no
-    other reader. A residual add joins every such input: which one the remapper fuses
+    other reader (but shape reads, which Grappler folds first). A residual add joins every such input: which one the remapper fuses
     depends on the order of the graph it sees after placement (measured: the same
     model fused its first input offline and its second at run time), so only keeping
     both with the add is safe."""
@@ -68,8 +81,10 @@ def table_fusion_groups(graph):
         if op_type in FUSION_ROOTS:
             in_pattern.add(op)
         for source, edge in graph.in_edges(op).items():
-            if (not edge["control"] and source in in_pattern
-                    and graph.ops[source]["op_type"] in FUSED_INTO.get(op_type, ())
+            fuses = graph.ops[source]["op_type"] in FUSED_INTO.get(op_type, ()) or (
+                op_type in ADDS and graph.ops[source]["op_type"] in CONTRACTIONS
+                and _adds_a_bias(graph, op, source))
+            if (not edge["control"] and source in in_pattern and fuses
                     and _data_readers(graph, source) == [op]):
                 groups.union(source, op)
                 in_pattern.add(op)

@@ -102,6 +102,36 @@ def table_regions(graph_def, sizes, outputs=()):
     return regions
 
 
+def cuttable_tables(graph_def, candidates, outputs=()):
+    """Of ``candidates`` (variable op names), in order, those whose rows can be cut
+    (:func:`rewriters.row_region.row_region` refuses none of their readers), each
+    region once (a companion of an earlier one is not named).
+
+    >>> import tensorflow as tf
+    >>> graph = tf.Graph()
+    >>> with graph.as_default():
+    ...     t = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[4, 2], name="t")
+    ...     w = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[2, 2], name="w")
+    ...     rows = tf.raw_ops.ResourceGather(resource=t, indices=[1], dtype=tf.float32)
+    ...     kernel = tf.raw_ops.ReadVariableOp(resource=w, dtype=tf.float32)
+    ...     _ = tf.matmul(rows, kernel)
+    >>> cuttable_tables(graph.as_graph_def(), ["w", "t"])
+    ['t']
+    """
+    shapes = graph_shapes(graph_def)
+    found, seen = [], set()
+    for name in candidates:
+        if name in seen:
+            continue
+        try:
+            region = row_region(graph_def, name, outputs=outputs, shapes=shapes)
+        except PlacementError:
+            continue
+        seen.update(region.variables)
+        found.append(name)
+    return found
+
+
 def with_companions(graph_def, sizes, outputs=()):
     """``sizes`` with each table's companions (:func:`table_regions`) cut the same way.
 
@@ -374,4 +404,4 @@ _REWRITES = {"read": _per_shard, "elementwise": _per_shard, "assign": _per_shard
              "scatter": lambda *args: _routed_update(*args, values_index=2)}
 
 
-__all__ = ["output_nodes", "shard_flat", "shard_tables", "table_regions", "with_companions"]
+__all__ = ["cuttable_tables", "output_nodes", "shard_flat", "shard_tables", "table_regions", "with_companions"]

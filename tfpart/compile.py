@@ -312,19 +312,17 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
     (:mod:`partitioner.row_shards`), and the rows of each table's shards (empty if none
     is cut). When every variable fits but some op needs more memory than any device
     has (:func:`costmodel.memory.memory_lower_bound`: a training step's dense update
-    of a table and its slots), the largest table is cut if that lowers the need.
+    of a table and its slots), the largest tables are cut while that lowers the need
+    (:func:`_cut_for_an_op`).
 
     Raises
     ------
     PlacementError
         If such a table cannot be cut (a read other than by rows, a TF1 SavedModel),
         saying why."""
-    from costmodel.memory import memory_lower_bound, size_text
+    from costmodel.memory import size_text
     from partitioner.row_shards import row_shard_sizes
-    from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
-    from rewriters.reader import read_with_row_shards
     from rewriters.row_region import table_shape
-    from rewriters.row_shard import output_nodes, with_companions
 
     nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
     welded = {}  # a variable with its optimizer slots is placed as one
@@ -340,14 +338,9 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
                 tables[op] = (welded[attrs["colocation"]], shape[0])
     memories = [device.memory for device in cluster.devices]
     sizes = row_shard_sizes(tables, memories)
-    need = memory_lower_bound(graph, len(memories))[0]
-    # every variable fits, but some op needs more than a device has beside them (a
-    # training step's dense update of a table and its slots): try cutting the largest
-    for_an_op = not sizes and tables and info.format != "tf1" and need > max(memories)
-    if for_an_op:
-        largest = max(tables, key=lambda name: tables[name][0])
-        sizes = row_shard_sizes({largest: (math.inf, tables[largest][1])}, memories)
     if not sizes:
+        if tables and info.format != "tf1":
+            return _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings)
         return graph, info, {}
     table = max(sizes, key=lambda name: tables[name][0])
     too_big = (f"variable {table} needs {size_text(tables[table][0])}, more than any device "
@@ -356,16 +349,61 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
         raise PlacementError(model_dir, f"{too_big}, and the tables of a TensorFlow 1 "
                              "SavedModel are not cut into row shards")
     try:
-        sizes = with_companions(info.flat.graph_def, sizes, output_nodes(info.flat))
-        cut_graph, cut_info = read_with_row_shards(proto, model_dir, info, sizes, timings)
-        check_nothing_kept_reads(kept_endpoints(proto, info.signature), table, model_dir)
+        graph, info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
     except PlacementError as exc:
-        if for_an_op:  # left whole: the partitioner says what does not fit
-            return graph, info, {}
         raise PlacementError(model_dir, f"{too_big}, and {exc.problem}") from None
-    if for_an_op and memory_lower_bound(cut_graph, len(memories))[0] >= need:
-        return graph, info, {}  # the cut does not lower what the largest op needs
-    return cut_graph, cut_info, sizes
+    return graph, info, sizes
+
+
+# tables tried one after the other when an op needs more memory than any device has
+MAX_TABLES_CUT_FOR_AN_OP = 4
+
+
+def _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings):
+    """When every variable fits a device but some op needs more memory than any device
+    has (:func:`costmodel.memory.memory_lower_bound`: a training step's dense update of
+    a table and its slots), cut the largest cuttable tables (``tables``: name ->
+    ``(bytes with its slots, rows)``), one after the other, each kept if it does not
+    raise that need, until it fits the largest device. Returns what
+    :func:`_cut_tables` does (the model whole if the need stays above every device)."""
+    from costmodel.memory import memory_lower_bound
+    from partitioner.row_shards import row_shard_sizes
+    from rewriters.row_shard import cuttable_tables, output_nodes
+
+    need = memory_lower_bound(graph, len(memories))[0]
+    best, chosen = (graph, info, {}), {}
+    if need <= max(memories):
+        return best
+    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
+                           key=lambda name: -tables[name][0])
+    for table in cuttable_tables(info.flat.graph_def, largest_first,
+                                 output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]:
+        trial = {**chosen, **row_shard_sizes({table: (math.inf, tables[table][1])},
+                                             memories)}
+        try:
+            cut = _read_cut(proto, model_dir, info, trial, timings)
+        except PlacementError:
+            continue
+        cut_need = memory_lower_bound(cut[0], len(memories))[0]
+        if cut_need <= need:  # two tables' updates may tie for the largest need
+            best, chosen, need = cut, trial, cut_need
+        if need <= max(memories):
+            return best
+    return graph, info, {}  # no plan fits either way: the partitioner says why
+
+
+def _read_cut(proto, model_dir, info, sizes, timings):
+    """The graph, info and sizes (companions added) of the model with the tables of
+    ``sizes`` cut; PlacementError if one cannot be."""
+    from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
+    from rewriters.reader import read_with_row_shards
+    from rewriters.row_shard import output_nodes, with_companions
+
+    sizes = with_companions(info.flat.graph_def, sizes, output_nodes(info.flat))
+    graph, cut_info = read_with_row_shards(proto, model_dir, info, sizes, timings)
+    check_nothing_kept_reads(kept_endpoints(proto, info.signature), next(iter(sizes)),
+                             model_dir)
+    return graph, cut_info, sizes
 
 
 def _check_row_shards_combine(plan, row_shards, model_dir):

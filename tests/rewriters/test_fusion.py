@@ -47,3 +47,22 @@ def test_table_patterns_on_a_residual_block():
     # The add stays with both convolutions (the remapper may fuse either); a matmul
     # without a bias add fuses nothing.
     assert table_fusion_groups(g) == [["add", "b1", "b2", "c1", "c2", "relu"]]
+
+
+def test_a_matmul_with_a_vector_added_fuses_even_when_its_shape_is_read():
+    """Keras 3's Dense without an activation adds its bias with AddV2; in a training
+    step the add's gradient reads the matmul's shape, which Grappler folds, and the
+    remapper fuses the two at run time (a plan that split them ran the add off-plan)."""
+    from tfpart.core.graph import OpGraph
+
+    g = OpGraph()
+    for name, op_type, shape in [("x", "Placeholder", (8, 4)), ("w", "Placeholder", (4, 2)),
+                                 ("m", "MatMul", (8, 2)), ("b", "Placeholder", (2,)),
+                                 ("add", "AddV2", (8, 2)), ("shape", "Shape", (2,)),
+                                 ("m2", "MatMul", (8, 2)), ("residual", "AddV2", (8, 2))]:
+        g.add_op(name, op_type=op_type, outputs=[(shape, "float32")])
+    for a, b in [("x", "m"), ("w", "m"), ("m", "add"), ("b", "add"), ("m", "shape"),
+                 ("x", "m2"), ("w", "m2"), ("m2", "residual"), ("add", "residual")]:
+        g.add_edge(a, b, bytes=4)
+    # an add of two matrices is no bias: the second matmul stays apart
+    assert table_fusion_groups(g) == [["add", "m"]]
