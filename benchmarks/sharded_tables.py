@@ -2,7 +2,7 @@
 tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy``.
 
     .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
-        [--memory-mb 300] [--workers 3] [--home-plan] [--markdown]
+        [--memory-mb 300] [--workers 3] [--home-plan] [--train OPTIMIZER] [--markdown]
 
 **tfpart**: three ``tfpart worker`` processes on loopback (``--workers``), their links measured by
 ``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
@@ -44,14 +44,15 @@ from rich.console import Console
 
 from benchmarks.markdown import show_rows
 from benchmarks.pipeline_throughput import tfpart_json
-from examples.models import export_recommender
+from examples.models import export_recommender, export_table_training
 from tfpart.local_workers import LocalWorkers
 
 REPEATS = 30
 USERS, HIDDEN = 1000, 64
 
 
-def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too=False):
+def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too=False,
+                   signature=None):
     """The compiled model's predicted and measured step on ``workers`` local workers, its
     row shards, each worker's peak memory, and with ``home_plan_too`` the predicted
     and measured step of :func:`home_plan`."""
@@ -66,7 +67,8 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
     probed.write_text(json.dumps(cluster))
     out = work / "compiled"
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
-                              "--batch-size", batch, "-o", out))
+                              "--batch-size", batch, "-o", out,
+                              *(["--signature", signature] if signature else [])))
     plan = json.loads((out / "plan.json").read_text())
     measured = timed_on_fresh_workers(out, links, batch, work / "run", workers)
     (work / "memory").mkdir()
@@ -208,6 +210,10 @@ def main(argv=None):
                         help="worker tasks (and parameter-server tasks)")
     parser.add_argument("--home-plan", action="store_true", help="also time a plan by "
                         "hand: every op on one task but the other shards' gathers")
+    parser.add_argument("--train", choices=["sgd", "sgd_momentum", "adam"],
+                        help="time a training step instead (examples.models."
+                        "export_table_training: one table, this optimizer), without the "
+                        "ParameterServerStrategy rows")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     parser.add_argument("--ps-client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -217,25 +223,44 @@ def main(argv=None):
     batch = args.batch_size
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        model = export_recommender(work / "model", items=args.items, users=USERS,
-                                   dim=args.dim)
+        if args.train:
+            model = export_table_training(work / "model", args.items, args.dim, args.train)
+        else:
+            model = export_recommender(work / "model", items=args.items, users=USERS,
+                                       dim=args.dim)
         predicted, measured, shards, memory, home = tfpart_sharded(
-            model, batch, args.memory_mb * 1e6, work, console, args.workers, args.home_plan)
-        ps = parameter_servers(args.items, args.dim, batch, work, args.workers)
-    (table, cut), = shards.items()
-    rows = [{"system": f"tfpart row shards ({args.workers} workers)", "shards (rows)": "/".join(
+            model, batch, args.memory_mb * 1e6, work, console, args.workers, args.home_plan,
+            "train_step" if args.train else None)
+        ps = None if args.train else parameter_servers(args.items, args.dim, batch, work,
+                                                        args.workers)
+    cut = next(iter(shards.values()))  # a table's slots are cut the same way
+    what = f"training step, {args.train}" if args.train else "row shards"
+    ids = batch * (2 if args.train else 1)  # ids looked up per step
+    rows = [{"system": f"tfpart {what} ({args.workers} workers)", "shards (rows)": "/".join(
                  map(str, cut["sizes"])),
              "step predicted": f"{predicted * 1e3:.2f} ms",
              "step measured": f"{measured * 1e3:.2f} ms",
              "error": f"{(predicted / measured - 1) * 100:+.0f}%",
-             "lookups/s": f"{batch / measured:,.0f}"},
+             "lookups/s": f"{ids / measured:,.0f}"},
             *([{"system": "tfpart, by hand: one task but the other shards' gathers",
                 "shards (rows)": "/".join(map(str, cut["sizes"])),
                 "step predicted": f"{home[0] * 1e3:.2f} ms",
                 "step measured": f"{home[1] * 1e3:.2f} ms",
                 "error": f"{(home[0] / home[1] - 1) * 100:+.0f}%",
                 "lookups/s": f"{batch / home[1]:,.0f}"}] if home else []),
-            {"system": "ParameterServerStrategy, one step at a time",
+            *(_parameter_server_rows(ps, batch) if ps else [])]
+    table_mib = args.items * args.dim * 4 / 2**20
+    show_rows(console, f"{'Table regressor' if args.train else 'Recommender'}, a "
+              f"{args.items:,} x {args.dim} item table "
+              f"({table_mib:.0f} MiB) over {args.workers} tasks of {args.memory_mb:.0f} MB, "
+              f"batch {batch}", rows, args.markdown)
+    show_rows(console, "Each worker's peak memory (its allocator's, over 3 batches after "
+              "the restore)", memory, args.markdown)
+    return 0
+
+
+def _parameter_server_rows(ps, batch):
+    return [{"system": "ParameterServerStrategy, one step at a time",
              "shards (rows)": "/".join(str(s[0]) for s in ps["shards"]),
              "step predicted": "", "step measured": f"{ps['median_s'] * 1e3:.2f} ms",
              "error": "", "lookups/s": f"{batch / ps['median_s']:,.0f}"},
@@ -243,13 +268,6 @@ def main(argv=None):
              "shards (rows)": "/".join(str(s[0]) for s in ps["shards"]),
              "step predicted": "", "step measured": f"{ps['in_flight_s'] * 1e3:.2f} ms",
              "error": "", "lookups/s": f"{batch / ps['in_flight_s']:,.0f}"}]
-    table_mib = args.items * args.dim * 4 / 2**20
-    show_rows(console, f"Recommender, a {args.items:,} x {args.dim} item table "
-              f"({table_mib:.0f} MiB) over {args.workers} tasks of {args.memory_mb:.0f} MB, "
-              f"batch {batch}", rows, args.markdown)
-    show_rows(console, "Each worker's peak memory (its allocator's, over 3 batches after "
-              "the restore)", memory, args.markdown)
-    return 0
 
 
 if __name__ == "__main__":
