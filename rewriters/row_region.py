@@ -180,7 +180,7 @@ def _grow(nodes, readers, variables, candidates, shape, shapes, outputs):
             if reader.name in kinds:
                 continue
             op = reader.op
-            if name in variable_of and name in variables:
+            if name in variables:
                 if op == "ReadVariableOp":
                     users = readers.get(reader.name, [])
                     if all(i == 0 and _reads_rows(u, nodes) for u, i in users):

@@ -271,19 +271,22 @@ def _control(node):
     return [source for source in node.input if source.startswith("^")]
 
 
-def _per_shard(node, pieces, sizes=(), row_shape=()):
+def _copy(node, name, inputs):
+    """``node`` (its attributes) as ``name`` reading ``inputs``, unplaced."""
+    copy = type(node)()
+    copy.CopyFrom(node)
+    copy.name = name
+    copy.device = ""
+    del copy.input[:]
+    copy.input.extend(inputs)
+    return copy
+
+
+def _per_shard(node, pieces):
     """A copy of ``node`` for each shard, its inputs cut by rows read shard by shard."""
-    copies = []
-    for i in range(pieces.count):
-        copy = type(node)()
-        copy.CopyFrom(node)
-        copy.name = pieces(node.name, i)
-        del copy.input[:]
-        copy.input.extend(source if source.startswith("^") else pieces.source(source, i)
-                          for source in node.input)
-        copy.device = ""
-        copies.append(copy)
-    return copies
+    return [_copy(node, pieces(node.name, i), [
+        source if source.startswith("^") else pieces.source(source, i)
+        for source in node.input]) for i in range(pieces.count)]
 
 
 def _routed_update(node, pieces, sizes, row_shape, values_index):
@@ -303,21 +306,14 @@ def _routed_update(node, pieces, sizes, row_shape, values_index):
                  f"{scope}/value_rows", f"{scope}/shard"], T=dtype,
                  num_partitions=int_attr(len(sizes)))]
     for i, rows in enumerate(sizes):
-        copy = type(node)()
-        copy.CopyFrom(node)
-        copy.name = pieces(node.name, i)
-        copy.device = ""
-        del copy.input[:]
         if node.op == "UnsortedSegmentSum":
             count_type = tensorflow().as_dtype(node.attr["Tnumsegments"].type).name
             added.append(int_constant(f"{scope}/rows{i}", rows, count_type))
-            copy.input.extend([f"{scope}/value_parts:{i}", f"{scope}/ids_parts:{i}",
-                               f"{scope}/rows{i}"])
+            inputs = [f"{scope}/value_parts:{i}", f"{scope}/ids_parts:{i}", f"{scope}/rows{i}"]
         else:
-            copy.input.append(pieces(data[0].split(":")[0], i))
-            copy.input.extend([f"{scope}/ids_parts:{i}", f"{scope}/value_parts:{i}"])
-        copy.input.extend(_control(node))
-        added.append(copy)
+            inputs = [pieces(data[0].split(":")[0], i), f"{scope}/ids_parts:{i}",
+                      f"{scope}/value_parts:{i}"]
+        added.append(_copy(node, pieces(node.name, i), [*inputs, *_control(node)]))
     return added
 def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
     """The nodes that replace ``lookup`` (which keeps its name, as the result)."""
@@ -399,7 +395,10 @@ def _route(scope, ids, id_type, firsts):
             num_partitions=int_attr(len(firsts)))]
 
 
-_REWRITES = {"read": _per_shard, "elementwise": _per_shard, "assign": _per_shard,
+# kind of op (rewriters.row_region) -> its ops for each shard, from (node, pieces, the
+# shards' rows, the shape of a row)
+_REWRITES = {**{kind: lambda node, pieces, *_: _per_shard(node, pieces)
+                for kind in ("read", "elementwise", "assign")},
              "segment_sum": lambda *args: _routed_update(*args, values_index=0),
              "scatter": lambda *args: _routed_update(*args, values_index=2)}
 
