@@ -356,41 +356,33 @@ class _PipelineBody:
         self.depends = _piece_dependencies(pieces, self.piece_of)
         self.pinned = set(plan.replicas.pinned) if plan.replicas else set()
         self.stand_ins = device_stand_ins(plan.replicas, plan.assignment)
+        # One micro-batch and no replicas (an op placement with row shards or filter
+        # splits): the batch is not cut and nothing is scheduled, so no op computes
+        # bounds or gates on one device for the others (each a message between tasks
+        # the plan does not price).
+        self.whole_batch = plan.microbatches == 1 and not plan.replicas
 
     def __call__(self, *args):
         tf = tensorflow()
         graph = tf.compat.v1.get_default_graph()
-        m_count = self.plan.microbatches
         keys = sorted(self.flat.inputs)
         handles = self.bind(graph)
         first_device = self.device[self.stages[0]]
-        with tf.device(first_device):
-            rows = tf.shape(args[0])[0]
-            real, offsets = _split(rows, m_count, self.plan.replicas)
-        envs, ops_of = [], []
-        for m in range(m_count):
-            # A micro-batch past the end of a small batch runs on one borrowed row whose
-            # result is dropped: oneDNN's fused convolutions mis-shape empty inputs.
-            with tf.device(first_device):
-                start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
-                stop = start + tf.maximum(real[m], 1)
-            env = dict(handles[self._replica(m) if self.tokens else 0])
-            for key, value in zip(keys, args):
-                placeholder = self.flat.inputs[key][0]
-                with tf.device(self.plan.assignment.get(placeholder, first_device)):
-                    env[f"{placeholder}:0"] = value[start:stop]
-            envs.append(env)
-            ops_of.append({})
+        if self.whole_batch:
+            envs, ops_of = [self._whole_batch_env(handles[0], keys, args)], [{}]
+            real = shares = None
+        else:
+            envs, ops_of, real, shares = self._micro_batch_envs(handles, keys, args)
         done = {}  # device -> sink ops of its previous task
         for m, k, phase in self._import_order():
             device = self._device(m, k)
-            with tf.device(device), tf.control_dependencies(done.get(device, [])):
-                gate = tf.constant(0.0, name=f"tfpart_gate_mb{m}_stage{k}_{phase}")
+            gates = {}
+            if not self.whole_batch:
+                with tf.device(device), tf.control_dependencies(done.get(device, [])):
+                    gates[f"^{GATE}"] = tf.constant(0.0, name=f"{GATE}_mb{m}_stage{k}_{phase}")
             imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
-                                    ops_of[m], {f"^{GATE}": gate}, self._replica(m))
+                                    ops_of[m], gates, self._replica(m))
             done[device] = [imported[name] for name in self.sinks[(k, phase)]]
-        with tf.device(first_device):
-            shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
         if self.tokens:
             lanes = self._lanes()
             update_envs = [{**handles[r], **totals}
@@ -413,9 +405,44 @@ class _PipelineBody:
                 results[key] = tf.identity(update_env[tensor])
                 continue
             with tf.device(self.plan.assignment.get(tensor.rsplit(":", 1)[0], first_device)):
-                results[key] = tf.concat([env[tensor][:r] for env, r in zip(envs, real)],
-                                         axis=0)
+                results[key] = tf.identity(envs[0][tensor]) if self.whole_batch else \
+                    tf.concat([env[tensor][:r] for env, r in zip(envs, real)], axis=0)
         return results
+
+    def _whole_batch_env(self, handles, keys, args):
+        """The tensors the one piece per stage reads when the batch is not cut: the
+        inputs as they are (no bounds computed on one device and sent to the others)."""
+        env = dict(handles)
+        for key, value in zip(keys, args):
+            env[f"{self.flat.inputs[key][0]}:0"] = value
+        return env
+
+    def _micro_batch_envs(self, handles, keys, args):
+        """Per micro-batch, the tensors its pieces read (its rows of each input), and
+        each micro-batch's rows and share of the batch."""
+        tf = tensorflow()
+        m_count = self.plan.microbatches
+        first_device = self.device[self.stages[0]]
+        with tf.device(first_device):
+            rows = tf.shape(args[0])[0]
+            real, offsets = _split(rows, m_count, self.plan.replicas)
+        envs, ops_of = [], []
+        for m in range(m_count):
+            # A micro-batch past the end of a small batch runs on one borrowed row whose
+            # result is dropped: oneDNN's fused convolutions mis-shape empty inputs.
+            with tf.device(first_device):
+                start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
+                stop = start + tf.maximum(real[m], 1)
+            env = dict(handles[self._replica(m) if self.tokens else 0])
+            for key, value in zip(keys, args):
+                placeholder = self.flat.inputs[key][0]
+                with tf.device(self.plan.assignment.get(placeholder, first_device)):
+                    env[f"{placeholder}:0"] = value[start:stop]
+            envs.append(env)
+            ops_of.append({})
+        with tf.device(first_device):
+            shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
+        return envs, ops_of, real, shares
 
     def _import_order(self):
         """``(micro-batch, stage, phase)`` in an order that follows each stage's schedule
@@ -459,7 +486,8 @@ class _PipelineBody:
             op = tensor.rsplit(":", 1)[0]
             if tensor in regions.batched:
                 continue
-            if op not in regions.data_dependent or not envs[0][tensor].dtype.is_floating:
+            if shares is None or op not in regions.data_dependent or \
+                    not envs[0][tensor].dtype.is_floating:
                 total[tensor] = envs[0][tensor]
                 continue
             with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])):
@@ -555,6 +583,8 @@ class _PipelineBody:
             piece = _on_replica(piece, replicas.devices[replica], self.pinned,
                                 placements[replica] if placements else None,
                                 self.stand_ins[replica] if self.stand_ins else None)
+        if f"^{GATE}" not in control:  # nothing scheduled: roots wait for no gate
+            piece = _without_gate(piece)
         input_map = dict(control)
         for node in piece.node:
             for source in node.input:
@@ -576,6 +606,18 @@ class _PipelineBody:
             for i, tensor in enumerate(op.outputs):
                 env[f"{name}:{i}"] = tensor
         return imported
+
+
+def _without_gate(piece):
+    """A copy of ``piece`` whose ops do not wait for the schedule's gate."""
+    copy = type(piece)()
+    copy.CopyFrom(piece)
+    for node in copy.node:
+        if f"^{GATE}" in node.input:
+            inputs = [source for source in node.input if source != f"^{GATE}"]
+            del node.input[:]
+            node.input.extend(inputs)
+    return copy
 
 
 def _in_own_loop_frames(piece, prefix):
