@@ -557,8 +557,9 @@ class _PipelineBody:
                     with tf.device(ops_of[0][name].device), \
                             tf.control_dependencies([ops[name] for ops in ops_of]):
                         control[source] = tf.constant(0.0)
-        with tf.control_dependencies([]):
-            control[f"^{GATE}"] = tf.constant(0.0)
+        if not self.whole_batch:
+            with tf.control_dependencies([]):
+                control[f"^{GATE}"] = tf.constant(0.0)
         return control
 
     def _replica(self, m):

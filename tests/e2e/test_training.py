@@ -63,17 +63,22 @@ def test_a_placed_training_step_trains_like_the_original_across_workers(tmp_path
     assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-5)
 
 
-def assert_weights_close(got_weights, want_weights, rtol):
+def assert_weights_close(got_weights, want_weights, rtol, bulk_rtol=None):
     """Each weight tensor within ``rtol`` of the original's, measured against the
     tensor's largest entry: Adam divides by the root of the squared gradients, so an
     entry whose gradient is small moves by its rounding noise magnified. A tensor whose
     gradient is zero but for rounding (an attention key bias) stays near zero, where
-    it started: only its size is compared, as for placement."""
+    it started: only its size is compared, as for placement. With ``bulk_rtol``, 99% of
+    each tensor's entries are held to that tighter bound too (the magnified few aside,
+    a systematic difference would show)."""
     for got, want in zip(got_weights, want_weights, strict=True):
         got, want = np.asarray(got), np.asarray(want)
         scale = np.abs(want).max()
         allowed = 1e-4 if scale < 1e-4 else rtol * scale
         assert np.abs(got - want).max() <= allowed, (np.abs(got - want).max(), scale)
+        if bulk_rtol is not None and scale >= 1e-4:
+            bulk = np.quantile(np.abs(got - want), 0.99)
+            assert bulk <= bulk_rtol * scale, (bulk, scale)
 
 
 @pytest.mark.slow
@@ -102,13 +107,16 @@ def test_a_pipelined_training_step_trains_like_the_original(
 def assert_split_batches_train_like_the_original(run):
     """Every op and variable (with its optimizer slots) where the plan says, and the
     original's losses and weights: within 1e-4, since micro-batches or replicas sum
-    each reduction in another order."""
+    each reduction in another order; but a few weights within 1e-3, since Adam
+    magnifies that rounding on entries whose gradient is nearly zero (the hybrid
+    residual CNN's placement, oneDNN off: 118 of a kernel's 36,864 entries off by up to
+    6.7e-4 of its largest, the others within 1e-5)."""
     assert run["slots"] > 0 and run["slots_apart"] == []
     assert run["outputs_equal"] and run["ops_checked"] > 50
     assert run["op_mismatches"] == [] and run["variables_misplaced"] == []
     np.testing.assert_allclose(run["losses"], run["expected_losses"], rtol=1e-4, atol=1e-7)
     assert run["weights_trained"]
-    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-4)
+    assert_weights_close(run["weights"], run["expected_weights"], rtol=1e-3, bulk_rtol=1e-4)
 
 
 @pytest.mark.slow
