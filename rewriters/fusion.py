@@ -57,6 +57,13 @@ def _data_readers(graph, op):
             and graph.ops[v]["op_type"] not in SHAPE_READERS]
 
 
+def _fuses_into(graph, source, op):
+    """Whether the remapper fuses ``op`` into the pattern ``source`` is in."""
+    source_type, op_type = graph.ops[source]["op_type"], graph.ops[op]["op_type"]
+    return source_type in FUSED_INTO.get(op_type, ()) or (
+        op_type in ADDS and source_type in CONTRACTIONS and _adds_a_bias(graph, op, source))
+
+
 def _adds_a_bias(graph, op, contraction):
     """Whether add ``op`` adds a vector to ``contraction``'s output: the remapper fuses
     such an add as a bias (Keras 3's ``Dense`` without an activation)."""
@@ -70,10 +77,10 @@ def table_fusion_groups(graph):
     remapper patterns in :data:`FUSED_INTO` (and a contraction with an add of a
     vector, which fuses as a bias add): an op joins the pattern of the first op it
     reads that starts or continues a pattern, is of a type it fuses into, and has no
-    other reader (but shape reads, which Grappler folds first). A residual add joins every such input: which one the remapper fuses
-    depends on the order of the graph it sees after placement (measured: the same
-    model fused its first input offline and its second at run time), so only keeping
-    both with the add is safe."""
+    other reader (but shape reads, which Grappler folds first). A residual add joins
+    every such input: which one the remapper fuses depends on the order of the graph it
+    sees after placement (measured: the same model fused its first input offline and
+    its second at run time), so only keeping both with the add is safe."""
     in_pattern = set()
     groups = UnionFind()
     for op in graph.topological_order():
@@ -81,10 +88,8 @@ def table_fusion_groups(graph):
         if op_type in FUSION_ROOTS:
             in_pattern.add(op)
         for source, edge in graph.in_edges(op).items():
-            fuses = graph.ops[source]["op_type"] in FUSED_INTO.get(op_type, ()) or (
-                op_type in ADDS and graph.ops[source]["op_type"] in CONTRACTIONS
-                and _adds_a_bias(graph, op, source))
-            if (not edge["control"] and source in in_pattern and fuses
+            if (not edge["control"] and source in in_pattern
+                    and _fuses_into(graph, source, op)
                     and _data_readers(graph, source) == [op]):
                 groups.union(source, op)
                 in_pattern.add(op)

@@ -20,7 +20,7 @@ from rewriters.flat_signature import import_flat, variable_op_name
 from rewriters.flatten import flatten_signature
 from rewriters.functions import library_index
 from rewriters.fusion import fusion_groups
-from rewriters.row_shard import shard_flat
+from rewriters.row_shard import output_nodes, shard_flat
 from rewriters.tf1_reader import is_tf1, read_tf1_model
 from rewriters.to_opgraph import merge_colocation_groups, opgraph_of
 from rewriters.training_regions import step_regions
@@ -87,7 +87,7 @@ def _read_flat(proto, path, flat, timings):
         # not in a training step: there, making the pruned ops' inputs control edges
         # crashed a GRU pipeline (BENCHMARKS.md, "Models bigger than a device")
         if not flat.info.training:
-            drop_costs(opgraph, dead_ops(opgraph, {t.rsplit(":", 1)[0] for t in flat.outputs}))
+            drop_costs(opgraph, dead_ops(opgraph, output_nodes(flat)))
     for node_id, node in enumerate(objects.nodes):
         if node.HasField("variable") and node_id not in flat.variable_ops:
             flat.info.unread_variables[node_id] = (variable_op_name(node_id, node.variable),

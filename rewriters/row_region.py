@@ -94,7 +94,13 @@ class _Companion(Exception):
         self.variable = variable
 
 
-def row_region(graph_def, table, outputs=(), shapes=None):
+def graph_index(graph_def):
+    """``(nodes by name, data_readers(graph_def))``: what :func:`row_region` looks
+    nodes and their readers up in, built once for a graph whose tables are read."""
+    return {node.name: node for node in graph_def.node}, data_readers(graph_def)
+
+
+def row_region(graph_def, table, outputs=(), shapes=None, index=None):
     """The ops of ``graph_def`` acting on the rows of variable ``table``.
 
     Parameters
@@ -108,6 +114,8 @@ def row_region(graph_def, table, outputs=(), shapes=None):
     shapes : callable, optional
         Tensor name -> static shape (tuple, None where unknown); by default the graph
         is imported to infer them.
+    index : tuple, optional
+        :func:`graph_index` of ``graph_def`` (by default built here).
 
     Returns
     -------
@@ -118,8 +126,7 @@ def row_region(graph_def, table, outputs=(), shapes=None):
     tfpart.core.errors.PlacementError
         Naming the first op that reads the rows in a way that cannot be cut.
     """
-    nodes = {node.name: node for node in graph_def.node}
-    readers = data_readers(graph_def)
+    nodes, readers = index or graph_index(graph_def)
     shape, dtype = table_shape(nodes[table])
     candidates = {node.name for node in graph_def.node if node.op == "VarHandleOp"
                   and node.name != table
@@ -292,4 +299,4 @@ def _attr_int(node, name):
 
 
 __all__ = ["ASSIGNS", "ELEMENTWISE", "RowRegion", "SCATTERS", "SEGMENT_LOOKUPS",
-           "data_readers", "graph_shapes", "row_region", "table_shape"]
+           "data_readers", "graph_index", "graph_shapes", "row_region", "table_shape"]

@@ -60,17 +60,18 @@ import dataclasses
 
 from rewriters.node_defs import (bool_attr, int_attr, int_constant, make_node, shape_attr,
                                  string_attr, type_attr)
-from rewriters.row_region import (SEGMENT_LOOKUPS, data_readers, graph_shapes, row_region,
+from rewriters.row_region import (SEGMENT_LOOKUPS, graph_index, graph_shapes, row_region,
                                   table_shape)
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import PlacementError
 from tfpart.core.row_shards import first_rows, lookup_scope, shard_name
 
 
-def table_regions(graph_def, sizes, outputs=()):
+def table_regions(graph_def, sizes, outputs=(), index=None):
     """The :class:`rewriters.row_region.RowRegion` of each table of ``sizes`` (table op
     -> rows of each shard), its companions (an optimizer's slots) in the same region;
-    a companion named in ``sizes`` too must have the table's shards.
+    a companion named in ``sizes`` too must have the table's shards. ``index``:
+    :func:`rewriters.row_region.graph_index` of ``graph_def`` (by default built here).
 
     Raises
     ------
@@ -78,7 +79,8 @@ def table_regions(graph_def, sizes, outputs=()):
         If a table is no variable, the sizes do not cover its rows, or its rows are
         read in a way that cannot be cut (naming the op).
     """
-    nodes = {node.name: node for node in graph_def.node}
+    index = index or graph_index(graph_def)
+    nodes = index[0]
     regions, done = [], set()
     shapes = None
     for table, shard_sizes in sizes.items():
@@ -92,7 +94,7 @@ def table_regions(graph_def, sizes, outputs=()):
         if table in done:
             continue
         shapes = shapes or graph_shapes(graph_def)
-        region = row_region(graph_def, table, outputs=outputs, shapes=shapes)
+        region = row_region(graph_def, table, outputs=outputs, shapes=shapes, index=index)
         for companion in region.variables[1:]:
             if list(sizes.get(companion, shard_sizes)) != list(shard_sizes):
                 raise PlacementError("", f"variable {companion} is updated row by row with "
@@ -118,13 +120,13 @@ def cuttable_tables(graph_def, candidates, outputs=()):
     >>> cuttable_tables(graph.as_graph_def(), ["w", "t"])
     ['t']
     """
-    shapes = graph_shapes(graph_def)
+    shapes, index = graph_shapes(graph_def), graph_index(graph_def)
     found, seen = [], set()
     for name in candidates:
         if name in seen:
             continue
         try:
-            region = row_region(graph_def, name, outputs=outputs, shapes=shapes)
+            region = row_region(graph_def, name, outputs=outputs, shapes=shapes, index=index)
         except PlacementError:
             continue
         seen.update(region.variables)
@@ -179,14 +181,15 @@ def shard_tables(graph_def, sizes, outputs=()):
         cover its rows.
     """
     tf = tensorflow()
-    nodes = {node.name: node for node in graph_def.node}
-    readers = data_readers(graph_def)
+    index = graph_index(graph_def)
+    nodes, readers = index
     replaced, shards = {}, {}
     cut = set()
-    for region in table_regions(graph_def, sizes, outputs):
+    for region in table_regions(graph_def, sizes, outputs, index):
         shard_sizes = list(sizes[region.variables[0]])
         firsts = first_rows(shard_sizes)
         pieces = _Pieces(region, len(shard_sizes))
+        row_shape = table_shape(nodes[region.variables[0]])[0][1:]
         for variable in region.variables:
             shape, dtype = table_shape(nodes[variable])
             for i, (first, rows) in enumerate(zip(firsts, shard_sizes)):
@@ -207,7 +210,6 @@ def shard_tables(graph_def, sizes, outputs=()):
                            for i in range(len(shard_sizes))]
                 replaced[name] = [make_node(name, "NoOp", [*_control(node), *gathers])]
             else:
-                row_shape = table_shape(nodes[region.variables[0]])[0][1:]
                 replaced[name] = [*_REWRITES[kind](node, pieces, shard_sizes, row_shape),
                                   make_node(name, "NoOp", [f"^{pieces(name, i)}" for i in
                                                            range(len(shard_sizes))])]
@@ -315,6 +317,8 @@ def _routed_update(node, pieces, sizes, row_shape, values_index):
                       f"{scope}/value_parts:{i}"]
         added.append(_copy(node, pieces(node.name, i), [*inputs, *_control(node)]))
     return added
+
+
 def _partitioned_lookup(lookup, nodes, table, firsts, shape, dtype):
     """The nodes that replace ``lookup`` (which keeps its name, as the result)."""
     scope = lookup_scope(lookup.name)
@@ -403,4 +407,5 @@ _REWRITES = {**{kind: lambda node, pieces, *_: _per_shard(node, pieces)
              "scatter": lambda *args: _routed_update(*args, values_index=2)}
 
 
-__all__ = ["cuttable_tables", "output_nodes", "shard_flat", "shard_tables", "table_regions", "with_companions"]
+__all__ = ["cuttable_tables", "output_nodes", "shard_flat", "shard_tables", "table_regions",
+           "with_companions"]
