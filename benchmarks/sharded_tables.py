@@ -2,7 +2,8 @@
 tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy``.
 
     .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
-        [--memory-mb 300] [--workers 3] [--home-plan] [--train OPTIMIZER] [--markdown]
+        [--memory-mb 300] [--workers 3] [--home-plan] [--train OPTIMIZER] [--whole-too]
+        [--markdown]
 
 **tfpart**: three ``tfpart worker`` processes on loopback (``--workers``), their links measured by
 ``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
@@ -52,10 +53,11 @@ USERS, HIDDEN = 1000, 64
 
 
 def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too=False,
-                   signature=None):
+                   signature=None, whole_too=False):
     """The compiled model's predicted and measured step on ``workers`` local workers, its
-    row shards, each worker's peak memory, and with ``home_plan_too`` the predicted
-    and measured step of :func:`home_plan`."""
+    row shards, each worker's peak memory, with ``home_plan_too`` the predicted
+    and measured step of :func:`home_plan`, and with ``whole_too`` those of the model
+    compiled with ``--whole-tables`` (no table that fits a device cut)."""
     (work / "probe").mkdir()
     with LocalWorkers(workers, work / "probe") as tasks:
         probed = work / "probed.json"
@@ -65,12 +67,20 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
     for device in cluster["devices"]:
         device["memory"] = memory
     probed.write_text(json.dumps(cluster))
+    signed = ["--signature", signature] if signature else []
     out = work / "compiled"
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
-                              "--batch-size", batch, "-o", out,
-                              *(["--signature", signature] if signature else [])))
+                              "--batch-size", batch, "-o", out, *signed))
     plan = json.loads((out / "plan.json").read_text())
     measured = timed_on_fresh_workers(out, links, batch, work / "run", workers)
+    whole = None
+    if whole_too:
+        console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy",
+                                  "placement", "--batch-size", batch, "-o", work / "whole",
+                                  "--whole-tables", *signed))
+        whole = (json.loads((work / "whole" / "plan.json").read_text())["predicted"]
+                 ["step_time"], timed_on_fresh_workers(work / "whole", links, batch,
+                                                       work / "whole_run", workers))
     (work / "memory").mkdir()
     with LocalWorkers(workers, work / "memory", memory_stats=True) as tasks:
         counted = work / "memory" / "counted.json"
@@ -85,7 +95,7 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
               for task, figures in ((name.split("/device:")[0], figures) for name, figures
                                     in sorted(plan["predicted"]["devices"].items()))]
     home = home_plan(model, probed, batch, links, work, workers) if home_plan_too else None
-    return plan["predicted"]["step_time"], measured, plan["row_shards"], memory, home
+    return plan["predicted"]["step_time"], measured, plan["row_shards"], memory, home, whole
 
 
 def timed_on_fresh_workers(out, links, batch, folder, workers):
@@ -214,6 +224,9 @@ def main(argv=None):
                         help="time a training step instead (examples.models."
                         "export_table_training: one table, this optimizer), without the "
                         "ParameterServerStrategy rows")
+    parser.add_argument("--whole-too", action="store_true", help="also time the model "
+                        "compiled with --whole-tables (for a table that fits a worker, "
+                        "which tfpart cuts when that is predicted faster)")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     parser.add_argument("--ps-client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -228,12 +241,12 @@ def main(argv=None):
         else:
             model = export_recommender(work / "model", items=args.items, users=USERS,
                                        dim=args.dim)
-        predicted, measured, shards, memory, home = tfpart_sharded(
+        predicted, measured, shards, memory, home, whole = tfpart_sharded(
             model, batch, args.memory_mb * 1e6, work, console, args.workers, args.home_plan,
-            "train_step" if args.train else None)
+            "train_step" if args.train else None, args.whole_too)
         ps = None if args.train else parameter_servers(args.items, args.dim, batch, work,
                                                         args.workers)
-    cut = next(iter(shards.values()))  # a table's slots are cut the same way
+    cut = next(iter(shards.values()), {"sizes": ["whole"]})  # slots are cut the same way
     what = f"training step, {args.train}" if args.train else "row shards"
     ids = batch * (2 if args.train else 1)  # ids looked up per step
     rows = [{"system": f"tfpart {what} ({args.workers} workers)", "shards (rows)": "/".join(
@@ -248,6 +261,11 @@ def main(argv=None):
                 "step measured": f"{home[1] * 1e3:.2f} ms",
                 "error": f"{(home[0] / home[1] - 1) * 100:+.0f}%",
                 "lookups/s": f"{batch / home[1]:,.0f}"}] if home else []),
+            *([{"system": "tfpart --whole-tables", "shards (rows)": "whole",
+                "step predicted": f"{whole[0] * 1e3:.2f} ms",
+                "step measured": f"{whole[1] * 1e3:.2f} ms",
+                "error": f"{(whole[0] / whole[1] - 1) * 100:+.0f}%",
+                "lookups/s": f"{ids / whole[1]:,.0f}"}] if whole else []),
             *(_parameter_server_rows(ps, batch) if ps else [])]
     table_mib = args.items * args.dim * 4 / 2**20
     show_rows(console, f"{'Table regressor' if args.train else 'Recommender'}, a "

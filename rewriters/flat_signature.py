@@ -77,6 +77,8 @@ class FlatSignature:
     batch_axes: dict = field(default_factory=dict)  # placeholder -> axes the batch sizes
     # a table's row shards (rewriters.row_shard): shard op -> (table op, first row, rows)
     row_shards: dict = field(default_factory=dict)
+    # each shard's variables with the ops that read or update its rows: placed as one
+    row_shard_groups: list = field(default_factory=list)
 
     def outputs_by_key(self, proto):
         """The flat tensor of each of the signature's outputs, by its key in ``proto``'s

@@ -79,6 +79,7 @@ def _read_flat(proto, path, flat, timings):
     with timed(timings, "analyse"):
         flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
         merge_colocation_groups(opgraph, flat.info.fusion_groups)
+        merge_colocation_groups(opgraph, flat.row_shard_groups)
         merge_colocation_groups(opgraph, optimizer_slot_groups(
             opgraph, {*flat.variable_ops.values(), *flat.row_shards},
             [p for p, _, _ in flat.inputs.values()]))

@@ -170,9 +170,12 @@ def shard_tables(graph_def, sizes, outputs=()):
 
     Returns
     -------
-    (tensorflow.GraphDef, dict)
-        The rewritten graph, and each shard's variable op name -> ``(table, first row,
-        rows)``.
+    (tensorflow.GraphDef, dict, list)
+        The rewritten graph; each shard's variable op name -> ``(table, first row,
+        rows)``; and for each shard of a table, its variables (the table's shard and
+        its companions') with the ops that read or update those rows (an update on
+        another device would copy a shard's worth of values there, so they are placed
+        as one).
 
     Raises
     ------
@@ -183,7 +186,7 @@ def shard_tables(graph_def, sizes, outputs=()):
     tf = tensorflow()
     index = graph_index(graph_def)
     nodes, readers = index
-    replaced, shards = {}, {}
+    replaced, shards, groups = {}, {}, []
     cut = set()
     for region in table_regions(graph_def, sizes, outputs, index):
         shard_sizes = list(sizes[region.variables[0]])
@@ -197,6 +200,10 @@ def shard_tables(graph_def, sizes, outputs=()):
             replaced[variable] = [_shard_variable(shard_name(variable, i), [rows, *shape[1:]],
                                                   dtype) for i, rows in enumerate(shard_sizes)]
             cut.add(variable)
+        on_rows = [name for name, kind in region.kinds.items() if kind in _REWRITES]
+        groups.extend([*(shard_name(variable, i) for variable in region.variables),
+                       *(pieces(name, i) for name in on_rows)]
+                      for i in range(len(shard_sizes)))
         for name, kind in region.kinds.items():
             node = nodes[name]
             if kind == "lookup":
@@ -225,7 +232,7 @@ def shard_tables(graph_def, sizes, outputs=()):
                 inputs = [controls.get(source, source) for source in copy.input]
                 del copy.input[:]
                 copy.input.extend(inputs)
-    return new, shards
+    return new, shards, groups
 
 
 def _shard_variable(name, shape, dtype):
@@ -240,8 +247,9 @@ def shard_flat(flat, sizes):
     them."""
     if not sizes:
         return flat
-    graph_def, shards = shard_tables(flat.graph_def, sizes, output_nodes(flat))
-    return dataclasses.replace(flat, graph_def=graph_def, row_shards=shards)
+    graph_def, shards, groups = shard_tables(flat.graph_def, sizes, output_nodes(flat))
+    return dataclasses.replace(flat, graph_def=graph_def, row_shards=shards,
+                               row_shard_groups=groups)
 
 
 def output_nodes(flat):

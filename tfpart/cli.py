@@ -54,10 +54,15 @@ def strategy_line(strategy):
     >>> strategy_line({"chosen": "pipeline", "step_times": {"greedy": 0.02,
     ...                "pipeline": 0.012}, "refused": {"data_parallel": "no room"}})
     'Strategy pipeline: the least predicted step (12.000 ms; greedy 20.000 ms; data_parallel impossible: no room)'
+    >>> strategy_line({"chosen": "greedy", "step_times": {"greedy": 0.02}, "refused": {},
+    ...                "tables cut": {"greedy": 0.03}})
+    'Strategy greedy: the least predicted step (20.000 ms; greedy with the tables cut 30.000 ms)'
     """
     chosen, times = strategy["chosen"], strategy["step_times"]
     others = [f"{name} {_seconds(t)}" for name, t in sorted(times.items()) if name != chosen]
     others += [f"{name} impossible: {why}" for name, why in sorted(strategy["refused"].items())]
+    others += [f"{name} with the {key} {_seconds(t)}" for key in ("tables cut", "tables whole")
+               for name, t in sorted(strategy.get(key, {}).items())]
     return (f"Strategy {chosen}: the least predicted step ({_seconds(times[chosen])}"
             + "".join(f"; {text}" for text in others) + ")")
 
@@ -234,7 +239,8 @@ def cmd_compile(args):
         result = compile_model(model, cluster, args.output, batch_size=args.batch_size,
                                signature=args.signature, strategy=request,
                                profiles=args.profile, force=args.force, progress=progress,
-                               verify=args.verify, tf32=False if args.no_tf32 else None)
+                               verify=args.verify, tf32=False if args.no_tf32 else None,
+                               whole_tables=args.whole_tables)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -749,6 +755,9 @@ def build_parser():
                           help="price float32 matmuls and convolutions at the fp32 peak "
                           "(for programs that turn TF32 off; default: the cluster's "
                           "\"tf32\", which is on)")
+    compile_.add_argument("--whole-tables", action="store_true",
+                          help="cut no table that fits a device into row shards (by "
+                          "default one is cut when that is predicted faster)")
     compile_.add_argument("--draw", metavar="FILE", help="also draw the placement "
                           "(.svg, .png, .pdf with Graphviz's dot installed, else .dot)")
     compile_.set_defaults(run=cmd_compile)

@@ -176,7 +176,7 @@ def _request(strategy, algorithm, pipeline, microbatches, schedule, options):
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm=None,
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
-               schedule=None, tf32=None, strategy=None):
+               schedule=None, tf32=None, strategy=None, whole_tables=False):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
     What is planned is :func:`tfpart.strategy_request.resolve_strategy` of ``strategy``,
@@ -192,7 +192,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     (greedy), a pipeline, data-parallel replicas, a placement with filter splits and
     replicas of a placement or of a pipeline (hybrid), each with default options, and
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
-    each one's step time and why any was impossible."""
+    each one's step time and why any was impossible.
+
+    A table that fits no device is cut into row shards (:func:`_cut_tables`); one that
+    fits is cut too when that plans where nothing else does or predicts a faster step
+    (:func:`_faster_with_tables_cut`), unless ``whole_tables``."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
@@ -208,20 +212,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                                  timings=timings)
     timings["read"] -= timings["analyse"]
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
-    whole_cluster, headroom = cluster, MEMORY_HEADROOM
+    whole_cluster = cluster
     graph, info, row_shards = _cut_tables(graph, info, proto, model_dir, planning_cluster(
-        whole_cluster, unread_variables(info, cluster, kept=False), headroom)[0], timings)
-    # a model with tables cut is rebuilt without the variables its signature never reads
-    unread = unread_variables(info, cluster, kept=not row_shards)
-    cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
-
-    with timed(timings, "cost"):
-        cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
-                         tf32=tf32)
-    try:
-        check_kernels(cost)
-    except PlacementError as exc:
-        raise PlacementError(cluster.source, exc.problem) from None
+        whole_cluster, unread_variables(info, cluster, kept=False), MEMORY_HEADROOM)[0],
+        timings)
+    measured = load_profiles(profiles, cluster)
     t0 = time.perf_counter()
     names = list(request.algorithms)
     failures, mixing_cache = {}, {}
@@ -246,12 +241,12 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
         if kernels_to_compile() else ""
 
-    def partition_each(cost, known):
+    def partition_each(cost, known, names, row_shards):
         """Each strategy's plan for ``cost``, and why the others have none (beside the
         ``known`` failures)."""
         tried, failures = {}, dict(known)
         for name in names:
-            step(f"partitioning {len(graph)} ops into "
+            step(f"partitioning {len(cost.graph)} ops into "
                  f"{get_algorithm(name).making}{first_run}")
             try:
                 if row_shards and info.training and get_algorithm(name).stages:
@@ -266,26 +261,44 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
         return tried, failures
 
-    known = failures
-    tried, failures = partition_each(cost, known)
-    if not tried and headroom:  # nothing fitted beside the margin: plan without it
-        headroom = 0.0
-        cluster, _ = planning_cluster(whole_cluster, unread, headroom)
-        cost = CostModel(graph, cluster, measured=cost.measured, tf32=cost.tf32)
-        tried, failures = partition_each(cost, known)
-    if not tried:
-        raise next(iter(failures.values()))
+    def attempt(graph, info, row_shards, names, known):
+        """Every strategy of ``names`` planned for ``graph`` (its tables cut as
+        ``row_shards`` says), within the memory headroom if one fits so, else without."""
+        # a model with tables cut is rebuilt without the variables its signature never reads
+        unread = unread_variables(info, whole_cluster, kept=not row_shards)
+        for headroom in (MEMORY_HEADROOM, 0.0):
+            cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
+            with timed(timings, "cost"):
+                cost = CostModel(graph, cluster, measured=measured, tf32=tf32)
+            try:
+                check_kernels(cost)
+            except PlacementError as exc:
+                raise PlacementError(cluster.source, exc.problem) from None
+            tried, failures = partition_each(cost, known, names, row_shards)
+            if tried:  # else nothing fitted beside the margin: plan without it
+                break
+        return _Attempt(graph, info, row_shards, cost, unread, unread_on, headroom, tried,
+                        failures)
+
+    chosen = attempt(graph, info, row_shards, names, failures)
+    if not row_shards and not whole_tables:
+        chosen = _faster_with_tables_cut(chosen, names, attempt, proto, model_dir, timings)
+    if not chosen.tried:
+        raise next(iter(chosen.failures.values()))
+    graph, info, row_shards, cost, headroom = (chosen.graph, chosen.info, chosen.row_shards,
+                                                chosen.cost, chosen.headroom)
+    tried, failures, cluster = chosen.tried, chosen.failures, cost.cluster
     best = min(tried, key=lambda name: tried[name][0].step_time)
     plan, mixing = tried[best]
     if row_shards:
         plan.row_shards = {table: RowShards(sizes, [plan.assignment[shard_name(table, i)]
                                                     for i in range(len(sizes))])
                            for table, sizes in row_shards.items()}
-    _whole_memory(plan, whole_cluster, unread_on, unread)
+    _whole_memory(plan, whole_cluster, chosen.unread_on, chosen.unread)
     timings["partition"] = time.perf_counter() - t0
     plan.context = {"model": str(model_dir), "cluster": cluster.name,
                     "fusion_groups": info.fusion_groups,
-                    "unread_variables": unread, "memory_headroom": headroom,
+                    "unread_variables": chosen.unread, "memory_headroom": headroom,
                     "cluster_file": cluster.source, "devices": cluster.device_names,
                     "signature": info.signature, "format": info.format,
                     "batch_size": info.batch_size, "tf32": cost.tf32,
@@ -303,6 +316,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         plan.context["strategy"] = {
             "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
             "refused": {name: failure.problem for name, failure in failures.items()}}
+        if chosen.other:
+            plan.context["strategy"]["tables " + ("whole" if row_shards else "cut")] = \
+                chosen.other
     return plan, graph, info, proto, timings
 
 
@@ -322,20 +338,8 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
         saying why."""
     from costmodel.memory import size_text
     from partitioner.row_shards import row_shard_sizes
-    from rewriters.row_region import table_shape
 
-    nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
-    welded = {}  # a variable with its optimizer slots is placed as one
-    for op, attrs in graph.ops.items():
-        if attrs["op_type"] == "VarHandleOp":
-            welded[attrs["colocation"]] = welded.get(attrs["colocation"], 0) + \
-                attrs["param_bytes"]
-    tables = {}
-    for op, attrs in graph.ops.items():
-        if attrs["op_type"] == "VarHandleOp" and attrs["param_bytes"] and op in nodes:
-            shape = table_shape(nodes[op])[0]
-            if shape and shape[0]:
-                tables[op] = (welded[attrs["colocation"]], shape[0])
+    tables = _tables(graph, info)
     memories = [device.memory for device in cluster.devices]
     sizes = row_shard_sizes(tables, memories)
     if not sizes:
@@ -353,6 +357,87 @@ def _cut_tables(graph, info, proto, model_dir, cluster, timings):
     except PlacementError as exc:
         raise PlacementError(model_dir, f"{too_big}, and {exc.problem}") from None
     return graph, info, sizes
+
+
+def _tables(graph, info):
+    """The model's variables with rows (name -> ``(bytes with its optimizer's slots,
+    rows)``), which a cut could split."""
+    from rewriters.row_region import table_shape
+
+    nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
+    welded = {}  # a variable with its optimizer slots is placed as one
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] == "VarHandleOp":
+            welded[attrs["colocation"]] = welded.get(attrs["colocation"], 0) + \
+                attrs["param_bytes"]
+    tables = {}
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] == "VarHandleOp" and attrs["param_bytes"] and op in nodes:
+            shape = table_shape(nodes[op])[0]
+            if shape and shape[0]:
+                tables[op] = (welded[attrs["colocation"]], shape[0])
+    return tables
+
+
+@dataclass
+class _Attempt:
+    """Every strategy planned for one version of the model (its tables whole or cut)."""
+
+    graph: object
+    info: object
+    row_shards: dict  # table -> rows of each shard (empty: no table cut)
+    cost: object
+    unread: dict  # unread_variables()
+    unread_on: int | None
+    headroom: float
+    tried: dict  # strategy -> (plan, ops that mix samples)
+    failures: dict  # strategy -> why it has no plan
+    other: dict = field(default_factory=dict)  # strategy -> step, with the tables cut or not
+
+
+def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
+    """``whole`` (an :class:`_Attempt` with no table cut), or the same model with its
+    largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
+    device (shares by memory) planned by ``attempt`` with the strategies of ``names``
+    that combine with row shards, if that one plans where ``whole`` did not or predicts
+    a faster step. A table that fits a device is cut when that is faster (lookups and
+    updates spread) or the only way to fit (with the other variables)."""
+    from partitioner.row_shards import row_shard_sizes
+    from rewriters.row_shard import cuttable_tables, output_nodes
+
+    info = whole.info
+    usable = [name for name in names if not (
+        get_algorithm(name).replicates or get_algorithm(name).splits or
+        (get_algorithm(name).stages and info.training))]
+    if info.format == "tf1" or not info.flat or not usable:
+        return whole
+    tables = _tables(whole.graph, info)
+    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
+                           key=lambda name: -tables[name][0])
+    chosen = cuttable_tables(info.flat.graph_def, largest_first,
+                             output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
+    memories = [device.memory for device in whole.cost.cluster.devices]
+    sizes = {}
+    for table in chosen:
+        sizes.update(row_shard_sizes({table: (math.inf, tables[table][1])}, memories))
+    if not sizes:
+        return whole
+    try:
+        graph, cut_info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
+    except PlacementError:
+        return whole
+    cut = attempt(graph, cut_info, sizes, usable, {})
+    if not cut.tried:
+        return whole
+    steps = {name: plan.step_time for name, (plan, _) in cut.tried.items()}
+    if whole.tried and min(plan.step_time for plan, _ in whole.tried.values()) <= \
+            min(steps.values()):
+        whole.other = steps
+        return whole
+    cut.other = {name: plan.step_time for name, (plan, _) in whole.tried.items()}
+    cut.failures = {**{name: failure for name, failure in whole.failures.items()
+                       if name not in cut.tried}, **cut.failures}
+    return cut
 
 
 # tables tried one after the other when an op needs more memory than any device has
@@ -497,7 +582,7 @@ def _check_batch_option(settings, batch_size):
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm=None, options=None, profiles=(), force=False, progress=None,
                   pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None,
-                  strategy=None):
+                  strategy=None, whole_tables=False):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     What is planned is as in :func:`plan_model` (by default an op placement by the
@@ -520,8 +605,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
     with removed_on_failure(staging):
         return _compile_into(staging, model_dir, cluster, out, plan_model(
             model_dir, cluster, batch_size=batch_size, signature=signature,
-            profiles=profiles, progress=progress, tf32=tf32, strategy=request),
-            profiles=profiles, force=force, progress=progress, verify=verify)
+            profiles=profiles, progress=progress, tf32=tf32, strategy=request,
+            whole_tables=whole_tables), profiles=profiles, force=force, progress=progress, verify=verify)
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,

@@ -298,6 +298,47 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
     assert not np.array_equal(initial[[0, rows - 1]], final[[0, rows - 1]])  # it trained
 
 
+def test_a_table_that_fits_is_cut_when_that_is_predicted_faster(tmp_path):
+    """Adam updates its table and both slots densely, row by row: cut over three devices
+    that each hold the table whole, each device updates a third of the rows, which the
+    simulator predicts faster than the table whole; so the compile cuts it, says so
+    beside the step with the table whole, and the compiled step trains as the original.
+    ``--whole-tables`` keeps it whole."""
+    import tensorflow as tf
+
+    from examples.models import export_table_training
+    from tfpart.compile import compile_model, plan_model
+    from tfpart.core.cluster import load_cluster
+
+    rows, width = 100_000, 16
+    model = export_table_training(tmp_path / "model", rows, width, "adam")
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps(local_cluster(3, memory=int(rows * width * 4 * 10))))
+    result = compile_model(model, cluster, tmp_path / "out", signature="train_step",
+                           batch_size=64, verify=True, strategy="auto")
+    assert result.verification.ok, result.verification.problem
+    plan = result.plan
+    assert len(plan.row_shards) == 3  # the table and its two slots
+    (devices,) = {tuple(s.devices) for s in plan.row_shards.values()}
+    assert len(set(devices)) == 3
+    whole_steps = plan.context["strategy"]["tables whole"]
+    assert plan.step_time < min(whole_steps.values())
+    kept = plan_model(model, load_cluster(cluster), signature="train_step", batch_size=64,
+                      whole_tables=True)[0]
+    assert not kept.row_shards
+    assert kept.step_time == pytest.approx(whole_steps["greedy"])
+
+    rng = np.random.default_rng(1)
+    batches = [(rng.integers(0, rows, (64, 2)).astype(np.int32),
+                rng.standard_normal((64, 1)).astype(np.float32)) for _ in range(5)]
+
+    def losses(path):
+        step = tf.saved_model.load(str(path)).signatures["train_step"]
+        return [float(step(x=tf.constant(x), y=tf.constant(y))["loss"]) for x, y in batches]
+
+    np.testing.assert_allclose(losses(tmp_path / "out"), losses(model), rtol=1e-5)
+
+
 @pytest.mark.any_onednn  # refused before any kernel runs
 def test_pipeline_stages_of_a_training_step_with_a_cut_table_are_refused(tmp_path):
     from examples.models import export_table_training

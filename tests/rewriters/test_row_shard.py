@@ -57,7 +57,7 @@ def run(graph_def, variables, feeds):
 
 def sharded_run(kind, sizes, feeds, id_dtype=tf.int32):
     graph_def = lookup_graph(kind, id_dtype)
-    sharded, shards = shard_tables(graph_def, {"table": sizes})
+    sharded, shards, _ = shard_tables(graph_def, {"table": sizes})
     pieces = {name: tf.Variable(TABLE[first:first + rows])
               for name, (_, first, rows) in shards.items()}
     whole = run(graph_def, {"table": tf.Variable(TABLE)}, feeds)
@@ -103,7 +103,7 @@ def test_any_cut_gives_the_rows_of_the_whole_table(sizes, ids, data):
 
 
 def test_shards_are_consecutive_rows_in_order():
-    _, shards = shard_tables(lookup_graph("gather"), {"table": [20, 20, 10]})
+    _, shards, _ = shard_tables(lookup_graph("gather"), {"table": [20, 20, 10]})
     assert list(shards.values()) == [("table", first, rows) for first, rows in
                                      zip(first_rows([20, 20, 10]), [20, 20, 10])]
 
@@ -181,7 +181,7 @@ def stepped(graph_def, variables, feeds):
 def test_an_update_cut_by_rows_leaves_every_variable_as_the_whole_update(sizes, ids, kind):
     sizes = [*sizes[:-1], sizes[-1] + ROWS - sum(sizes)]
     graph_def = update_graph(kind)
-    sharded, shards = shard_tables(graph_def, {"table": sizes})
+    sharded, shards, _ = shard_tables(graph_def, {"table": sizes})
     assert {table for table, _, _ in shards.values()} == (
         {"table"} if kind == "scatter" else {"table", "momentum"})  # the slot cut with it
     start = {"table": TABLE, "momentum": TABLE[::-1] / 100}
