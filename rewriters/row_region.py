@@ -95,9 +95,14 @@ class _Companion(Exception):
 
 
 def graph_index(graph_def):
-    """``(nodes by name, data_readers(graph_def))``: what :func:`row_region` looks
-    nodes and their readers up in, built once for a graph whose tables are read."""
-    return {node.name: node for node in graph_def.node}, data_readers(graph_def)
+    """``(nodes by name, data_readers(graph_def), variables by (shape, dtype))``: what
+    :func:`row_region` looks nodes, their readers and a table's possible companions up
+    in, built once for a graph whose tables are read."""
+    variables = {}
+    for node in graph_def.node:
+        if node.op == "VarHandleOp":
+            variables.setdefault(table_shape(node), []).append(node.name)
+    return {node.name: node for node in graph_def.node}, data_readers(graph_def), variables
 
 
 def row_region(graph_def, table, outputs=(), shapes=None, index=None):
@@ -126,11 +131,9 @@ def row_region(graph_def, table, outputs=(), shapes=None, index=None):
     tfpart.core.errors.PlacementError
         Naming the first op that reads the rows in a way that cannot be cut.
     """
-    nodes, readers = index or graph_index(graph_def)
+    nodes, readers, variables_like = index or graph_index(graph_def)
     shape, dtype = table_shape(nodes[table])
-    candidates = {node.name for node in graph_def.node if node.op == "VarHandleOp"
-                  and node.name != table
-                  and table_shape(node) == (shape, dtype)}
+    candidates = set(variables_like[shape, dtype]) - {table}
     shapes = shapes or graph_shapes(graph_def)
     variables = [table]
     while True:
@@ -239,14 +242,17 @@ def _broadcasts(found, shape):
 
 
 def graph_shapes(graph_def):
-    """Tensor name -> static shape, from importing ``graph_def``."""
+    """Tensor name -> static shape, from importing ``graph_def`` (on the first call: a
+    graph whose tables are all refused at their first reader is never imported)."""
     tf = tensorflow()
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+    imported = []
 
     def shape_of(name):
-        found = graph.get_tensor_by_name(name if ":" in name else f"{name}:0").shape
+        if not imported:
+            imported.append(tf.Graph())
+            with imported[0].as_default():
+                tf.graph_util.import_graph_def(graph_def, name="")
+        found = imported[0].get_tensor_by_name(name if ":" in name else f"{name}:0").shape
         return tuple(found.as_list()) if found.rank is not None else None
     return shape_of
 

@@ -41,7 +41,7 @@ Examples
 ...     ids = tf.constant([[5], [0], [3], [5]], name="ids")
 ...     rows = tf.raw_ops.ResourceGather(resource=handle, indices=ids, dtype=tf.float64,
 ...                                      name="rows")
->>> sharded, shards = shard_tables(graph.as_graph_def(), {"t": [4, 2]})
+>>> sharded, shards, _ = shard_tables(graph.as_graph_def(), {"t": [4, 2]})
 >>> shards
 {'t/tfpart_shard0': ('t', 0, 4), 't/tfpart_shard1': ('t', 4, 2)}
 >>> values = np.arange(12.0).reshape(6, 2)
@@ -185,7 +185,7 @@ def shard_tables(graph_def, sizes, outputs=()):
     """
     tf = tensorflow()
     index = graph_index(graph_def)
-    nodes, readers = index
+    nodes, readers, _ = index
     replaced, shards, groups = {}, {}, []
     cut = set()
     for region in table_regions(graph_def, sizes, outputs, index):
