@@ -600,7 +600,7 @@ def export_small_recommender(path):
     return export_recommender(path, items=100_000, users=50, dim=16)
 
 
-def export_table_training(path, rows=100_000, width=16, optimizer="adam", seed=0):
+def export_table_training(path, rows=100_000, width=16, optimizer="adam", seed=0, tables=1):
     """The training step of a regressor on ids through an embedding table (``rows`` x
     ``width``, 6.4 MB at the default) and a small MLP, as a ``tf.Module`` with one
     signature, ``train_step(x, y)`` (``x``: ``[batch, 2]`` int32 ids; ``y``: ``[batch,
@@ -608,13 +608,19 @@ def export_table_training(path, rows=100_000, width=16, optimizer="adam", seed=0
     ``ResourceScatterSub`` of the rows read), ``sgd_momentum`` or ``adam`` (dense
     updates of the table and its slots, from the gradient made dense by
     ``UnsortedSegmentSum``). Nothing else reads the table whole, so tfpart can cut it
-    into row shards."""
+    into row shards. With ``tables=2`` each id column has a table of its own."""
     import keras
     import tensorflow as tf
 
     keras.utils.set_random_seed(seed)
     ids = keras.Input((2,), dtype="int32", name="ids")
-    x = keras.layers.Flatten()(keras.layers.Embedding(rows, width, name="item_table")(ids))
+    if tables == 1:
+        rows_read = keras.layers.Embedding(rows, width, name="item_table")(ids)
+    else:
+        rows_read = keras.layers.Concatenate(axis=1)([
+            keras.layers.Embedding(rows, width, name=f"table_{k}")(ids[:, k:k + 1])
+            for k in range(2)])
+    x = keras.layers.Flatten()(rows_read)
     model = keras.Model(ids, keras.layers.Dense(1)(
         keras.layers.Dense(16, activation="relu")(x)), name="table_regressor")
     chosen = {"sgd": lambda: keras.optimizers.SGD(0.1), **{

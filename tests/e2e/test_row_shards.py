@@ -228,12 +228,13 @@ TRAINING_TABLE = (1000, 8)  # 32 KB
 
 # Each device's memory against the table: the table with its slots fits none, and the
 # step's updates (a few values of a shard's size at once) fit beside the shards; or
-# (momentum at 2.5) the table and its slot fit a device but their dense update does not.
-@pytest.mark.parametrize("optimizer, slots, memory", [
-    ("sgd", 0, 1 / RATIO), ("sgd_momentum", 1, 2.2), ("adam", 2, 3.0),
-    ("sgd_momentum", 1, 2.5)])
+# (momentum at 2.5) the table and its slot fit a device but their dense update does not;
+# or two tables with Adam's slots (six of the table's size) on devices of four.
+@pytest.mark.parametrize("optimizer, slots, memory, tables", [
+    ("sgd", 0, 1 / RATIO, 1), ("sgd_momentum", 1, 2.2, 1), ("adam", 2, 3.0, 1),
+    ("sgd_momentum", 1, 2.5, 1), ("adam", 2, 4.0, 2)])
 def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, optimizer,
-                                                                   slots, memory):
+                                                                   slots, memory, tables):
     """Sparse (SGD: a scatter of the rows read) and dense updates (momentum, Adam: the
     gradient made dense, then the table and its slots updated whole): 20 steps with ids
     in every shard, the first and last rows and repeats give the original's losses,
@@ -246,7 +247,7 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
     from tfpart.compile import compile_model
 
     rows, width = TRAINING_TABLE
-    model = export_table_training(tmp_path / "model", rows, width, optimizer)
+    model = export_table_training(tmp_path / "model", rows, width, optimizer, tables=tables)
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps(local_cluster(3, memory=int(rows * width * 4 * memory))))
     out = tmp_path / "out"
@@ -254,10 +255,11 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
                            verify=True)
     assert result.verification.ok, result.verification.problem
     shards = result.plan.row_shards
-    assert len(shards) == 1 + slots  # the table and each of its slots
+    assert len(shards) == tables * (1 + slots)  # each table and each of its slots
     (sizes,) = {tuple(s.sizes) for s in shards.values()}
-    (devices,) = {tuple(s.devices) for s in shards.values()}  # a shard's slots beside it
-    assert len(set(devices)) >= 2  # the table with its slots fits no one device
+    placements = {tuple(s.devices) for s in shards.values()}
+    assert len(placements) <= tables  # a shard's slots beside it
+    assert all(len(set(devices)) >= 2 for devices in placements)  # none fits one device
     firsts = first_rows(sizes)
 
     rng = np.random.default_rng(0)
@@ -290,7 +292,7 @@ def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, opt
                                    expected, rtol=1e-5, atol=1e-7, err_msg=key)
         if np.shape(expected) == TRAINING_TABLE:
             trained += 1
-    assert trained == 1 + slots
+    assert trained == tables * (1 + slots)
     table = "optimizer/_trainable_variables/0/.ATTRIBUTES/VARIABLE_VALUE"
     initial = tf.train.load_variable(str(model / "variables" / "variables"), table)
     final = tf.train.load_variable(str(tmp_path / "back"), table)
