@@ -34,6 +34,7 @@ a step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -228,14 +229,18 @@ def main(argv=None):
                         "compiled with --whole-tables (for a table that fits a worker, "
                         "which tfpart cuts when that is predicted faster)")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
+    parser.add_argument("--keep", metavar="FOLDER", help="work in FOLDER (new) and keep "
+                        "it: the probed cluster file, the compiled models and their plans")
     parser.add_argument("--ps-client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ps_client:
         return ps_client(args.ps_client, args.items, args.dim, args.batch_size)
     console = Console()
     batch = args.batch_size
-    with tempfile.TemporaryDirectory() as scratch:
+    with (contextlib.nullcontext(args.keep) if args.keep else
+          tempfile.TemporaryDirectory()) as scratch:
         work = Path(scratch)
+        work.mkdir(exist_ok=True)
         if args.train:
             model = export_table_training(work / "model", args.items, args.dim, args.train)
         else:

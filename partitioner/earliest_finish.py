@@ -36,8 +36,9 @@ affordable at 100,000 ops.
 
 Last, the plan is judged by simulation against gathered variants of itself (the groups
 of its least busy devices, then single groups, moved to the devices they exchange the
-most bytes with) and the baselines: the fastest single device, m-ETF, m-TOPO and the
-topological split. The fastest wins; among placements within 1% of it and no slower
+most bytes with) and the baselines: the fastest single device (when none holds the
+model, one home device with the variables it has no room for spilled to others), m-ETF,
+m-TOPO and the topological split. The fastest wins; among placements within 1% of it and no slower
 than any baseline, the one moving the fewest bytes between devices, then using the
 fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
 Send/Recv pair). So the greedy is never slower than a baseline by simulation, on graphs
@@ -74,7 +75,8 @@ from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 from costmodel.memory import size_text
 from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
 from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
-                                        memory_topological, topological_split)
+                                        home_device_with_spills, memory_topological,
+                                        topological_split)
 from partitioner.units import expand, less_room, placement_units
 from partitioner.validate import kernel_problem, memory_hint
 from tfpart.core.errors import PlacementError
@@ -577,11 +579,16 @@ def _no_worse_than_baselines(cost, device_of, judge, baselines, gather):
 
 def _baselines(cost):
     """The baselines' placements that fit in memory, by name: the fastest single
-    device, m-ETF, m-TOPO and the topological split."""
+    device (or, when no device holds the model, one home device with the variables it
+    has no room for spilled to others), m-ETF, m-TOPO and the topological split."""
     found = {}
     alone = fastest_single_device(cost)
     if alone is not None:
         found["single device"] = np.full(len(cost.ops), alone[0])
+    else:
+        home = home_device_with_spills(cost)
+        if home is not None:
+            found["home device"] = home
     places = {"m-ETF": earliest_task_first, "m-TOPO": memory_topological,
               "topological split": topological_split}
     for name, place in places.items():

@@ -1,5 +1,6 @@
 """Placements several algorithms start from or compare with: the fastest single
-device, m-ETF's earliest-task-first list schedule with memory limits, m-TOPO's
+device, one home device with the variables it has no room for spilled to others,
+m-ETF's earliest-task-first list schedule with memory limits, m-TOPO's
 memory-filling topological order and the even topological split.
 
 Algorithms call these rather than each other (the import-linter contract in
@@ -28,7 +29,7 @@ import numba
 import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, keyed_heap_pop, keyed_heap_push
-from costmodel.simulate import fits_memory, live_peak, upward_rank
+from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
 from partitioner.units import (MemoryLedger, expand, no_device_error, placement_units,
                                variable_room)
 from partitioner.validate import check_memory
@@ -57,6 +58,68 @@ def fastest_single_device(cost):
         if fits_memory(cost, np.full(len(cost.ops), d)):
             return int(d), float(totals[d])
     return None
+
+
+def home_device_with_spills(cost):
+    """Every op on one home device but the variables it has no room for: the largest
+    placement units holding variables move, largest first, to the device with the most
+    room left that can run them, until the home device's variables fit. Tried from each
+    device as home (fastest first); the fastest by simulation that fits in memory is
+    kept. A table cut into row shards, with the gathers welded to each shard, becomes
+    one shard at home and the others beside their gathers: the plan a user would write.
+
+    Parameters
+    ----------
+    cost : costmodel.CostModel
+
+    Returns
+    -------
+    numpy.ndarray of int or None
+        The device index of every op, or ``None`` if no such placement fits.
+
+    Examples
+    --------
+    >>> g = OpGraph()
+    >>> g.add_op("x", op_type="Placeholder")
+    >>> for name in ("a", "b"):
+    ...     g.add_op(name, op_type="VarHandleOp", param_bytes=6e9)
+    ...     g.add_op(f"{name}/read", op_type="ResourceGather", colocation=name)
+    ...     g.add_edge(name, f"{name}/read"); g.add_edge("x", f"{name}/read", bytes=8)
+    >>> g.add_op("sum", op_type="AddV2")
+    >>> for name in ("a", "b"): g.add_edge(f"{name}/read", "sum", bytes=8)
+    >>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"], memory=10e9))
+    >>> fastest_single_device(cost) is None, home_device_with_spills(cost).tolist()
+    (True, [0, 1, 1, 0, 0, 0])
+    """
+    units, priority = placement_units(cost), upward_rank(cost)
+    room = np.array([device.memory for device in cost.cluster.devices], dtype=float)
+    totals = cost.compute.sum(axis=0)
+    holding = sorted((k for k, unit in enumerate(units) if unit.params),
+                     key=lambda k: -units[k].params)
+    best = None
+    for home in np.argsort(totals, kind="stable").tolist():
+        if not np.isfinite(totals[home]):
+            break
+        unit_device = np.full(len(units), home)
+        left = room.copy()
+        left[home] -= sum(unit.params for unit in units)
+        for k in holding:
+            if left[home] >= 0:
+                break
+            others = [d for d in np.argsort(-left, kind="stable").tolist()
+                      if d != home and units[k].runnable[d]]
+            if not others:
+                break
+            unit_device[k] = others[0]
+            left[home] += units[k].params
+            left[others[0]] -= units[k].params
+        placement = expand(units, unit_device, len(cost.ops))
+        if left[home] < 0 or not fits_memory(cost, placement):
+            continue
+        step = simulated_step(cost, placement, priority)[0]
+        if best is None or step < best[0]:
+            best = (step, placement)
+    return None if best is None else best[1]
 
 
 def earliest_task_first(cost):

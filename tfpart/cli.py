@@ -602,14 +602,15 @@ def cmd_cluster_probe(args):
     output = args.output or args.cluster
     _write_cluster_file(output, new)
     table = Table(title=f"Links probed ({args.rounds} rounds)")
-    for column in ("between", "bandwidth (median; rounds)", "latency (median)"):
+    for column in ("between", "bandwidth (median; rounds)", "latency (median)",
+                   "message cost (median)"):
         table.add_column(column)
     for pair in new["links"]["pairs"]:
         if "measured" in pair:
             rounds = ", ".join(f"{b / 1e9:.2f}" for b in pair["measured"]["bandwidth"])
             table.add_row(" - ".join(pair["between"]),
                           f"{pair['bandwidth'] / 1e9:.2f} GB/s ({rounds})",
-                          _seconds(pair["latency"]))
+                          _seconds(pair["latency"]), _seconds(pair.get("message_cost", 0)))
     console.print(table)
     console.print(f"Step overhead (launching a step on the cluster): "
                   f"{_seconds(new['step_overhead'])}; wrote {output}", soft_wrap=True)

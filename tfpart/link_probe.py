@@ -10,9 +10,12 @@ first, since the cost model's links are the same both ways. Bandwidth is the inv
 slope through the three larger sizes; latency what the smallest copy costs beyond its
 bytes (a remote call's fixed cost, which a straight-line fit would hide). The whole probe runs
 ``rounds`` times; a pair gets the median of its rounds, and the file keeps every
-round's figures (``measured``), so their spread is on record. The cost of launching a
-step on the cluster (calling an empty function placed on its first device, less one run
-here) becomes the file's ``step_overhead``.
+round's figures (``measured``), so their spread is on record. A pair's
+``message_cost``, the executor time each copy takes beyond its latency (the simulator
+charges it at both ends), is what each of 16 small copies sent at once adds to one,
+less the same reductions where the tensors are. The cost of launching a step on the
+cluster (calling an empty function placed on its first device, less one run here)
+becomes the file's ``step_overhead``.
 
 Examples
 --------
@@ -66,6 +69,29 @@ def probe_pair(tf, source, target, repeats):
     return fit_link([4 * n for n in SIZES], seconds)
 
 
+MESSAGES = 16  # small copies sent at once to time what each costs beyond its latency
+
+
+def message_cost(tf, source, target, repeats):
+    """Seconds each copy from ``source`` to ``target`` adds when ``MESSAGES`` small
+    copies go at once (their latencies overlap, so this is the work each one costs
+    the tasks), less what the same reductions cost on ``source``."""
+    with tf.device(source):
+        held = [tf.random.uniform([64]) + k for k in range(MESSAGES)]
+
+    def reduced_on(device, count):
+        @tf.function
+        def reduce():
+            with tf.device(device):
+                return tf.add_n([tf.reduce_max(tensor) for tensor in held[:count]])
+        return lambda: reduce().numpy()
+
+    def added(device):
+        return (median_call(reduced_on(device, MESSAGES), repeats) -
+                median_call(reduced_on(device, 1), repeats)) / (MESSAGES - 1)
+    return max(added(target) - added(source), 0.0)
+
+
 def launch_cost(tf, device, repeats):
     """Seconds a call of an empty function placed on ``device`` costs beyond one run
     in this process: what launching a step on the cluster adds."""
@@ -96,7 +122,8 @@ def probe_cluster(cluster, rounds=3, repeats=10, progress=None):
         for a, b in pairs:
             if progress:
                 progress(f"round {round_ + 1} of {rounds}: {a} -> {b}")
-            found[(a, b)].append(probe_pair(tf, a, b, repeats))
+            found[(a, b)].append({**probe_pair(tf, a, b, repeats),
+                                  "message_cost": message_cost(tf, a, b, repeats)})
         overheads.append(launch_cost(tf, names[0], repeats))
     return {"pairs": [(a, b, found[(a, b)]) for a, b in pairs], "step_overhead": overheads}
 
@@ -109,13 +136,16 @@ def with_probed_links(data, probed, cpu_devices=()):
     endpoints' cores copy).
 
     >>> data = {"devices": [], "links": {"pairs": [{"between": ["a", "b"], "bandwidth": 1}]}}
-    >>> rounds = [{"latency_s": 1e-4, "bandwidth": 2e9}, {"latency_s": 2e-4, "bandwidth": 3e9},
-    ...           {"latency_s": 3e-4, "bandwidth": 1e9}]
+    >>> rounds = [{"latency_s": 1e-4, "bandwidth": 2e9, "message_cost": 3e-5},
+    ...           {"latency_s": 2e-4, "bandwidth": 3e9, "message_cost": 4e-5},
+    ...           {"latency_s": 3e-4, "bandwidth": 1e9, "message_cost": 2e-5}]
     >>> new = with_probed_links(data, {"pairs": [("a", "b", rounds)],
     ...                                "step_overhead": [1e-3, 2e-3, 3e-3]}, {"a", "b"})
     >>> pair = new["links"]["pairs"][0]
     >>> pair["bandwidth"], pair["latency"], pair["cpu_copy"], new["step_overhead"]
     (2000000000.0, 0.0002, True, 0.002)
+    >>> pair["message_cost"]
+    3e-05
     >>> len(new["links"]["pairs"]), pair["measured"]["bandwidth"]
     (1, [2000000000.0, 3000000000.0, 1000000000.0])
     """
@@ -129,6 +159,9 @@ def with_probed_links(data, probed, cpu_devices=()):
                  "latency": float(statistics.median(r["latency_s"] for r in rounds)),
                  "measured": {"method": METHOD, "bandwidth": [r["bandwidth"] for r in rounds],
                               "latency": [r["latency_s"] for r in rounds]}}
+        if all("message_cost" in r for r in rounds):
+            entry["message_cost"] = float(statistics.median(r["message_cost"] for r in rounds))
+            entry["measured"]["message_cost"] = [r["message_cost"] for r in rounds]
         if a in cpu_devices and b in cpu_devices:
             entry["cpu_copy"] = True
         kept.append(entry)

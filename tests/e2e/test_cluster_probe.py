@@ -1,5 +1,6 @@
 """``tfpart cluster probe`` on three local ``tfpart worker`` processes: every pair of
-devices gets a measured link (the median of its rounds, each round on record), the
+devices gets a measured link (the median of its rounds, each round on record: bandwidth,
+latency and the executor time of a copy), the
 file gets the measured cost of launching a step, and the cost model reads them."""
 import json
 import subprocess
@@ -33,9 +34,12 @@ def test_probed_links_are_written_and_read(tmp_path):
         assert len(rounds) == 3 and min(rounds) <= pair["bandwidth"] <= max(rounds)
         assert min(pair["measured"]["latency"]) <= pair["latency"] <= max(
             pair["measured"]["latency"])
+        assert min(pair["measured"]["message_cost"]) <= pair["message_cost"] <= max(
+            pair["measured"]["message_cost"])
         assert pair["cpu_copy"] is True
         a, b = (names.index(name) for name in pair["between"])
         assert cluster.link(a, b).bandwidth == pytest.approx(pair["bandwidth"])
         assert cluster.link(a, b).latency == pytest.approx(pair["latency"])
+        assert cluster.link(a, b).message_cost == pytest.approx(pair["message_cost"])
     assert probed["step_overhead"] > 0 and cluster.step_overhead == probed["step_overhead"]
     assert "Links probed (3 rounds)" in done.stdout
