@@ -882,7 +882,9 @@ def build_parser():
     probe.add_argument("-o", "--output", help="write the probed file here instead of "
                        "updating CLUSTER")
     probe.add_argument("--rounds", type=int, default=3, help="times the whole probe runs")
-    probe.add_argument("--repeats", type=int, default=10, help="calls timed per copy size")
+    probe.add_argument("--repeats", type=int, default=30,
+                       help="calls timed per copy size (fewer leave a pair's latency "
+                       "noisy by tenths of a millisecond on loopback)")
     probe.set_defaults(run=cmd_cluster_probe)
     checkpoint = commands.add_parser("checkpoint", help="move a checkpoint between a "
                                      "compiled model and its original")

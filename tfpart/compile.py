@@ -241,9 +241,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
         if kernels_to_compile() else ""
 
-    def partition_each(cost, known, names, row_shards):
-        """Each strategy's plan for ``cost``, and why the others have none (beside the
-        ``known`` failures)."""
+    def partition_each(cost, info, known, names, row_shards):
+        """Each strategy's plan for ``cost`` (of the model ``info`` describes), and why
+        the others have none (beside the ``known`` failures)."""
         tried, failures = {}, dict(known)
         for name in names:
             step(f"partitioning {len(cost.graph)} ops into "
@@ -274,7 +274,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                 check_kernels(cost)
             except PlacementError as exc:
                 raise PlacementError(cluster.source, exc.problem) from None
-            tried, failures = partition_each(cost, known, names, row_shards)
+            tried, failures = partition_each(cost, info, known, names, row_shards)
             if tried:  # else nothing fitted beside the margin: plan without it
                 break
         return _Attempt(graph, info, row_shards, cost, unread, unread_on, headroom, tried,

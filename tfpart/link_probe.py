@@ -107,7 +107,7 @@ def launch_cost(tf, device, repeats):
                median_call(lambda: here().numpy(), repeats), 0.0)
 
 
-def probe_cluster(cluster, rounds=3, repeats=10, progress=None):
+def probe_cluster(cluster, rounds=3, repeats=30, progress=None):
     """Every pair of ``cluster``'s devices (this process a client of its tasks),
     probed ``rounds`` times: ``{"pairs": [(a, b, [fitted per round])], "step_overhead":
     [seconds per round]}``."""

@@ -110,15 +110,19 @@ def test_single_device_baseline_picks_the_fastest_that_fits():
 
 
 def baseline_placements(cost):
-    """Every baseline's placement that is valid here: each single device, m-ETF, m-TOPO
-    and the topological split, as (name, device index per op)."""
-    from partitioner.list_schedules import (earliest_task_first, memory_topological,
-                                            topological_split)
+    """Every baseline's placement that is valid here: each single device, one home
+    device with spills, m-ETF, m-TOPO and the topological split, as (name, device index
+    per op)."""
+    from partitioner.list_schedules import (earliest_task_first, home_device_with_spills,
+                                            memory_topological, topological_split)
     from costmodel.simulate import live_peak
     from partitioner.validate import check_memory
 
     names = cost.cluster.device_names
     found = [(f"single {d}", np.full(len(cost.ops), d)) for d in range(len(names))]
+    home = home_device_with_spills(cost)
+    if home is not None:
+        found.append(("home device with spills", home))
     for place in (earliest_task_first, memory_topological, topological_split):
         try:
             found.append((place.__name__, place(cost)))
