@@ -7,7 +7,9 @@ share of the rows in proportion to the memory it has (largest remainder,
 :mod:`partitioner.shares`), so every shard fits where there is room for it and the
 devices keep the same fraction of their memory for the rest of the model. Memory, not
 speed, sets the shares: a lookup reads a few rows per id, so its time barely depends on
-how many rows a shard holds, while the shard's size decides where it fits. The
+how many rows a shard holds, while the shard's size decides where it fits. A table
+whose update works on every row (a dense optimizer update), cut because that is faster,
+is shared by speed instead, within each device's memory (:func:`speed_shares`). The
 partitioner then places the shards, and the lookups beside them, like any other op.
 
 Examples
@@ -52,4 +54,46 @@ def row_shard_sizes(tables, memories):
     return cut
 
 
-__all__ = ["row_shard_sizes"]
+def speed_shares(rows, speeds, row_bytes, memories):
+    """The rows of each shard of a table whose work grows with its rows, in proportion
+    to each device's ``speeds`` at that work, no shard holding more rows than its
+    device has memory for (``row_bytes`` each, the slots' included): a device at its
+    limit keeps it, and the others share the rest by speed again.
+
+    Returns
+    -------
+    list of int or None
+        The rows of each shard, in device order, devices with none left out; ``None``
+        if the rows do not fit the devices, or fit in fewer than two shards.
+
+    Examples
+    --------
+    >>> speed_shares(90, [2.0, 1.0], 1.0, [100, 100])  # twice as fast: twice the rows
+    [60, 30]
+    >>> speed_shares(90, [2.0, 1.0], 1.0, [50, 100])  # ... but room for 50 rows only
+    [50, 40]
+    >>> speed_shares(90, [1.0, 1.0], 1.0, [40, 40]) is None
+    True
+    """
+    limit = [int(max(memory, 0.0) // row_bytes) if row_bytes > 0 else int(rows)
+             for memory in memories]
+    shares = [0] * len(limit)
+    active = [d for d in range(len(limit)) if speeds[d] > 0 and limit[d] > 0]
+    left = int(rows)
+    while left and active:
+        trial = proportional_shares(left, [speeds[d] for d in active])
+        over = [d for d, share in zip(active, trial) if share > limit[d]]
+        if not over:
+            for d, share in zip(active, trial):
+                shares[d] = share
+            left = 0
+            break
+        for d in over:
+            shares[d] = limit[d]
+            left -= limit[d]
+        active = [d for d in active if d not in over]
+    sizes = [share for share in shares if share > 0]
+    return sizes if not left and len(sizes) >= 2 else None
+
+
+__all__ = ["row_shard_sizes", "speed_shares"]

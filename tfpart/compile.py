@@ -398,11 +398,12 @@ class _Attempt:
 def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     """``whole`` (an :class:`_Attempt` with no table cut), or the same model with its
     largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
-    device (shares by memory) planned by ``attempt`` with the strategies of ``names``
-    that combine with row shards, if that one plans where ``whole`` did not or predicts
-    a faster step. A table that fits a device is cut when that is faster (lookups and
+    device (shares by speed at the work that grows with the rows, within memory, when
+    there is such work; else by memory) planned by ``attempt`` with the strategies of
+    ``names`` that combine with row shards, if that one plans where ``whole`` did not or
+    predicts a faster step. A table that fits a device is cut when that is faster (lookups and
     updates spread) or the only way to fit (with the other variables)."""
-    from partitioner.row_shards import row_shard_sizes
+    from partitioner.row_shards import row_shard_sizes, speed_shares
     from rewriters.row_shard import cuttable_tables, output_nodes
 
     info = whole.info
@@ -419,7 +420,13 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     memories = [device.memory for device in whole.cost.cluster.devices]
     sizes = {}
     for table in chosen:
-        sizes.update(row_shard_sizes({table: (math.inf, tables[table][1])}, memories))
+        nbytes, rows = tables[table]
+        speeds = _row_work_speeds(whole.cost, info, table)
+        shares = speed_shares(rows, speeds, nbytes / rows, memories) if speeds else None
+        if shares:
+            sizes[table] = shares
+        else:
+            sizes.update(row_shard_sizes({table: (math.inf, rows)}, memories))
     if not sizes:
         return whole
     try:
@@ -438,6 +445,27 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     cut.failures = {**{name: failure for name, failure in whole.failures.items()
                        if name not in cut.tried}, **cut.failures}
     return cut
+
+
+def _row_work_speeds(cost, info, table):
+    """Each device's speed (1 / seconds) at the work of ``table``'s rows that grows with
+    them (a dense update: reads, element-wise arithmetic, segment sums, assignments of
+    the table and its slots), from ``cost``; empty if there is none (lookups only,
+    whose time barely depends on a shard's rows)."""
+    from rewriters.row_region import row_region
+    from rewriters.row_shard import output_nodes
+
+    region = row_region(info.flat.graph_def, table, outputs=output_nodes(info.flat))
+    rows = [cost.index[op] for op, kind in region.kinds.items()
+            if kind in ROW_WORK and op in cost.index]
+    seconds = cost.compute[rows].sum(axis=0) if rows else None
+    if seconds is None or not (seconds > 0).any():
+        return []
+    return [1.0 / time if 0 < time < math.inf else 0.0 for time in seconds.tolist()]
+
+
+# kinds of a region's ops (rewriters.row_region) whose time grows with a shard's rows
+ROW_WORK = ("read", "elementwise", "segment_sum", "assign")
 
 
 # tables tried one after the other when an op needs more memory than any device has

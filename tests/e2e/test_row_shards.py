@@ -341,6 +341,38 @@ def test_a_table_that_fits_is_cut_when_that_is_predicted_faster(tmp_path):
     np.testing.assert_allclose(losses(tmp_path / "out"), losses(model), rtol=1e-5)
 
 
+@pytest.mark.any_onednn  # planned, not run
+def test_a_table_cut_for_speed_is_shared_by_each_devices_speed(tmp_path):
+    """Adam's update works on every row, so a device with twice the memory bandwidth
+    (the element-wise update's bound) gets about twice the rows, and holds them."""
+    from examples.models import export_table_training
+    from tfpart.compile import plan_model
+    from tfpart.core.cluster import load_cluster, load_device_kinds
+
+    rows = 100_000
+    model = export_table_training(tmp_path / "model", rows, 16, "adam")
+    cpu = load_device_kinds()["cpu"]
+    twice = {"description": "the cpu kind with twice its memory bandwidth",
+             "peak_flops": {"fp32": cpu.peak_flops},
+             "memory_bandwidth": 2 * cpu.memory_bandwidth, "memory": cpu.memory,
+             "host_link_bandwidth": cpu.host_link_bandwidth,
+             "peer_link_bandwidth": cpu.peer_link_bandwidth, "efficiency_from": "cpu",
+             "op_overhead_s": cpu.op_overhead_s, "source": "test"}
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"name": "uneven", "kinds": {"cpu2x": twice}, "devices": [
+        {"name": f"/device:CPU:{i}", "kind": kind, "memory": "100MB"}
+        for i, kind in enumerate(["cpu", "cpu2x", "cpu"])]}))
+    plan = plan_model(model, load_cluster(cluster), signature="train_step",
+                      batch_size=64)[0]
+    table = next(name for name in plan.row_shards if name.endswith("item_table/embeddings"))
+    shards = plan.row_shards[table]
+    assert sum(shards.sizes) == rows
+    largest = max(range(len(shards.sizes)), key=lambda i: shards.sizes[i])
+    assert shards.devices[largest].endswith("CPU:1")
+    others = [size for i, size in enumerate(shards.sizes) if i != largest]
+    assert all(1.6 < shards.sizes[largest] / size < 2.4 for size in others)
+
+
 @pytest.mark.any_onednn  # refused before any kernel runs
 def test_pipeline_stages_of_a_training_step_with_a_cut_table_are_refused(tmp_path):
     from examples.models import export_table_training
