@@ -38,9 +38,9 @@ Last, the plan is judged by simulation against gathered variants of itself (the 
 of its least busy devices, then single groups, moved to the devices they exchange the
 most bytes with) and the baselines: the fastest single device (when none holds the
 model, one home device with the variables it has no room for spilled to others), m-ETF,
-m-TOPO and the topological split. The fastest wins; among placements within 1% of it and no slower
-than any baseline, the one moving the fewest bytes between devices, then using the
-fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
+m-TOPO and the topological split. The fastest wins; among placements within 1% of it
+and no slower than any baseline, the one moving the fewest bytes between devices, then
+using the fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
 Send/Recv pair). So the greedy is never slower than a baseline by simulation, on graphs
 of any size. Everything is deterministic.
 
