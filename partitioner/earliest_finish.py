@@ -40,9 +40,9 @@ most bytes with) and the baselines: the fastest single device (when none holds t
 model, one home device with the variables it has no room for spilled to others), m-ETF,
 m-TOPO and the topological split. The fastest wins; among placements within 1% of it
 and no slower than any baseline, the one moving the fewest bytes between devices, then
-using the fewest devices (a transfer off the critical path is not free in TensorFlow: each is a
-Send/Recv pair). So the greedy is never slower than a baseline by simulation, on graphs
-of any size. Everything is deterministic.
+using the fewest devices (a transfer off the critical path is not free in TensorFlow:
+each is a Send/Recv pair). So the greedy is never slower than a baseline by
+simulation, on graphs of any size. Everything is deterministic.
 
 References
 ----------
