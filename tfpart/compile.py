@@ -401,8 +401,9 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     device (shares by speed at the work that grows with the rows, within memory, when
     there is such work; else by memory) planned by ``attempt`` with the strategies of
     ``names`` that combine with row shards, if that one plans where ``whole`` did not or
-    predicts a faster step. A table that fits a device is cut when that is faster (lookups and
-    updates spread) or the only way to fit (with the other variables)."""
+    predicts a faster step. When ``whole`` planned, the cut is tried only if spreading
+    the tables' row work (a dense update) over their shards could save
+    ``MIN_CUT_GAIN`` of its step: a lookup's time barely depends on a shard's rows."""
     from partitioner.row_shards import row_shard_sizes, speed_shares
     from rewriters.row_shard import cuttable_tables, output_nodes
 
@@ -418,16 +419,18 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     chosen = cuttable_tables(info.flat.graph_def, largest_first,
                              output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
     memories = [device.memory for device in whole.cost.cluster.devices]
-    sizes = {}
+    sizes, gain = {}, 0.0
     for table in chosen:
         nbytes, rows = tables[table]
         speeds = _row_work_speeds(whole.cost, info, table)
         shares = speed_shares(rows, speeds, nbytes / rows, memories) if speeds else None
         if shares:
             sizes[table] = shares
+            gain += (1 - 1 / len(shares)) / max(speeds)  # its update spread, at best
         else:
             sizes.update(row_shard_sizes({table: (math.inf, rows)}, memories))
-    if not sizes:
+    step = min((plan.step_time for plan, _ in whole.tried.values()), default=math.inf)
+    if not sizes or gain < MIN_CUT_GAIN * step:  # planned whole, and a cut gains little
         return whole
     try:
         graph, cut_info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
@@ -437,8 +440,7 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     if not cut.tried:
         return whole
     steps = {name: plan.step_time for name, (plan, _) in cut.tried.items()}
-    if whole.tried and min(plan.step_time for plan, _ in whole.tried.values()) <= \
-            min(steps.values()):
+    if step <= min(steps.values()):
         whole.other = steps
         return whole
     cut.other = {name: plan.step_time for name, (plan, _) in whole.tried.items()}
@@ -466,6 +468,9 @@ def _row_work_speeds(cost, info, table):
 
 # kinds of a region's ops (rewriters.row_region) whose time grows with a shard's rows
 ROW_WORK = ("read", "elementwise", "segment_sum", "assign")
+# a model that plans with its tables whole is planned again with them cut only if
+# spreading their row work could save this fraction of its step
+MIN_CUT_GAIN = 0.05
 
 
 # tables tried one after the other when an op needs more memory than any device has
