@@ -405,7 +405,6 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     the tables' row work (a dense update) over their shards could save
     ``MIN_CUT_GAIN`` of its step: a lookup's time barely depends on a shard's rows."""
     from partitioner.row_shards import row_shard_sizes, speed_shares
-    from rewriters.row_shard import cuttable_tables, output_nodes
 
     info = whole.info
     usable = [name for name in names if not (
@@ -414,10 +413,7 @@ def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     if info.format == "tf1" or not info.flat or not usable:
         return whole
     tables = _tables(whole.graph, info)
-    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
-                           key=lambda name: -tables[name][0])
-    chosen = cuttable_tables(info.flat.graph_def, largest_first,
-                             output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
+    chosen = _largest_cuttable(info, tables)
     memories = [device.memory for device in whole.cost.cluster.devices]
     sizes, gain = {}, 0.0
     for table in chosen:
@@ -486,16 +482,12 @@ def _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings):
     :func:`_cut_tables` does (the model whole if the need stays above every device)."""
     from costmodel.memory import memory_lower_bound
     from partitioner.row_shards import row_shard_sizes
-    from rewriters.row_shard import cuttable_tables, output_nodes
 
     need = memory_lower_bound(graph, len(memories))[0]
     best, chosen = (graph, info, {}), {}
     if need <= max(memories):
         return best
-    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
-                           key=lambda name: -tables[name][0])
-    for table in cuttable_tables(info.flat.graph_def, largest_first,
-                                 output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]:
+    for table in _largest_cuttable(info, tables):
         trial = {**chosen, **row_shard_sizes({table: (math.inf, tables[table][1])},
                                              memories)}
         try:
@@ -508,6 +500,17 @@ def _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings):
         if need <= max(memories):
             return best
     return graph, info, {}  # no plan fits either way: the partitioner says why
+
+
+def _largest_cuttable(info, tables):
+    """Of ``tables`` (:func:`_tables`), the largest whose rows can be cut, at most
+    ``MAX_TABLES_CUT_FOR_AN_OP``, largest first."""
+    from rewriters.row_shard import cuttable_tables, output_nodes
+
+    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
+                           key=lambda name: -tables[name][0])
+    return cuttable_tables(info.flat.graph_def, largest_first,
+                           output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
 
 
 def _read_cut(proto, model_dir, info, sizes, timings):
@@ -639,7 +642,8 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         return _compile_into(staging, model_dir, cluster, out, plan_model(
             model_dir, cluster, batch_size=batch_size, signature=signature,
             profiles=profiles, progress=progress, tf32=tf32, strategy=request,
-            whole_tables=whole_tables), profiles=profiles, force=force, progress=progress, verify=verify)
+            whole_tables=whole_tables),
+            profiles=profiles, force=force, progress=progress, verify=verify)
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,
