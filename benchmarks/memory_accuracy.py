@@ -35,6 +35,9 @@ of tensors alive at once at their own sizes, which is what the prediction models
 its error. The allocator's peak is above it by the BFC allocator's rounding: it hands
 out a free chunk of up to twice the size asked for whole, so one 2 MB activation may
 hold a 4 MB chunk; which chunks are free depends on the order buffers came and went.
+Each worker reserves one large region when it starts, as a GPU's allocator does
+(:func:`tfpart.memory_stats.reserve_one_region`), so new buffers are cut from it rather
+than given the remainders of small regions the CPU's allocator would otherwise grow by.
 
 What "predicted" is: the plan's ``peak_memory_bytes`` for the device (``plan.json``),
 the simulator's live-range peak: variables for the whole step, every other tensor from
@@ -46,7 +49,7 @@ tfpart used before, every tensor alive for the whole step
 plan's (the ``param_bytes`` of the ops it puts there) and "held" the measured bytes in
 use between steps, which they should make up nearly all of.
 
-Not modelled: the allocator's rounding (above); the order in which tensors arrive from
+Not modelled: the allocator's reuse of freed chunks (above); the order in which tensors arrive from
 another worker, which the simulated timing only approximates (on conv_tower's placed
 training step, the activations the first worker sends wait on the second); the scratch
 buffers kernels allocate for themselves other than Einsum's copies (convolution

@@ -57,15 +57,12 @@ print(json.dumps({"ops": len(result.graph), "seconds": time.perf_counter() - sta
 
 FRACTION_COMPILE = """
 import json, sys, time
+from benchmarks.memory_fit import single_device_peak
 from profiles import DEFAULT_CLUSTER_FILE
-from tfpart.core.cluster import load_cluster
-from tfpart.compile import compile_model, plan_model
+from tfpart.compile import compile_model
 from tfpart.core.errors import TfpartError
 model, out, fraction = sys.argv[1], sys.argv[2], float(sys.argv[3])
-alone = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=2,
-                   algorithm="single")[0]
-unread = alone.context["unread_variables"]["bytes"]
-peak = sum(d.peak_memory_bytes for d in alone.predicted.devices.values()) - unread
+peak, unread = single_device_peak(model, 2)
 cluster = json.loads(open(DEFAULT_CLUSTER_FILE).read())
 for device in cluster["devices"]:
     device["memory"] = int(fraction * peak)
@@ -90,15 +87,22 @@ print(json.dumps(row))
 """
 
 
+def export_application(name, model, timeout):
+    """Export the Keras application ``name`` to ``model`` in a fresh process unless it
+    is there already; returns None, or why the export failed."""
+    if (Path(model) / "saved_model.pb").exists():
+        return None
+    exported = run(CHILD, [name, SIZES.get(name, 32), model], timeout)
+    return f"export failed: {exported['error']}" if exported.get("error") else None
+
+
 def fraction_row(name, fraction, work, timeout):
     """A row of the ``--memory-fraction`` table for one Keras application."""
-    size = SIZES.get(name, 32)
     model = Path(work) / name
-    row = {"model": name, "input": size}
-    if not (model / "saved_model.pb").exists():
-        exported = run(CHILD, [name, size, model], timeout)
-        if exported.get("error"):
-            return {**row, "placement": f"export failed: {exported['error']}"}
+    row = {"model": name, "input": SIZES.get(name, 32)}
+    failed = export_application(name, model, timeout)
+    if failed:
+        return {**row, "placement": failed}
     with tempfile.TemporaryDirectory() as scratch:
         got = run(FRACTION_COMPILE, [model, Path(scratch) / "out", fraction], 2 * timeout)
     return {**row, **({"placement": got["error"]} if got.get("error") else got)}
@@ -128,11 +132,9 @@ def run(code, argv, timeout):
 def zoo_row(name, cluster, work, timeout):
     size = SIZES.get(name, 32)
     model = Path(work) / name
-    if not (model / "saved_model.pb").exists():
-        exported = run(CHILD, [name, size, model], timeout)
-        if exported.get("error"):
-            return {"model": name, "input": size, "ops": "", "compile s": "",
-                    "result": f"export failed: {exported['error']}"}
+    failed = export_application(name, model, timeout)
+    if failed:
+        return {"model": name, "input": size, "ops": "", "compile s": "", "result": failed}
     with tempfile.TemporaryDirectory() as scratch:
         began = time.perf_counter()
         got = run(COMPILE, [model, cluster, Path(scratch) / "out"], timeout)

@@ -1,0 +1,164 @@
+"""Models bigger than a device, measured: each model compiled for three ``tfpart worker``
+processes that each hold a fraction of its predicted single-device peak, as an op
+placement and as a pipeline, verified, run, and every worker's allocator peak read.
+
+    python -m benchmarks.memory_fit [--models DenseNet121 MobileNetV2 ...]
+                                    [--fraction 0.6] [--markdown]
+
+The models are ``keras.applications`` built as :mod:`benchmarks.model_zoo` builds them
+(random weights, 10 classes, 32 x 32 or their smallest input) at batch 2; without
+``--models``, all of them. Each worker holds ``fraction`` x the model's predicted peak
+on one device of the default cluster; the first also holds the Keras export's unread
+copy of the variables, which is kept there. The workers are started with
+``--memory-stats`` (TensorFlow's BFC allocator, one large region reserved at the start
+as a GPU's allocator does: :mod:`tfpart.memory_stats`); the compiled model runs two
+warm-up steps and two measured ones from a fresh client
+(:func:`benchmarks.memory_accuracy.run_and_measure`). A row gives, for each strategy,
+whether the outputs equal the original's, and the fullest worker's predicted and
+measured peak against its memory, or the one-line error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+STRATEGIES = {"placement": {}, "pipeline": {"pipeline": True}}
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """One worker's peak for one compiled strategy, in bytes."""
+    predicted: int
+    measured: int
+    memory: int
+
+
+def single_device_peak(model, batch):
+    """The predicted peak of ``model`` alone on one device of the default cluster, and
+    the bytes of the variables its signature never reads (a Keras export's second copy,
+    kept on the first device's host: on a CPU cluster, that device)."""
+    from profiles import DEFAULT_CLUSTER_FILE
+    from tfpart.compile import plan_model
+    from tfpart.core.cluster import load_cluster
+
+    plan = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=batch,
+                      algorithm="single")[0]
+    unread = plan.context["unread_variables"]["bytes"]
+    return sum(d.peak_memory_bytes for d in plan.predicted.devices.values()) - unread, unread
+
+
+def fit_and_measure(model, work, fraction, batch=2, strategies=tuple(STRATEGIES)):
+    """Compile ``model`` for three local workers each holding ``fraction`` x its
+    single-device peak, verify it, run it and read every worker's peak.
+
+    Returns
+    -------
+    dict
+        strategy -> ``(verification, {device: WorkerMemory})``; the compile's
+        :class:`tfpart.core.errors.TfpartError` propagates.
+    """
+    from benchmarks.memory_accuracy import run_and_measure
+    from tfpart.compile import compile_model
+    from tfpart.core.cluster import normalize_device_name
+    from tfpart.local_workers import LocalWorkers
+
+    work = Path(work)
+    peak, unread = single_device_peak(model, batch)
+    memory = int(fraction * peak)
+    results = {}
+    with LocalWorkers(3, work, memory_stats=True) as workers:
+        cluster = json.loads(workers.path.read_text())
+        for device in cluster["devices"]:
+            device["memory"] = memory
+        cluster["devices"][0]["memory"] += unread  # the host of the unread copy
+        cluster_file = work / "small.json"
+        cluster_file.write_text(json.dumps(cluster))
+        for strategy in strategies:
+            out = work / strategy
+            result = compile_model(model, cluster_file, out, batch_size=batch, verify=True,
+                                   **STRATEGIES[strategy])
+            _, peaks, _ = run_and_measure(workers, out, 2)
+            measured = {normalize_device_name(d): f["peak"] - f["start"]
+                        for d, f in peaks.items()}
+            results[strategy] = (result.verification, {
+                name: WorkerMemory(d.peak_memory_bytes, measured[name], d.memory_bytes)
+                for name, d in result.plan.predicted.devices.items()})
+    return results
+
+
+def fit_row(name, fraction, work, timeout):
+    """A row of the table for one Keras application, built and measured in a fresh
+    process (see the module docstring)."""
+    from benchmarks.model_zoo import export_application, run
+
+    model = Path(work) / name
+    row = {"model": name}
+    exported = export_application(name, model, timeout)
+    if exported:
+        return {**row, **{s: exported for s in STRATEGIES}}
+    with tempfile.TemporaryDirectory() as scratch:
+        got = run(CHILD, [model, scratch, fraction], 2 * timeout)
+    return {**row, **({s: got["error"] for s in STRATEGIES} if got.get("error") else got)}
+
+
+CHILD = """
+import json, sys
+from benchmarks.memory_fit import fit_and_measure, describe
+from tfpart.core.errors import TfpartError
+try:
+    results = fit_and_measure(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+except TfpartError as exc:
+    print(json.dumps({"error": str(exc).split(": ", 1)[-1][:150]}))
+    sys.exit(0)
+print(json.dumps({strategy: describe(*result) for strategy, result in results.items()}))
+"""
+
+
+def describe(verification, workers):
+    """One cell: outputs equal or not, then the fullest worker's predicted and measured
+    peak against its memory (MB), and how many workers the measured peak overflows.
+
+    >>> from types import SimpleNamespace
+    >>> describe(SimpleNamespace(outputs_equal=True, op_mismatches=[]),
+    ...          {"a": WorkerMemory(4_300_000, 4_420_000, 5_700_000),
+    ...           "b": WorkerMemory(1_000_000, 1_100_000, 5_700_000)})
+    'equal, 0 off-plan; fullest 4.30 / 4.42 / 5.70 MB (78%); 0 over'
+    """
+    fullest = max(workers.values(), key=lambda w: w.measured / w.memory)
+    over = sum(1 for w in workers.values() if w.measured > w.memory)
+    return (f"{'equal' if verification.outputs_equal else 'DIFFER'}, "
+            f"{len(verification.op_mismatches)} off-plan; fullest "
+            f"{fullest.predicted / 1e6:.2f} / {fullest.measured / 1e6:.2f} / "
+            f"{fullest.memory / 1e6:.2f} MB ({100 * fullest.measured / fullest.memory:.0f}%); "
+            f"{over} over")
+
+
+def main(argv=None):
+    from rich.console import Console
+
+    from benchmarks.markdown import show_rows
+    from benchmarks.model_zoo import application_names
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=None)
+    parser.add_argument("--fraction", type=float, default=0.6)
+    parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--work", default=Path(tempfile.gettempdir()) / "tfpart-model-zoo")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    console = Console()
+    rows = []
+    for name in args.models or application_names():
+        rows.append(fit_row(name, args.fraction, args.work, args.timeout))
+        console.print(rows[-1])  # a long run shows its progress
+    show_rows(console, f"keras.applications on 3 workers each holding {args.fraction} x "
+              f"its single-device peak (batch 2): predicted / measured / memory",
+              rows, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
