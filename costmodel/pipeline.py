@@ -188,9 +188,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     tensors alive as the schedule interleaves them, each gradient kept until the
     update that sums them."""
     names = cluster.device_names
-    replicated, placement = _replicate(graph, names, device_of, stage_of,
-                                       microbatches, schedule)
-    feed_microbatches(replicated, placement, graph, microbatches)
+    replicated, placement = pipeline_graph(graph, names, device_of, stage_of, microbatches,
+                                           schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=memory)
     end = dict(zip(cost.ops, schedule.end))
@@ -209,6 +208,53 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                        transfers=len(schedule.transfers),
                        peak_memory=dict(zip(names, map(float, schedule.peak_memory)))
                        if memory else None)
+
+
+def pipeline_graph(graph, cluster_names, device_of, stage_of, microbatches,
+                   schedule="gpipe"):
+    """The execution graph of a pipeline, as the rewriter builds it: ``microbatches``
+    copies of ``graph``'s per-micro-batch ops (``mb<m>/<op>``, :func:`_replicate`), the
+    batch fed and the outputs merged (:func:`feed_microbatches`) and what the update
+    reads accumulated (:func:`accumulate_for_update`). Returns it and the device index
+    of each of its ops."""
+    replicated, placement = _replicate(graph, cluster_names, device_of, stage_of,
+                                       microbatches, schedule)
+    feed_microbatches(replicated, placement, graph, microbatches)
+    if microbatches > 1:
+        accumulate_for_update(replicated, placement, graph,
+                              lambda op: [f"mb{m}/{op}" for m in range(microbatches)],
+                              device_of.get)
+    return replicated, placement
+
+
+def execution_graph(cost, plan):
+    """What a plan with stages or replicas runs, op by op, as the simulator prices it
+    and the rewriter builds it: :func:`pipeline_graph` of its stages (the graph costed
+    at a micro-batch) or the graph of its replicas (:func:`plan_replicas_cost`).
+    Returns the graph and the device index of each of its ops.
+
+    >>> from tfpart.core.cluster import cluster_of_devices
+    >>> from tfpart.core.plan import Plan, Stages
+    >>> g = OpGraph()
+    >>> g.add_op("a", op_type="Relu", bytes_accessed=4e9)
+    >>> g.add_op("b", op_type="Relu", bytes_accessed=4e9)
+    >>> g.add_edge("a", "b", bytes=8)
+    >>> cluster = cluster_of_devices(["cpu", "cpu"])
+    >>> names = cluster.device_names
+    >>> plan = Plan(assignment={"a": names[0], "b": names[1]},
+    ...             stages=Stages({"a": 0, "b": 1}, microbatches=2))
+    >>> graph, where = execution_graph(CostModel(g, cluster), plan)
+    >>> sorted(op for op in graph.ops if "waits" not in op), where["mb1/b"]
+    (['mb0/a', 'mb0/b', 'mb1/a', 'mb1/b'], 1)
+    """
+    if plan.replicas:
+        replicated_cost, where = plan_replicas_cost(cost, plan)
+        return replicated_cost.graph, dict(zip(replicated_cost.ops, map(int, where)))
+    index = {name: d for d, name in enumerate(cost.cluster.device_names)}
+    return pipeline_graph(microbatch_graph(cost.graph, plan.microbatches),
+                          cost.cluster.device_names,
+                          {op: index[d] for op, d in plan.assignment.items()}, plan.stages,
+                          plan.microbatches, plan.schedule or "gpipe")
 
 
 def _phase(attrs):
@@ -309,6 +355,64 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
             for op in sources[(stage, phase1)]:
                 replicated.add_edge(barrier, name(op, m1), control=True)
     return replicated, placement
+
+
+def accumulate_for_update(replicated, placement, graph, copies, home):
+    """Feed a training step's update as the rewriter does: what the update reads from
+    the per-micro-batch ops is, for a float tensor computed from the batch (a
+    gradient, the loss), the sum of its copies (``copies(op)``, every replica's and
+    micro-batch's), made by an op ``accumulate/<op>`` on ``home(op)`` and sent on
+    once; for any other (a weight's read, a shape), the first copy's value. Before,
+    the update read every copy, each sent to it on its own.
+
+    >>> g = OpGraph()
+    >>> g.add_op("x", op_type="Placeholder", outputs=[((8, 4), "float32")])
+    >>> g.add_op("grad", op_type="MatMul", phase="backward", outputs=[((4, 4), "float32")])
+    >>> g.add_op("apply", op_type="AssignSubVariableOp", phase="update")
+    >>> g.add_edge("x", "grad", bytes=128); g.add_edge("grad", "apply", bytes=64)
+    >>> replicated, where = _replicate(g, ["d0", "d1"], {"x": 0, "grad": 0, "apply": 1},
+    ...                                {"x": 0, "grad": 0}, 2, "gpipe")
+    >>> accumulate_for_update(replicated, where, g,
+    ...                       lambda op: [f"mb{m}/{op}" for m in range(2)], lambda op: 0)
+    >>> sorted(replicated.predecessors("apply")), where["accumulate/grad"]
+    (['accumulate/grad'], 0)
+    >>> replicated.edge("accumulate/grad", "apply")["bytes"]
+    64.0
+    """
+    update = {op for op, attrs in graph.ops.items() if attrs.get("phase") == "update"}
+    if not update:
+        return
+    shared = shared_ops(graph)
+    data = {dst: [src for src in graph.predecessors(dst) if not graph.edge(src, dst)["control"]]
+            for dst in graph.ops}
+    from_batch, frontier = set(), [op for op in graph.ops if _is_input(graph, op)]
+    while frontier:
+        op = frontier.pop()
+        if op not in from_batch:
+            from_batch.add(op)
+            frontier += [dst for dst in graph.successors(op) if op in data[dst]]
+    for src, dst, edge in list(graph.edges()):
+        if dst not in update or src in shared or edge["control"]:
+            continue
+        made = copies(src)
+        for copy in made:
+            if replicated.nx_graph.has_edge(copy, dst):
+                replicated.nx_graph.remove_edge(copy, dst)
+        outputs = graph.ops[src]["outputs"]  # none known (a synthetic graph): a gradient
+        floating = not outputs or any("float" in str(dtype) for _, dtype in outputs)
+        if src not in from_batch or not floating:
+            replicated.add_edge(made[0], dst, bytes=edge["bytes"])
+            continue
+        total = f"accumulate/{src}"
+        if total not in replicated:
+            replicated.add_op(total, op_type="AddN", colocation=total,
+                              flops=edge["bytes"] / 4 * len(made),
+                              bytes_accessed=edge["bytes"] * (len(made) + 1),
+                              outputs=graph.ops[src]["outputs"])
+            placement[total] = home(src)
+            for copy in made:
+                replicated.add_edge(copy, total, bytes=edge["bytes"])
+        replicated.add_edge(total, dst, bytes=edge["bytes"])
 
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault"}
@@ -422,6 +526,9 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
                 continue
             replicated.add_edge(src if src in shared else f"rep{r}/{src}",
                                 dst if dst in shared else f"rep{r}/{dst}", **edge)
+    accumulate_for_update(replicated, placement, graph,
+                          lambda op: [f"rep{r}/{op}" for r in range(len(fractions))],
+                          lambda op: placement[f"rep0/{op}"])
     feed_and_merge(replicated, placement, graph, fractions, lambda r, op: [f"rep{r}/{op}"])
     return replicated, placement
 
@@ -464,6 +571,10 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
     if all_reduce:
         add_all_reduces(*into, graph, gradients, len(fractions), copies,
                         lambda r, src: device_maps[r][src])
+    else:
+        accumulate_for_update(*into, graph, lambda op: [
+            copy for r in range(len(fractions)) for copy in copies(r, op)],
+            device_maps[0].get)
     feed_and_merge(*into, graph, fractions, copies)
     return into
 

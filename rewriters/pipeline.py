@@ -62,6 +62,7 @@ PIPELINE_PREFIX = re.compile(
     r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+(?:_\d+)?|tfpart_update(?:_r\d+)?)/")
 MICROBATCH = re.compile(r"(?:^|/)(?:tfpart_mb(\d+)_stage\d+(?:_\d+)?|tfpart_update_r(\d+))/")
 GATE = "tfpart_gate"
+ACCUMULATE = "tfpart_accumulate"  # the scope of a sum over micro-batches or replicas
 
 
 def original_op_name(name):
@@ -490,11 +491,13 @@ class _PipelineBody:
                     not envs[0][tensor].dtype.is_floating:
                 total[tensor] = envs[0][tensor]
                 continue
-            with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])):
+            # every op of the sum in one scope, the op accumulate/<op> of the execution
+            # graph the simulator prices (costmodel.pipeline.accumulate_for_update)
+            with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])), \
+                    tf.name_scope(f"{ACCUMULATE}/{op}/"):
                 dtype = envs[0][tensor].dtype
                 total[tensor] = tf.add_n([env[tensor] * tf.cast(share, dtype)
-                                          for env, share in zip(envs, shares)],
-                                         name=f"tfpart_accumulate/{op}")
+                                          for env, share in zip(envs, shares)], name="sum")
         return total
 
     def _lanes(self):

@@ -11,6 +11,7 @@ from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
 from partitioner.pipeline import PipelineOptions, partition
 from partitioner.training_stages import forward_partners
 from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.dtypes import chunk_bytes, tensor_bytes
 from tfpart.core.errors import PlacementError
 from tfpart.core.graph import OpGraph
 
@@ -120,8 +121,13 @@ def test_training_stages_keep_backward_ops_with_their_forward_ops(graph, cluster
 @given(training_steps(), st.integers(4, 16))
 def test_1f1b_never_holds_more_than_fill_drain(graph, microbatches):
     """By the simulated live ranges: 1F1B frees each micro-batch's activations sooner;
-    both keep every micro-batch's gradients until the update sums them, which can make
-    the peaks equal (tests/e2e/test_training.py shows 1F1B below on a real step)."""
+    both keep every micro-batch's gradients until they are summed, which can make the
+    peaks equal (tests/e2e/test_training.py shows 1F1B below on a real step). It may
+    hold one buffer more: it starts a micro-batch's backward while the next one's
+    forward still runs on the stage, so a backward op's output can be alive beside a
+    forward output that fill-drain has freed by then (found by hypothesis: a stage
+    holding only the last layer's 2 KB outputs, which it sends on, and the gradient
+    seed's 128-byte shape, 256 bytes above fill-drain)."""
     cluster = cluster_from_dict({"devices": [
         {"name": f"/job:worker/task:0/device:GPU:{i}", "kind": "T4"} for i in range(3)]})
     plan = partition(CostModel(graph, cluster),
@@ -132,8 +138,13 @@ def test_1f1b_never_holds_more_than_fill_drain(graph, microbatches):
     peaks = {schedule: simulate_pipeline(microbatch_graph(graph, microbatches), cluster,
                                          device_of, plan.stages, microbatches, cost, schedule,
                                          memory=True).peak_memory for schedule in SCHEDULES}
+    names = cluster.device_names
     for device in peaks["gpipe"]:
-        assert peaks["1f1b"][device] <= peaks["gpipe"][device] + 1e-6
+        one_buffer = max((chunk_bytes(sum(tensor_bytes(*out) for out in attrs["outputs"]))
+                          for op, attrs in graph.ops.items()
+                          if attrs["phase"] == "backward" and names[device_of[op]] == device),
+                         default=0)
+        assert peaks["1f1b"][device] <= peaks["gpipe"][device] + one_buffer + 1e-6
 
 
 def test_a_gradient_op_is_paired_by_its_name_else_by_the_deepest_op_it_reads():

@@ -1,0 +1,130 @@
+"""What the simulator prices is what TensorFlow is given: for plans with micro-batches or
+replicas, every op the pipeline rewriter imports into the compiled signature, on its
+device, is a node of the execution graph the simulator prices
+(``costmodel.pipeline.execution_graph``), and every tensor the compiled model copies
+between devices is an edge of it between those devices, and the other way round.
+
+Both sides are read here: the compiled model's ops by the names the rewriter gives them
+(``tfpart_mb<m>_stage<k>/``, ``tfpart_update[_r<r>]/``, ``tfpart_accumulate/<op>/``);
+the execution graph's by the attributes each copy carries (``origin``, ``replica``,
+``microbatch``). Left out on both sides: the slices of the batch and the concatenation
+of the outputs (named differently, priced as ``feed/``, ``merge/``), the barriers of the
+schedule (control edges), the collectives of an all-reduce (priced as ``pack/`` and
+``allreduce/``) and the variables (captured, not imported)."""
+import collections
+import re
+
+import pytest
+
+from tests.conftest import local_cluster
+
+pytestmark = [pytest.mark.slow]
+
+PIECE = re.compile(r"^tfpart_mb(\d+)_stage\d+(?:_\d+)?/(.*)$")
+UPDATE = re.compile(r"^tfpart_update(?:_r(\d+))?/(.*)$")
+ACCUMULATED = re.compile(r"^tfpart_accumulate/(.*)/(?:sum|mul(?:_\d+)?|Cast(?:_\d+)?)$")
+NOT_IMPORTED = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp")
+PRICED_ELSEWHERE = re.compile(r"(^|/)(feed|merge|pack|allreduce)/|-waits$")
+
+
+def _priced(result):
+    """(nodes, cross-device edges) of the execution graph the simulator prices."""
+    from costmodel.pipeline import execution_graph
+    from costmodel.roofline import CostModel
+    from tfpart.core.cluster import normalize_device_name
+
+    graph, where = execution_graph(CostModel(result.graph, result.cluster), result.plan)
+    names = result.cluster.device_names
+    key = {}
+    for op, attrs in graph.ops.items():
+        origin = attrs.get("origin", op)
+        if PRICED_ELSEWHERE.search(op) or result.graph.ops.get(origin, {}).get(
+                "op_type") in NOT_IMPORTED:
+            continue
+        key[op] = (origin, attrs.get("replica"), attrs.get("microbatch"))
+    nodes = collections.Counter((key[op], normalize_device_name(names[where[op]]))
+                                for op in key)
+    edges = {(key[u], key[v]) for u, v, edge in graph.edges()
+             if u in key and v in key and not edge["control"] and where[u] != where[v]}
+    return nodes, edges
+
+
+def _built(result, out):
+    """(nodes, cross-device edges) of the signature the rewriter built in ``out``."""
+    from rewriters.savedmodel_io import read_saved_model
+    from tfpart.core.cluster import normalize_device_name
+    from tfpart.core.plan import replica_of
+
+    plan = result.plan
+    replicas = plan.replicas
+    per = replicas.microbatches if replicas else None
+    library = read_saved_model(out).meta_graphs[0].graph_def.library
+    body = next(f for f in library.function if any(PIECE.match(n.name) for n in f.node_def))
+    key, device = {}, {}
+    for node in body.node_def:
+        piece, update, accumulated = (pattern.match(node.name)
+                                      for pattern in (PIECE, UPDATE, ACCUMULATED))
+        if piece:
+            m, origin = int(piece.group(1)), piece.group(2)
+            if replicas:
+                copy = (replica_of(replicas, m), m % per if per else None)
+            else:
+                copy = (None, m if plan.microbatches > 1 else None)
+        elif update:
+            origin = update.group(2)
+            copy = (int(update.group(1) or 0) if replicas and replicas.reduce == "all_reduce"
+                    else None, None)
+        elif accumulated:
+            origin, copy = f"accumulate/{accumulated.group(1)}", (None, None)
+        else:
+            continue
+        if result.graph.ops.get(origin, {}).get("op_type") in NOT_IMPORTED:
+            continue
+        key[node.name] = (origin, *copy)
+        device[node.name] = normalize_device_name(node.device)
+    nodes = collections.Counter((key[name], device[name]) for name in key
+                                if not key[name][0].startswith("accumulate/"))
+    nodes.update((key[name], device[name]) for name in key if name.endswith("/sum"))
+    edges = set()
+    for node in body.node_def:
+        for source in node.input:
+            source = source.split(":")[0]
+            if node.name in key and source in key and device[source] != device[node.name] \
+                    and not source.startswith("^"):
+                edges.add((key[source], key[node.name]))
+    return nodes, edges
+
+
+@pytest.mark.parametrize("model, batch, devices, options", [
+    pytest.param("residual_cnn", 8, 3, {"microbatches": 3}, id="pipeline"),
+    pytest.param("training_step:conv_tower", 8, 3, {"microbatches": 2},
+                 id="training-pipeline"),
+    pytest.param("training_step:conv_tower", 8, 3, {
+        "strategy": "data_parallel", "options": {"reduce": "one_device"}},
+        id="training-replicas-one_device"),
+    pytest.param("training_step:conv_tower", 8, 3, {"strategy": "data_parallel"},
+                 id="training-replicas-all_reduce"),
+    pytest.param("residual_cnn", 16, 4, {"algorithm": "hybrid", "options": {
+        "groups": 2, "form": "pipeline"}}, id="replicas-of-a-pipeline"),
+])
+def test_the_rewriter_builds_the_execution_graph_the_simulator_prices(
+        model, batch, devices, options, exported, write_cluster, tmp_path):
+    import examples.models as models
+    from tfpart.compile import compile_model
+
+    if model.startswith("training_step:"):
+        path = models.export_training_step(tmp_path / "model", model.split(":")[1], "adam")
+        options = {**options, "signature": "train_step"}
+    else:
+        path = exported(model)
+    out = tmp_path / "out"
+    result = compile_model(path, write_cluster(local_cluster(devices)), out,
+                           batch_size=batch, **options)
+    assert result.plan.microbatches > 1 or result.plan.replicas
+    priced_nodes, priced_edges = _priced(result)
+    built_nodes, built_edges = _built(result, out)
+    assert len(priced_nodes) > len(result.graph) / 2  # the copies were read
+    assert priced_nodes == built_nodes, (priced_nodes - built_nodes, built_nodes - priced_nodes)
+    assert priced_edges == built_edges, (priced_edges - built_edges, built_edges - priced_edges)
+    if result.plan.stages and len(set(result.plan.stages.values())) > 1:
+        assert priced_edges  # a pipeline over devices copies between them
