@@ -3,7 +3,7 @@ processes that each hold a fraction of its predicted single-device peak, as an o
 placement and as a pipeline, verified, run, and every worker's allocator peak read.
 
     python -m benchmarks.memory_fit [--models DenseNet121 MobileNetV2 ...]
-                                    [--fraction 0.6] [--markdown]
+                                    [--fraction 0.6] [--markdown] [--smallest]
 
 The models are ``keras.applications`` built as :mod:`benchmarks.model_zoo` builds them
 (random weights, 10 classes, 32 x 32 or their smallest input) at batch 2; without
@@ -16,6 +16,11 @@ warm-up steps and two measured ones from a fresh client
 (:func:`benchmarks.memory_accuracy.run_and_measure`). A row gives, for each strategy,
 whether the outputs equal the original's, and the fullest worker's predicted and
 measured peak against its memory, or the one-line error.
+
+With ``--smallest`` nothing runs: each model is planned (:func:`smallest_fraction`,
+a bisection) for ever smaller devices, and a row gives the smallest fraction of its
+single-device peak that each of the three devices can hold and still get a placement,
+or a pipeline.
 """
 from __future__ import annotations
 
@@ -48,6 +53,45 @@ def single_device_peak(model, batch):
                       algorithm="single")[0]
     unread = plan.context["unread_variables"]["bytes"]
     return sum(d.peak_memory_bytes for d in plan.predicted.devices.values()) - unread, unread
+
+
+def fraction_cluster(fraction, peak, unread):
+    """The default cluster with every device holding ``fraction`` x ``peak`` bytes, the
+    first also ``unread`` (a Keras export's unread copy of the variables)."""
+    from profiles import DEFAULT_CLUSTER_FILE
+    from tfpart.core.cluster import cluster_from_dict
+
+    cluster = json.loads(Path(DEFAULT_CLUSTER_FILE).read_text())
+    for device in cluster["devices"]:
+        device["memory"] = int(fraction * peak)
+    cluster["devices"][0]["memory"] += unread
+    return cluster_from_dict(cluster, source=f"{fraction:.3f} x the peak")
+
+
+def smallest_fraction(model, batch=2, strategy="placement", low=1 / 3, high=1.0, steps=6):
+    """The smallest fraction of ``model``'s single-device peak each of the default
+    cluster's three devices can hold and still get a ``strategy`` plan, by bisection
+    between ``low`` (three devices of a third of the peak hold no more than one device
+    of all of it) and ``high`` over ``steps`` plans; None if ``high`` gets none."""
+    from tfpart.compile import plan_model
+    from tfpart.core.errors import TfpartError
+
+    peak, unread = single_device_peak(model, batch)
+
+    def fits(fraction):
+        try:
+            plan_model(model, fraction_cluster(fraction, peak, unread), batch_size=batch,
+                       **STRATEGIES[strategy])
+            return True
+        except TfpartError:
+            return False
+
+    if not fits(high):
+        return None
+    for _ in range(steps):
+        middle = (low + high) / 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high
 
 
 def fit_and_measure(model, work, fraction, batch=2, strategies=tuple(STRATEGIES)):
@@ -94,9 +138,9 @@ def fit_and_measure(model, work, fraction, batch=2, strategies=tuple(STRATEGIES)
     return results
 
 
-def fit_row(name, fraction, work, timeout):
-    """A row of the table for one Keras application, built and measured in a fresh
-    process (see the module docstring)."""
+def fit_row(name, fraction, work, timeout, smallest=False):
+    """A row of the table for one Keras application, built and measured (or with
+    ``smallest``, planned for ever smaller devices) in a fresh process."""
     from benchmarks.model_zoo import export_application, run
 
     model = Path(work) / name
@@ -105,9 +149,22 @@ def fit_row(name, fraction, work, timeout):
     if exported:
         return {**row, **{s: exported for s in STRATEGIES}}
     with tempfile.TemporaryDirectory() as scratch:
-        got = run(CHILD, [model, scratch, fraction], 2 * timeout)
+        got = run(SMALLEST_CHILD, [model], 4 * timeout) if smallest else \
+            run(CHILD, [model, scratch, fraction], 2 * timeout)
     return {**row, **({s: got["error"] for s in STRATEGIES} if got.get("error") else got)}
 
+
+SMALLEST_CHILD = """
+import json, sys
+from benchmarks.memory_fit import single_device_peak, smallest_fraction
+peak, unread = single_device_peak(sys.argv[1], 2)
+row = {"peak MB": f"{peak / 1e6:.1f}"}
+for strategy in ("placement", "pipeline"):
+    fraction = smallest_fraction(sys.argv[1], strategy=strategy)
+    row[strategy] = "none at 1.0" if fraction is None else \\
+        f"{fraction:.3f} x ({fraction * peak / 1e6:.1f} MB)"
+print(json.dumps(row))
+"""
 
 CHILD = """
 import json, sys
@@ -153,15 +210,19 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--work", default=Path(tempfile.gettempdir()) / "tfpart-model-zoo")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--smallest", action="store_true",
+                        help="instead, the smallest fraction that still plans (no run)")
     args = parser.parse_args(argv)
     Path(args.work).mkdir(parents=True, exist_ok=True)
     console = Console()
     rows = []
     for name in args.models or application_names():
-        rows.append(fit_row(name, args.fraction, args.work, args.timeout))
+        rows.append(fit_row(name, args.fraction, args.work, args.timeout, args.smallest))
         console.print(rows[-1])  # a long run shows its progress
-    show_rows(console, f"keras.applications on 3 workers each holding {args.fraction} x "
-              f"its single-device peak (batch 2): predicted / measured / memory",
+    show_rows(console, "keras.applications: the smallest of three devices that gets a plan, "
+              "as a fraction of the single-device peak (batch 2)" if args.smallest else
+              f"keras.applications on 3 workers each holding {args.fraction} x its "
+              "single-device peak (batch 2): predicted / measured / memory",
               rows, args.markdown)
 
 
