@@ -56,7 +56,9 @@ from tfpart.core.output_folders import write_file_atomically
 REPORT = signal.SIGUSR1
 RESET = signal.SIGUSR2
 BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
-RESERVED_BYTES = 8 << 30  # addresses, not pages: more than any test or benchmark holds
+# addresses, not pages: more than any test or benchmark holds, and within what Linux's
+# default (heuristic) overcommit grants a process on a small machine
+RESERVED_BYTES = min(8 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4)
 
 
 def use_bfc_allocator():
@@ -94,7 +96,11 @@ def serve(path):
 
     tf = tensorflow()
     path = Path(path)
-    reserve_one_region(tf, RESERVED_BYTES)
+    try:
+        reserve_one_region(tf, RESERVED_BYTES)
+    except tf.errors.ResourceExhaustedError as exc:  # measured as the allocator grows
+        print(f"tfpart worker: no {RESERVED_BYTES >> 20} MiB region reserved: "
+              f"{str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
     start = tf.config.experimental.get_memory_info("CPU:0")["current"]
 
     def answer(number, frame):
