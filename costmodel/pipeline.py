@@ -185,8 +185,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     ``costs`` is a CostModel whose measured profiles and precision policy apply
     (default: the roofline's, the cluster's). With ``memory``, the run's
     ``peak_memory`` is each device's live-range peak over the batch: every micro-batch's
-    tensors alive as the schedule interleaves them, each gradient kept until the
-    update that sums them."""
+    tensors alive as the schedule interleaves them, each gradient kept until it is
+    summed for the update (:func:`pipeline_graph`)."""
     names = cluster.device_names
     replicated, placement = pipeline_graph(graph, names, device_of, stage_of, microbatches,
                                            schedule)
@@ -362,8 +362,7 @@ def accumulate_for_update(replicated, placement, graph, copies, home):
     the per-micro-batch ops is, for a float tensor computed from the batch (a
     gradient, the loss), the sum of its copies (``copies(op)``, every replica's and
     micro-batch's), made by an op ``accumulate/<op>`` on ``home(op)`` and sent on
-    once; for any other (a weight's read, a shape), the first copy's value. Before,
-    the update read every copy, each sent to it on its own.
+    once; for any other (a weight's read, a shape), the first copy's value.
 
     >>> g = OpGraph()
     >>> g.add_op("x", op_type="Placeholder", outputs=[((8, 4), "float32")])
@@ -382,15 +381,7 @@ def accumulate_for_update(replicated, placement, graph, copies, home):
     update = {op for op, attrs in graph.ops.items() if attrs.get("phase") == "update"}
     if not update:
         return
-    shared = shared_ops(graph)
-    data = {dst: [src for src in graph.predecessors(dst) if not graph.edge(src, dst)["control"]]
-            for dst in graph.ops}
-    from_batch, frontier = set(), [op for op in graph.ops if _is_input(graph, op)]
-    while frontier:
-        op = frontier.pop()
-        if op not in from_batch:
-            from_batch.add(op)
-            frontier += [dst for dst in graph.successors(op) if op in data[dst]]
+    shared, from_batch = shared_ops(graph), _computed_from_batch(graph)
     for src, dst, edge in list(graph.edges()):
         if dst not in update or src in shared or edge["control"]:
             continue
@@ -416,6 +407,18 @@ def accumulate_for_update(replicated, placement, graph, copies, home):
 
 
 INPUT_OPS = {"Placeholder", "PlaceholderWithDefault"}
+
+
+def _computed_from_batch(graph):
+    """The ops a data path leads to from an input op (the inputs included)."""
+    found, frontier = set(), [op for op in graph.ops if _is_input(graph, op)]
+    while frontier:
+        op = frontier.pop()
+        if op not in found:
+            found.add(op)
+            frontier += [dst for dst in graph.successors(op)
+                         if not graph.edge(op, dst)["control"]]
+    return found
 
 
 def _is_input(graph, op):
