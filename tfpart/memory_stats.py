@@ -73,12 +73,17 @@ def reserve_one_region(tf, nbytes):
     module docstring); the peak is reset to the bytes in use after. ``Empty`` without
     ``init`` writes nothing, so no page of the region is touched.
 
-    >>> from rewriters.tf_import import tensorflow
-    >>> tf = tensorflow()
-    >>> reserve_one_region(tf, 1 << 20)
-    >>> info = tf.config.experimental.get_memory_info("CPU:0")
-    >>> info["peak"] == info["current"]
-    True
+    In a fresh process (the allocator is chosen when TensorFlow first needs one):
+
+    >>> import subprocess, sys
+    >>> code = ("from tfpart.memory_stats import use_bfc_allocator, reserve_one_region\\n"
+    ...         "use_bfc_allocator()\\n"
+    ...         "import tensorflow as tf\\n"
+    ...         "reserve_one_region(tf, 1 << 30)\\n"
+    ...         "info = tf.config.experimental.get_memory_info('CPU:0')\\n"
+    ...         "print(info['peak'] == info['current'] < 1 << 20)")
+    >>> subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    'True\\n'
     """
     rows = -(-nbytes // 4096)  # a 2-D shape: one dimension of 2**31 or more overflows
     region = tf.raw_ops.Empty(shape=[rows, 4096], dtype=tf.uint8, init=False)
