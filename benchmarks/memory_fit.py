@@ -55,28 +55,39 @@ def single_device_peak(model, batch):
     return sum(d.peak_memory_bytes for d in plan.predicted.devices.values()) - unread, unread
 
 
+def with_memory(cluster, memory, unread):
+    """``cluster`` (a cluster.json dict) with every device holding ``memory`` bytes, the
+    first also ``unread`` (a Keras export's unread copy of the variables, kept there).
+
+    >>> with_memory({"devices": [{"name": "a"}, {"name": "b"}]}, 10, 3)["devices"]
+    [{'name': 'a', 'memory': 13}, {'name': 'b', 'memory': 10}]
+    """
+    for device in cluster["devices"]:
+        device["memory"] = memory
+    cluster["devices"][0]["memory"] += unread
+    return cluster
+
+
 def fraction_cluster(fraction, peak, unread):
-    """The default cluster with every device holding ``fraction`` x ``peak`` bytes, the
-    first also ``unread`` (a Keras export's unread copy of the variables)."""
+    """The default cluster with every device holding ``fraction`` x ``peak`` bytes
+    (:func:`with_memory`)."""
     from profiles import DEFAULT_CLUSTER_FILE
     from tfpart.core.cluster import cluster_from_dict
 
     cluster = json.loads(Path(DEFAULT_CLUSTER_FILE).read_text())
-    for device in cluster["devices"]:
-        device["memory"] = int(fraction * peak)
-    cluster["devices"][0]["memory"] += unread
-    return cluster_from_dict(cluster, source=f"{fraction:.3f} x the peak")
+    return cluster_from_dict(with_memory(cluster, int(fraction * peak), unread),
+                             source=f"{fraction:.3f} x the peak")
 
 
-def smallest_fraction(model, batch=2, strategy="placement", low=1 / 3, high=1.0, steps=6):
-    """The smallest fraction of ``model``'s single-device peak each of the default
-    cluster's three devices can hold and still get a ``strategy`` plan, by bisection
-    between ``low`` (three devices of a third of the peak hold no more than one device
-    of all of it) and ``high`` over ``steps`` plans; None if ``high`` gets none."""
+def smallest_fraction(model, peak, unread, batch=2, strategy="placement", low=1 / 3,
+                      high=1.0, steps=6):
+    """The smallest fraction of ``model``'s single-device ``peak`` (and ``unread``:
+    :func:`single_device_peak`) each of the default cluster's three devices can hold
+    and still get a ``strategy`` plan, by bisection between ``low`` (three devices of a
+    third of the peak hold no more than one device of all of it) and ``high`` over
+    ``steps`` plans; None if ``high`` gets none."""
     from tfpart.compile import plan_model
     from tfpart.core.errors import TfpartError
-
-    peak, unread = single_device_peak(model, batch)
 
     def fits(fraction):
         try:
@@ -112,7 +123,6 @@ def fit_and_measure(model, work, fraction, batch=2, strategies=tuple(STRATEGIES)
 
     work = Path(work)
     peak, unread = single_device_peak(model, batch)
-    memory = int(fraction * peak)
     results = {}
     for strategy in strategies:
         folder = work / strategy
@@ -121,12 +131,9 @@ def fit_and_measure(model, work, fraction, batch=2, strategies=tuple(STRATEGIES)
         # freed chunks whole, up to twice a request (measured: 22.1 MB instead of
         # 19.4 MB for MobileNet's pipeline after its placement)
         with LocalWorkers(3, folder, memory_stats=True) as workers:
-            cluster = json.loads(workers.path.read_text())
-            for device in cluster["devices"]:
-                device["memory"] = memory
-            cluster["devices"][0]["memory"] += unread  # the host of the unread copy
             cluster_file = folder / "small.json"
-            cluster_file.write_text(json.dumps(cluster))
+            cluster_file.write_text(json.dumps(with_memory(
+                json.loads(workers.path.read_text()), int(fraction * peak), unread)))
             out = folder / "out"
             result = compile_model(model, cluster_file, out, batch_size=batch, verify=True,
                                    **STRATEGIES[strategy])
@@ -148,9 +155,11 @@ def fit_row(name, fraction, work, timeout, smallest=False):
     exported = export_application(name, model, timeout)
     if exported:
         return {**row, **{s: exported for s in STRATEGIES}}
-    with tempfile.TemporaryDirectory() as scratch:
-        got = run(SMALLEST_CHILD, [model], 4 * timeout) if smallest else \
-            run(CHILD, [model, scratch, fraction], 2 * timeout)
+    if smallest:
+        got = run(SMALLEST_CHILD, [model], 4 * timeout)
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            got = run(CHILD, [model, scratch, fraction], 2 * timeout)
     return {**row, **({s: got["error"] for s in STRATEGIES} if got.get("error") else got)}
 
 
@@ -160,7 +169,7 @@ from benchmarks.memory_fit import single_device_peak, smallest_fraction
 peak, unread = single_device_peak(sys.argv[1], 2)
 row = {"peak MB": f"{peak / 1e6:.1f}"}
 for strategy in ("placement", "pipeline"):
-    fraction = smallest_fraction(sys.argv[1], strategy=strategy)
+    fraction = smallest_fraction(sys.argv[1], peak, unread, strategy=strategy)
     row[strategy] = "none at 1.0" if fraction is None else \\
         f"{fraction:.3f} x ({fraction * peak / 1e6:.1f} MB)"
 print(json.dumps(row))

@@ -57,16 +57,14 @@ print(json.dumps({"ops": len(result.graph), "seconds": time.perf_counter() - sta
 
 FRACTION_COMPILE = """
 import json, sys, time
-from benchmarks.memory_fit import single_device_peak
+from benchmarks.memory_fit import single_device_peak, with_memory
 from profiles import DEFAULT_CLUSTER_FILE
 from tfpart.compile import compile_model
 from tfpart.core.errors import TfpartError
 model, out, fraction = sys.argv[1], sys.argv[2], float(sys.argv[3])
 peak, unread = single_device_peak(model, 2)
-cluster = json.loads(open(DEFAULT_CLUSTER_FILE).read())
-for device in cluster["devices"]:
-    device["memory"] = int(fraction * peak)
-cluster["devices"][0]["memory"] += unread
+cluster = with_memory(json.loads(open(DEFAULT_CLUSTER_FILE).read()), int(fraction * peak),
+                      unread)
 path = out + ".json"
 open(path, "w").write(json.dumps(cluster))
 row = {"peak MB": f"{peak / 1e6:.1f}"}
