@@ -479,28 +479,49 @@ def _peak(cost, order, device_of, start, end, transfers, makespan):
     alloc_time, alloc_bytes, freed = _buffer_lifetimes(
         order, device_of, start, end, a.pred_ptr, a.pred_op, a.pred_edge, a.edge_control,
         a.aliasing, a.forwarding, a.constant, a.shape_only, a.own_bytes, a.out_bytes,
-        transfers, n_dev, np.diff(a.succ_ptr) == 0)
-    owner, device = np.nonzero(alloc_bytes > 0)
-    t0, nbytes = alloc_time[owner, device], alloc_bytes[owner, device]
-    t1 = np.minimum(makespan, np.maximum(freed[owner, device], t0))
-    scratch = np.flatnonzero(a.scratch_bytes)  # held while the op runs
-    device = np.concatenate([device, device_of[scratch]])
-    t0, t1 = np.concatenate([t0, start[scratch]]), np.concatenate([t1, end[scratch]])
-    nbytes = np.concatenate([nbytes, a.scratch_bytes[scratch]])
-    # at equal times frees (kind 0) before allocations (kind 1), as the sweep's order
-    times, kinds = np.concatenate([t0, t1]), np.repeat([1, 0], len(t0))
-    devices, deltas = np.concatenate([device, device]), np.concatenate([nbytes, -nbytes])
-    order = np.lexsort((deltas, kinds, times, devices))
-    devices, running = devices[order], np.cumsum(deltas[order])
+        transfers, n_dev, a.succ_ptr[1:] == a.succ_ptr[:-1])
+    peak = _sweep(alloc_time, alloc_bytes, freed, makespan, a.scratch_bytes, device_of,
+                  start, end, n_dev)
+    return np.bincount(device_of, a.param_bytes, minlength=n_dev) + peak
+
+
+@numba.njit(cache=True)
+def _sweep(alloc_time, alloc_bytes, freed, makespan, scratch_bytes, device_of, start, end,
+           n_dev):
+    """The most bytes alive at once per device: each buffer from its allocation to its
+    last use (at most the makespan), each op's scratch while it runs. Events are
+    summed in the order (device, time, frees before allocations, bytes), one running
+    sum over all devices, as an earlier numpy version of this sweep did, so its
+    peaks are the same to the last bit."""
+    owners, devices = np.nonzero(alloc_bytes > 0)
+    scratch = np.flatnonzero(scratch_bytes)
+    n_buffers, n_events = len(owners), len(owners) + len(scratch)
+    device = np.empty(2 * n_events, dtype=np.int64)
+    time, kind, delta = np.empty(2 * n_events), np.empty(2 * n_events), np.empty(2 * n_events)
+    for k in range(n_events):
+        if k < n_buffers:
+            i, d = owners[k], devices[k]
+            t0, nbytes = alloc_time[i, d], alloc_bytes[i, d]
+            t1 = min(makespan, max(freed[i, d], t0))
+        else:
+            i = scratch[k - n_buffers]
+            d, t0, t1, nbytes = device_of[i], start[i], end[i], scratch_bytes[i]
+        device[k], time[k], kind[k], delta[k] = d, t0, 1.0, nbytes
+        j = n_events + k
+        device[j], time[j], kind[j], delta[j] = d, t1, 0.0, -nbytes
+    # a lexicographic sort: stable sorts from the last key to the first
+    events = np.argsort(delta, kind="mergesort")
+    events = events[np.argsort(kind[events], kind="mergesort")]
+    events = events[np.argsort(time[events], kind="mergesort")]
+    events = events[np.argsort(device[events], kind="mergesort")]
     peak = np.zeros(n_dev)
-    bounds = np.searchsorted(devices, np.arange(n_dev + 1))
-    for d in range(n_dev):
-        if bounds[d + 1] > bounds[d]:
-            mine = running[bounds[d]:bounds[d + 1]]
-            before = running[bounds[d] - 1] if bounds[d] else 0.0
-            peak[d] = max(0.0, (mine - before).max())
-    params = np.bincount(device_of, a.param_bytes, minlength=n_dev)
-    return params + peak
+    running, before, current = 0.0, 0.0, -1
+    for e in events:
+        if device[e] != current:
+            current, before = device[e], running
+        running += delta[e]
+        peak[current] = max(peak[current], running - before)
+    return peak
 
 
 @numba.njit(cache=True)

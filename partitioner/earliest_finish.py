@@ -547,11 +547,12 @@ def data_readers(arrays):
 
 
 class _Judge:
-    """Simulated (step time, bytes moved, devices used) of placements, each simulated
-    once: the search meets the same placements again."""
+    """Simulated (step time, bytes moved, devices used) of placements, and whether they
+    fit in memory, each found once: the search meets the same placements again (a
+    faster move that does not fit is met again on every sweep)."""
 
     def __init__(self, cost, priority):
-        self.cost, self.priority, self.seen = cost, priority, {}
+        self.cost, self.priority, self.seen, self.fitting = cost, priority, {}, {}
 
     def __call__(self, placement):
         placement = np.asarray(placement, dtype=np.int64)
@@ -560,6 +561,14 @@ class _Judge:
             step, moved = simulated_step(self.cost, placement, self.priority)
             self.seen[key] = (step, moved, int(np.count_nonzero(np.bincount(placement))))
         return self.seen[key]
+
+    def fits(self, placement):
+        """:func:`~costmodel.simulate.fits_memory` of ``placement``."""
+        placement = np.asarray(placement, dtype=np.int64)
+        key = placement.tobytes()
+        if key not in self.fitting:
+            self.fitting[key] = fits_memory(self.cost, placement)
+        return self.fitting[key]
 
 
 def _no_worse_than_baselines(cost, device_of, judge, baselines, gather):
@@ -712,7 +721,8 @@ def _refine(cost, device_of, judge, evaluations):
         chains, chain_runnable = _chains(cost, groups, runnable)
         groups, runnable = chains + groups, np.concatenate([chain_runnable, runnable])
         one_pass = int(runnable.sum()) - len(groups)
-    evaluations = _descend(cost, device_of, judge, groups, runnable, evaluations)
+    choices = [np.flatnonzero(devices) for devices in runnable]
+    evaluations = _descend(device_of, judge, groups, choices, evaluations)
     movable = np.flatnonzero(runnable.sum(axis=1) > 1)
     rng = np.random.default_rng(0)
     current = device_of.copy()
@@ -720,12 +730,11 @@ def _refine(cost, device_of, judge, evaluations):
     while len(movable) and evaluations >= one_pass:
         trial = current.copy()
         for k in rng.choice(movable, size=min(KICK_GROUPS, len(movable)), replace=False):
-            choices = np.flatnonzero(runnable[k])
-            trial[groups[k]] = rng.choice(choices[choices != trial[groups[k][0]]])
+            trial[groups[k]] = rng.choice(choices[k][choices[k] != trial[groups[k][0]]])
         evaluations -= 1
-        if not fits_memory(cost, trial):
+        if not judge.fits(trial):
             continue
-        evaluations = _descend(cost, trial, judge, groups, runnable, evaluations)
+        evaluations = _descend(trial, judge, groups, choices, evaluations)
         step = judge(trial)[0]
         if step < best_step * (1 - 1e-9):
             device_of[:], best_step = trial, step
@@ -759,26 +768,28 @@ KICK_GROUPS = 2  # groups moved at random before each further descent
 WANDER = 0.02  # how much slower a kicked descent may be for the walk to move there
 
 
-def _descend(cost, device_of, judge, groups, runnable, evaluations):
+def _descend(device_of, judge, groups, choices, evaluations):
     """First-improvement local search: move a group (``groups``, heaviest first) to the
-    device, where its row of ``runnable`` is true, that most lowers the simulated
+    device among its ``choices`` (device indices) that most lowers the simulated
     makespan, within memory; repeat while it helps and ``evaluations`` last. Changes
     ``device_of`` in place; returns the evaluations left."""
     best = judge(device_of)[0]
     improved = True
     while improved and evaluations > 0:
         improved = False
-        for members, devices in zip(groups, runnable):
+        for members, devices in zip(groups, choices):
             choice = None
-            for d in np.flatnonzero(devices):
-                if evaluations <= 0 or (device_of[members] == d).all():
+            now = device_of[members]
+            alone_on = int(now[0]) if (now == now[0]).all() else -1  # all on one device
+            for d in devices:
+                if evaluations <= 0 or d == alone_on:
                     continue
                 trial = device_of.copy()
                 trial[members] = d
                 evaluations -= 1
                 makespan = judge(trial)[0]
                 if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
-                    if fits_memory(cost, trial):
+                    if judge.fits(trial):
                         choice = (d, makespan)
             if choice is not None:
                 device_of[members] = choice[0]
