@@ -26,7 +26,9 @@ tensors those stages produced for the same micro-batch and its variables to capt
 then get their planned devices in the object graph (``SavedVariable.device``), which
 lets the compile machine save plans for devices it does not have. Only the compiled
 signature is kept. Imported ops are named ``tfpart_mb<m>_stage<k>/<original name>``
-(a training step's update: ``tfpart_update/<original name>``).
+(a training step's update: ``tfpart_update/<original name>``) and stamped with the op,
+replica and micro-batch they compute (:mod:`rewriters.copies`), which is how
+verification reads them back.
 
 As a pass of :mod:`rewriters.passes` it is :func:`pipeline_pass`, run for plans with
 stages.
@@ -34,13 +36,13 @@ stages.
 from __future__ import annotations
 
 import dataclasses
-import re
 import zlib
 from pathlib import Path
 
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
+from rewriters.copies import stamp_op, stamped
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
@@ -55,50 +57,8 @@ from tfpart.core.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
 from tfpart.core.plan import all_reduces, device_stand_ins, replica_device, replica_of
 from tfpart.core.splits import SCOPE as SPLIT_SCOPE
 
-# A piece imported twice under one prefix (a stage's forward, then its backward) gets
-# TensorFlow's unique-name suffix: tfpart_mb0_stage1_1/.
-# An all-reducing plan's replica r > 0 updates its own copy: tfpart_update_r<r>/.
-PIPELINE_PREFIX = re.compile(
-    r"^(?:.*/)?(?:tfpart_mb\d+_stage\d+(?:_\d+)?|tfpart_update(?:_r\d+)?)/")
-MICROBATCH = re.compile(r"(?:^|/)(?:tfpart_mb(\d+)_stage\d+(?:_\d+)?|tfpart_update_r(\d+))/")
 GATE = "tfpart_gate"
 ACCUMULATE = "tfpart_accumulate"  # the scope of a sum over micro-batches or replicas
-
-
-def original_op_name(name):
-    """The source model's op name of an op of a pipelined model.
-
-    >>> original_op_name("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul")
-    'model/dense/MatMul'
-    >>> original_op_name("StatefulPartitionedCall/tfpart_update/adam/Sqrt")
-    'adam/Sqrt'
-    >>> original_op_name("StatefulPartitionedCall/tfpart_mb0_stage1_1/gradient_tape/MatMul")
-    'gradient_tape/MatMul'
-    >>> original_op_name("StatefulPartitionedCall/tfpart_update_r1/adam/Sqrt")
-    'adam/Sqrt'
-    """
-    return PIPELINE_PREFIX.sub("", name)
-
-
-def replica_of_op(name, replicas):
-    """The replica (the index in a plan's ``replicas``) an op of a compiled model with
-    replicas runs for, or None for the shared update's and other ops.
-
-    >>> from tfpart.core.plan import Replicas
-    >>> four, two_each = Replicas("ABCD", [0.25] * 4), Replicas("AB", [0.5] * 2, microbatches=2)
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", four)
-    3
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_mb3_stage1/model/dense/MatMul", two_each)
-    1
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_update/adam/Sqrt", four) is None
-    True
-    >>> replica_of_op("StatefulPartitionedCall/tfpart_update_r2/adam/Sqrt", two_each)
-    2
-    """
-    found = MICROBATCH.search(name)
-    if found is None:
-        return None
-    return int(found.group(2)) if found.group(2) else replica_of(replicas, int(found.group(1)))
 
 
 def pipeline_pass(model, plan, workdir):
@@ -382,7 +342,7 @@ class _PipelineBody:
                 with tf.device(device), tf.control_dependencies(done.get(device, [])):
                     gates[f"^{GATE}"] = tf.constant(0.0, name=f"{GATE}_mb{m}_stage{k}_{phase}")
             imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
-                                    ops_of[m], gates, self._replica(m))
+                                    ops_of[m], gates, self._replica(m), self._microbatch(m))
             done[device] = [imported[name] for name in self.sinks[(k, phase)]]
         if self.tokens:
             lanes = self._lanes()
@@ -496,8 +456,13 @@ class _PipelineBody:
             with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])), \
                     tf.name_scope(f"{ACCUMULATE}/{op}/"):
                 dtype = envs[0][tensor].dtype
-                total[tensor] = tf.add_n([env[tensor] * tf.cast(share, dtype)
-                                          for env, share in zip(envs, shares)], name="sum")
+                weights = [tf.cast(share, dtype) for share in shares]
+                weighted = [env[tensor] * weight for env, weight in zip(envs, weights)]
+                total[tensor] = tf.add_n(weighted, name="sum")
+            made = [total[tensor], *weighted, *(w for w, share in zip(weights, shares)
+                                                if w is not share)]  # not a no-op cast
+            for value in made:
+                stamp_op(value.op, f"accumulate/{op}")
         return total
 
     def _lanes(self):
@@ -569,6 +534,15 @@ class _PipelineBody:
         """The replica micro-batch ``m`` runs in (None without replicas)."""
         return replica_of(self.plan.replicas, m) if self.plan.replicas else None
 
+    def _microbatch(self, m):
+        """Which micro-batch of its replica micro-batch ``m`` is (None: the replica's,
+        or without replicas the step's, whole batch), as the execution graph counts
+        them."""
+        replicas = self.plan.replicas
+        if replicas:
+            return m % replicas.microbatches if replicas.microbatches else None
+        return m if self.plan.microbatches > 1 else None
+
     def _device(self, m, k):
         """The device of stage ``k`` for micro-batch ``m`` (its replica's, if any)."""
         replicas = self.plan.replicas
@@ -576,11 +550,12 @@ class _PipelineBody:
             return self.stand_ins[self._replica(m)].get(self.device[k], self.device[k])
         return replicas.devices[m] if replicas else self.device[k]
 
-    def _import(self, key, prefix, env, ops_of, control, replica=None):
-        """Import piece ``key`` under ``prefix`` (on micro-batch ``replica``'s device
-        when the plan has replicas); add its tensors to ``env``."""
+    def _import(self, key, prefix, env, ops_of, control, replica=None, microbatch=None):
+        """Import piece ``key`` under ``prefix`` (on ``replica``'s devices when the
+        plan has replicas), each op stamped as the copy of its op for ``replica`` and
+        ``microbatch`` (:mod:`rewriters.copies`); add its tensors to ``env``."""
         tf = tensorflow()
-        piece, members = self.pieces[key], self.members[key]
+        piece, members = stamped(self.pieces[key], replica, microbatch), self.members[key]
         replicas = self.plan.replicas
         if replicas and replica is not None:
             placements = replicas.placements

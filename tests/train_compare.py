@@ -112,6 +112,7 @@ def compare(source, out, cluster_file, cluster, args):
     import tensorflow as tf
 
     from tfpart.compile import compile_model
+    from tfpart.core.splits import part_of
     from tfpart.runtime import load, runnable
     from tfpart.training import weight_variable_ops
     from tfpart.verification import verify
@@ -158,8 +159,9 @@ def compare(source, out, cluster_file, cluster, args):
                                for op in result.plan.splits or ()}),
         "splits_read": [op for op in result.plan.splits or ()
                         if result.graph.out_degree(op)],
-        "parts_ran_on": sorted({(name, device) for name, device in report.placement.items()
-                                if "/tfpart_split/part" in name}),
+        "parts_ran_on": sorted({(copy.origin, report.placement[name])
+                                for name, copy in report.copies.items()
+                                if part_of(copy.origin) is not None}),
         "microbatches": result.plan.microbatches, "schedule": result.plan.schedule,
         "stages": len(set((result.plan.stages or {}).values())),
         "slots": len(slots),

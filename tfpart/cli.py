@@ -22,30 +22,12 @@ from rich.table import Table
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.core.errors import OutputError, TfpartError, VerificationError
 from tfpart.core.output_folders import check_inputs_outside, check_replaceable
-from tfpart.report import replicas_line, row_shards_line
+from tfpart.strategy_lines import seconds, strategy_lines
 from tfpart.strategy_request import STRATEGY_CHOICES
 from tfpart.core.quiet import library_output_captured, user_stderr
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
-
-
-def splits_line(plan):
-    """One line on a plan's filter splits: how many ops, over which devices.
-
-    >>> from tfpart.core.plan import Plan
-    >>> splits_line(Plan(assignment={}, splits={"conv": {
-    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "sizes": [40, 24]}}))
-    'Filter split: 1 op in slices of its output channels (conv: /device:CPU:0 40, /device:CPU:1 24)'
-    """
-    splits = plan.splits
-    if not splits:
-        return "Filter split: no split shortens the predicted step; a placement of whole ops"
-    shown = [f"{op}: " + ", ".join(f"{d} {size}" for d, size in zip(s.devices, s.sizes))
-             for op, s in list(splits.items())[:3]]
-    more = f"; and {len(splits) - 3} more" if len(splits) > 3 else ""
-    return (f"Filter split: {len(splits)} op{'s' if len(splits) > 1 else ''} in slices of "
-            f"{'their' if len(splits) > 1 else 'its'} output channels ({'; '.join(shown)}{more})")
 
 
 def strategy_line(strategy):
@@ -59,11 +41,11 @@ def strategy_line(strategy):
     'Strategy greedy: the least predicted step (20.000 ms; greedy with the tables cut 30.000 ms)'
     """
     chosen, times = strategy["chosen"], strategy["step_times"]
-    others = [f"{name} {_seconds(t)}" for name, t in sorted(times.items()) if name != chosen]
+    others = [f"{name} {seconds(t)}" for name, t in sorted(times.items()) if name != chosen]
     others += [f"{name} impossible: {why}" for name, why in sorted(strategy["refused"].items())]
-    others += [f"{name} with the {key} {_seconds(t)}" for key in ("tables cut", "tables whole")
+    others += [f"{name} with the {key} {seconds(t)}" for key in ("tables cut", "tables whole")
                for name, t in sorted(strategy.get(key, {}).items())]
-    return (f"Strategy {chosen}: the least predicted step ({_seconds(times[chosen])}"
+    return (f"Strategy {chosen}: the least predicted step ({seconds(times[chosen])}"
             + "".join(f"; {text}" for text in others) + ")")
 
 def _bytes(n):
@@ -72,9 +54,6 @@ def _bytes(n):
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
 
-
-def _seconds(s):
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
 
 
 def plan_table(plan):
@@ -93,7 +72,7 @@ def plan_table(plan):
     for name, figures in plan.predicted.devices.items():
         memory = figures.peak_memory_bytes
         count = figures.ops if plan.replicas else ops.get(name, 0)  # replicas' copies
-        row = [name, figures.kind, str(count), _seconds(figures.busy_s),
+        row = [name, figures.kind, str(count), seconds(figures.busy_s),
                _bytes(memory), f"{100 * memory / figures.memory_bytes:.1f}%"]
         if pipelined:
             row.insert(2, str(stage_of_device.get(name, "-")))
@@ -139,27 +118,14 @@ def print_plan(result, default_cluster):
     strategy = plan.context.get("strategy")
     if strategy:
         console.print(strategy_line(strategy))
-    if plan.row_shards:
-        console.print(row_shards_line(plan))
-    if plan.replicas:
-        console.print(replicas_line(plan))
-    elif plan.splits is not None:  # a placement with filter splits, perhaps none
-        console.print(splits_line(plan))
-    elif plan.stages:
-        p = plan.predicted.pipeline
-        schedule = f" ({plan.schedule} schedule)" if plan.schedule else ""
-        console.print(f"Pipeline: {len(set(plan.stages.values()))} stages, "
-                      f"{plan.microbatches} micro-batches{schedule} (bubble "
-                      f"{100 * p.bubble_fraction:.0f}%); predicted throughput "
-                      f"{p.throughput:.1f} samples/s, first result after "
-                      f"{_seconds(p.first_result)}, one micro-batch every "
-                      f"{_seconds(p.interval)}")
+    for line in strategy_lines(plan):
+        console.print(line)
     if plan.predicted.transfers is not None:
         console.print(f"{plan.predicted.transfers} tensor copies between devices per step "
                       f"({plan.predicted.cross_host_transfers} between hosts, "
                       f"{_bytes(plan.predicted.bytes_moved)})")
-    console.print(f"Predicted step time {_seconds(plan.step_time)}; lower bound "
-                  f"{_seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
+    console.print(f"Predicted step time {seconds(plan.step_time)}; lower bound "
+                  f"{seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))
     console.print(f"Wrote {result.out} (with plan.json and report.html)")
 
@@ -314,12 +280,12 @@ def cmd_profile(args):
     console.print(f"Measured {timed} ops ({len(profile.ops)} op type/shape keys) of "
                   f"{args.model} at batch size {profile.meta['batch_size']} in "
                   f"{profile.meta['profiling_seconds']:.1f} s; step time "
-                  f"{_seconds(profile.meta['step_time_s'])} "
+                  f"{seconds(profile.meta['step_time_s'])} "
                   f"({profile.meta['hardware']['cpu']}, TF {profile.meta['tensorflow']})")
     fitted = ", ".join(f"{k} {_efficiency_text(v)}"
                        for k, v in profile.fitted["efficiency"].items())
     console.print(f"Fitted efficiency: {fitted}; overhead "
-                  f"{_seconds(profile.fitted['op_overhead_s'])} per op")
+                  f"{seconds(profile.fitted['op_overhead_s'])} per op")
     console.print(f"Wrote {args.output}")
     return 0
 
@@ -349,7 +315,7 @@ def _efficiency_text(value):
         return f"{value:.2f}"
     value = KernelEfficiency.parse(value)
     compute = "/".join(f"{p} {c:.2f}" for p, c in sorted(value.compute.items()))
-    launch = f", launch {_seconds(value.launch_s)}" if value.launch_s else ""
+    launch = f", launch {seconds(value.launch_s)}" if value.launch_s else ""
     return f"(compute {compute}, memory {value.memory:.2f}{launch})"
 
 
@@ -365,12 +331,12 @@ def cmd_calibrate(args):
     for column in ("class", "launch", "memory", "compute by precision"):
         table.add_column(column)
     for cls, value in fitted.items():
-        table.add_row(cls, _seconds(value.launch_s), f"{value.memory:.3f}",
+        table.add_row(cls, seconds(value.launch_s), f"{value.memory:.3f}",
                       ", ".join(f"{p} {c:.3f}" for p, c in sorted(value.compute.items())))
     console.print(table)
     if "host_link_latency" in entry:
         console.print(f"Host link: {entry['host_link_bandwidth'] / 1e9:.1f} GB/s, "
-                      f"{_seconds(entry['host_link_latency'])} per copy")
+                      f"{seconds(entry['host_link_latency'])} per copy")
     if args.output:
         write_kind(name, entry, args.output)
         console.print(f"Wrote kind {name} into {args.output}")
@@ -399,7 +365,7 @@ def cmd_simulate(args):
         table.add_column(column, justify="left" if column == "device" else "right")
     for d, name in enumerate(names):
         table.add_row(name, str(int((schedule.device == d).sum())),
-                      _seconds(schedule.busy[d]), _seconds(schedule.idle[d]),
+                      seconds(schedule.busy[d]), seconds(schedule.idle[d]),
                       _bytes(schedule.peak_memory[d]))
     console.print(table)
     if schedule.link_bytes:
@@ -410,7 +376,7 @@ def cmd_simulate(args):
         for (a, b), nbytes in sorted(schedule.link_bytes.items()):
             links.add_row(names[a], names[b], _bytes(nbytes))
         console.print(links)
-    console.print(f"Predicted step time {_seconds(schedule.makespan)}")
+    console.print(f"Predicted step time {seconds(schedule.makespan)}")
     if args.gantt:
         from costmodel.gantt import write_gantt
 
@@ -425,13 +391,13 @@ def print_pipeline_run(run, plan):
         table.add_column(column, justify="left" if column == "device" else "right")
     stage_of_device = {plan.assignment[op]: stage for op, stage in plan.stages.items()}
     for name, busy in run.busy.items():
-        table.add_row(name, str(stage_of_device.get(name, "-")), _seconds(busy))
+        table.add_row(name, str(stage_of_device.get(name, "-")), seconds(busy))
     console.print(table)
     batch = plan.context.get("batch_size", 1)
-    console.print(f"Predicted batch time {_seconds(run.batch_time)} "
+    console.print(f"Predicted batch time {seconds(run.batch_time)} "
                   f"({batch / run.batch_time:.1f} samples/s); first result after "
-                  f"{_seconds(run.first_result)}; one micro-batch every "
-                  f"{_seconds(run.interval)}; bubble {100 * run.bubble_fraction:.0f}%")
+                  f"{seconds(run.first_result)}; one micro-batch every "
+                  f"{seconds(run.interval)}; bubble {100 * run.bubble_fraction:.0f}%")
     return 0
 
 
@@ -610,10 +576,10 @@ def cmd_cluster_probe(args):
             rounds = ", ".join(f"{b / 1e9:.2f}" for b in pair["measured"]["bandwidth"])
             table.add_row(" - ".join(pair["between"]),
                           f"{pair['bandwidth'] / 1e9:.2f} GB/s ({rounds})",
-                          _seconds(pair["latency"]), _seconds(pair.get("message_cost", 0)))
+                          seconds(pair["latency"]), seconds(pair.get("message_cost", 0)))
     console.print(table)
     console.print(f"Step overhead (launching a step on the cluster): "
-                  f"{_seconds(new['step_overhead'])}; wrote {output}", soft_wrap=True)
+                  f"{seconds(new['step_overhead'])}; wrote {output}", soft_wrap=True)
     return 0
 
 
@@ -651,8 +617,8 @@ def cmd_run(args):
                             repeats=args.repeats, warmup=args.warmup, watch=True)
     predicted = result["predicted_s"]
     console.print(f"{args.compiled}: batch {result['batch_size']} in "
-                  f"{_seconds(result['median_s'])} (median of {result['repeats']}; predicted "
-                  f"{_seconds(predicted) if predicted else 'n/a'}), "
+                  f"{seconds(result['median_s'])} (median of {result['repeats']}; predicted "
+                  f"{seconds(predicted) if predicted else 'n/a'}), "
                   f"{result['samples_per_s']:.1f} samples/s, "
                   f"{result['microbatches']} micro-batch(es)")
     if args.json:

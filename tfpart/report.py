@@ -25,7 +25,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tfpart.core.plan import all_reduces
+from tfpart.strategy_lines import replicas_line, row_shards_line
 
 SECTIONS = ("Model", "Cluster", "Algorithm", "Per-device figures", "Step time and bound",
             "Placement", "Schedule", "Link traffic", "Pipeline", "Verification")
@@ -204,66 +204,6 @@ def _links(plan):
         return "<p>Nothing crosses between devices.</p>"
     return _table(("link", "MB per step"), [(link, f"{nbytes / 1e6:.3f}")
                                            for link, nbytes in sorted(links.items())])
-
-
-def replicas_line(plan):
-    """One line on a data-parallel plan: each replica's device and share of the batch.
-
-    >>> from tfpart.core.plan import Plan, Stages
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 6}, replicas={
-    ...     "devices": ["/device:CPU:0", "/device:CPU:1"], "fractions": [2 / 3, 1 / 3],
-    ...     "pinned": []}))
-    'Data parallel: 2 replicas (/device:CPU:0 4 samples, /device:CPU:1 2 samples of 6); variables on /device:CPU:0'
-    >>> replicas_line(Plan(assignment={}, context={"batch_size": 4}, replicas={
-    ...     "devices": ["A", "B"], "fractions": [0.5, 0.5], "pinned": [],
-    ...     "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}]}))
-    'Data parallel: 2 replicas (A+C 2 samples, B+D 2 samples of 4); variables on A'
-    >>> replicas_line(Plan(assignment={"x": "A"}, context={"batch_size": 4},
-    ...     stages=Stages({"x": 0}, 2, "gpipe"), replicas={"devices": ["A", "B"],
-    ...     "fractions": [0.5, 0.5], "pinned": [], "reduce": "all_reduce"}))
-    'Data parallel: 2 replicas (A 2 samples, B 2 samples of 4); a copy of the variables on each, gradients all-reduced'
-    >>> replicas_line(Plan(assignment={"x": "A", "y": "C"}, context={"batch_size": 8},
-    ...     stages=Stages({"x": 0, "y": 1}, 4), replicas={"devices": ["A", "B"],
-    ...     "fractions": [0.5, 0.5], "pinned": [], "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}],
-    ...     "microbatches": 2}))
-    'Data parallel: 2 replicas (A+C 4 samples, B+D 4 samples of 8), each a pipeline of 2 stages over 2 micro-batches; variables on A+C'
-    """
-    batch = plan.context.get("batch_size") or 1
-    replicas = plan.replicas
-    placements = replicas.placements or [{}] * len(replicas.devices)
-    shares = ", ".join(
-        "+".join([device, *sorted(set(placement.values()) - {device})])
-        + f" {round(f * batch)} samples"
-        for device, f, placement in zip(replicas.devices, replicas.fractions, placements))
-    if all_reduces(replicas):
-        where = ("a copy of the variables on each, gradients all-reduced"
-                 if plan.schedule else "a copy of the variables on each")
-    else:
-        home = "+".join(sorted(set(plan.assignment.values()))) \
-            if replicas.microbatches else replicas.devices[0]
-        where = (f"gradients summed and the update run once on {home}"
-                 if plan.schedule else f"variables on {home}")
-    pipelines = (f", each a pipeline of {len(set(plan.stages.values()))} stages over "
-                 f"{replicas.microbatches} micro-batches") \
-        if replicas.microbatches else ""
-    return (f"Data parallel: {len(replicas.devices)} replicas ({shares} of {batch})"
-            f"{pipelines}; {where}")
-
-
-def row_shards_line(plan):
-    """One line on a plan's tables cut into row shards: each table's shards' rows and
-    devices.
-
-    >>> from tfpart.core.plan import Plan
-    >>> row_shards_line(Plan(assignment={}, row_shards={"items": {
-    ...     "sizes": [600, 400], "devices": ["A", "B"]}}))
-    'Row shards: table items in 2 shards of consecutive rows (A 600 rows, B 400 rows); each lookup gathers every id on its shard and stitches the rows back in order'
-    """
-    shown = [f"table {table} in {len(s.sizes)} shards of consecutive rows ("
-             + ", ".join(f"{d} {n} rows" for d, n in zip(s.devices, s.sizes)) + ")"
-             for table, s in sorted(plan.row_shards.items())]
-    return (f"Row shards: {'; '.join(shown)}; each lookup gathers every id on its shard and "
-            "stitches the rows back in order")
 
 
 def _pipeline(plan):

@@ -35,6 +35,8 @@ class VerifyReport:
     variable_mismatches: list = field(default_factory=list)
     device_map: dict = field(default_factory=dict)
     placement: dict = field(default_factory=dict)  # op -> device TensorFlow ran it on
+    # op that ran -> the rewriters.copies.OpCopy it computes (ops that are copies only)
+    copies: dict = field(default_factory=dict)
     batches: list = field(default_factory=list)  # (batch size, max abs difference, equal)
     # the original's other signatures: name -> "equal", "missing", "other inputs or
     # outputs" or "other values (max abs difference …)"
@@ -132,7 +134,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     block names running ``tfpart worker`` tasks, this process connects to them and runs
     the compiled model as it is, across the tasks (the original runs here).
     """
-    from rewriters.pipeline import original_op_name
+    from rewriters.copies import copies_in, copy_of
 
     tf = tensorflow()
     with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
@@ -178,16 +180,18 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     batches = [(size, *_compare(a, e, rtol, atol))
                for size, a, e in zip(sizes, actual, expected)]
     planned = {op: device_map[d] for op, d in plan.assignment.items()}
-    runs = [(name, device, op_types[name]) for name, device in placed.items()]
+    copies = copies_in(proto.meta_graphs[0])
+    runs = [(name, copy_of(name, copies), device, op_types[name])
+            for name, device in placed.items()]
     # each micro-batch's imported copy of the source's ops (a TF1 model's variables and
     # tables are its graph's own, shared by the copies)
     if plan.reimported and plan.context.get("format") != "tf1":
-        runs = [(n, d, t) for n, d, t in runs if original_op_name(n) != n]
+        runs = [run for run in runs if run[1] is not None]
     want = _planned_device(plan, planned, device_map)
-    checked = [(name, device, op) for name, device, op in runs
-               if want(name) is not None]
-    elsewhere = [(original_op_name(name), want(name), device, op)
-                 for name, device, op in checked if not same_device(want(name), device)]
+    checked = [(copy.origin if copy else name, want(name, copy), device, op)
+               for name, copy, device, op in runs if want(name, copy) is not None]
+    elsewhere = [(name, wanted, device, op) for name, wanted, device, op in checked
+                 if not same_device(wanted, device)]
     mismatches = [(name, want, got) for name, want, got, op in elsewhere if op != "Const"]
     moved_constants = [(name, want, got) for name, want, got, op in elsewhere if op == "Const"]
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
@@ -200,7 +204,8 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         ops_checked=len(checked), op_mismatches=mismatches,
                         moved_constants=moved_constants,
                         variable_mismatches=variable_mismatches, device_map=device_map,
-                        placement=placed)
+                        placement=placed, copies={name: copy for name, copy, _, _ in runs
+                                                  if copy is not None})
 
 def _other_signature(signature_of, name, original, batch, seed, domains, rtol, atol):
     """How signature ``name`` of the compiled model compares with the ``original``'s:
@@ -250,24 +255,24 @@ def _compare(actual, expected, rtol, atol):
 
 
 def _planned_device(plan, planned, device_map):
-    """The device an op of the compiled model should run on, by its name (None for
-    ops the plan does not name): a replica's copy on the replica's device, unless it
-    reads a variable; a split op's slice on the slice's device."""
-    from rewriters.pipeline import original_op_name, replica_of_op
-
+    """The device an op of the compiled model should run on, by its name and the
+    source op, replica and micro-batch it computes (its :class:`rewriters.copies.OpCopy`,
+    None for an op that is not a copy), or None for ops the plan does not name: a
+    replica's copy on the replica's device, unless it reads a variable; a split op's
+    slice on the slice's device."""
     replicas = plan.replicas
     pinned = set(replicas.pinned) if replicas else set()
     splits = plan.splits or {}
     stand_ins = device_stand_ins(replicas, plan.assignment)
 
-    def want(name):
-        original = original_op_name(name)
+    def want(name, copy):
+        original = copy.origin if copy else name
         part = part_of(original)
         if part is not None and part[0] in splits:
             return device_map[splits[part[0]].devices[part[1]]]
         if original not in planned:
             return None
-        r = replica_of_op(name, replicas) if replicas else None
+        r = copy.replica if copy and replicas else None
         if r is not None and original not in pinned:
             return device_map[replica_device(replicas, stand_ins, r, original,
                                              plan.assignment.get(original))]

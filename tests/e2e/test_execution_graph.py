@@ -4,11 +4,11 @@ device, is a node of the execution graph the simulator prices
 (``costmodel.pipeline.execution_graph``), and every tensor the compiled model copies
 between devices is an edge of it between those devices, and the other way round.
 
-Both sides are read here: the compiled model's ops by the names the rewriter gives them
-(``tfpart_mb<m>_stage<k>/``, ``tfpart_update[_r<r>]/``, ``tfpart_accumulate/<op>/``);
-the execution graph's by the attributes each copy carries (``origin``, ``replica``,
-``microbatch``). Left out on both sides: the slices of the batch and the concatenation
-of the outputs (named differently, priced as ``feed/``, ``merge/``), the barriers of the
+Both sides are read by the copy each op computes (its origin, replica and micro-batch):
+the compiled model's ops by the stamps the rewriter puts on them
+(:mod:`rewriters.copies`), the execution graph's by the attributes each copy carries.
+Left out on both sides: the slices of the batch and the concatenation of the outputs
+(not stamped; priced as ``feed/``, ``merge/``), the barriers of the
 schedule (control edges), the collectives of an all-reduce (priced as ``pack/`` and
 ``allreduce/``) and the variables (captured, not imported)."""
 import collections
@@ -20,9 +20,6 @@ from tests.conftest import local_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # the graphs, not how they run
 
-PIECE = re.compile(r"^tfpart_mb(\d+)_stage\d+(?:_\d+)?/(.*)$")
-UPDATE = re.compile(r"^tfpart_update(?:_r(\d+))?/(.*)$")
-ACCUMULATED = re.compile(r"^tfpart_accumulate/(.*)/[^/]+$")  # a sum's ops, one scope
 NOT_IMPORTED = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp")
 PRICED_ELSEWHERE = re.compile(r"(^|/)(feed|merge|pack|allreduce)/|-waits$")
 
@@ -50,41 +47,29 @@ def _priced(result):
 
 
 def _built(result, out):
-    """(nodes, cross-device edges) of the signature the rewriter built in ``out``."""
+    """(nodes, cross-device edges) of the signature the rewriter built in ``out``, each
+    op keyed by the copy it is stamped as (:mod:`rewriters.copies`). The ops of a sum
+    over micro-batches or replicas (casts, products, the sum) are one node."""
+    from rewriters.copies import copies_in
     from rewriters.savedmodel_io import read_saved_model
     from tfpart.core.cluster import normalize_device_name
-    from tfpart.core.plan import replica_of
 
-    plan = result.plan
-    replicas = plan.replicas
-    per = replicas.microbatches if replicas else None
-    library = read_saved_model(out).meta_graphs[0].graph_def.library
-    body = next(f for f in library.function if any(PIECE.match(n.name) for n in f.node_def))
+    meta = read_saved_model(out).meta_graphs[0]
+    copies = copies_in(meta)
+    body = next(f for f in meta.graph_def.library.function
+                if any(n.name in copies for n in f.node_def))
     key, device = {}, {}
     for node in body.node_def:
-        piece, update, accumulated = (pattern.match(node.name)
-                                      for pattern in (PIECE, UPDATE, ACCUMULATED))
-        if piece:
-            m, origin = int(piece.group(1)), piece.group(2)
-            if replicas:
-                copy = (replica_of(replicas, m), m % per if per else None)
-            else:
-                copy = (None, m if plan.microbatches > 1 else None)
-        elif update:
-            origin = update.group(2)
-            copy = (int(update.group(1) or 0) if replicas and replicas.reduce == "all_reduce"
-                    else None, None)
-        elif accumulated:
-            origin, copy = f"accumulate/{accumulated.group(1)}", (None, None)
-        else:
+        copy = copies.get(node.name)
+        if copy is None or result.graph.ops.get(copy.origin, {}).get(
+                "op_type") in NOT_IMPORTED:
             continue
-        if result.graph.ops.get(origin, {}).get("op_type") in NOT_IMPORTED:
-            continue
-        key[node.name] = (origin, *copy)
+        key[node.name] = (copy.origin, copy.replica, copy.microbatch)
         device[node.name] = normalize_device_name(node.device)
     nodes = collections.Counter((key[name], device[name]) for name in key
                                 if not key[name][0].startswith("accumulate/"))
-    nodes.update((key[name], device[name]) for name in key if name.endswith("/sum"))
+    nodes.update({(key[name], device[name]) for name in key
+                  if key[name][0].startswith("accumulate/")})
     edges = set()
     for node in body.node_def:
         for source in node.input:

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from rewriters.pipeline import original_op_name
 from tests.conftest import local_cluster
 from tfpart.compile import compile_model
 from tfpart.core.splits import part_of
@@ -212,8 +211,8 @@ def test_filter_split_models_match_the_original(name, exported, local_cpus, writ
         report = verify(model, out, batch_size=batch)
         assert report.outputs_equal, (batch, report.max_abs_diff)
         assert report.op_mismatches == [] and report.variable_mismatches == []
-        slices = {(part_of(original_op_name(name))[0], device)
-                  for name, device in report.placement.items() if "/tfpart_split/part" in name}
+        slices = {(part_of(copy.origin)[0], report.placement[name])
+                  for name, copy in report.copies.items() if part_of(copy.origin)}
         assert {op for op, _ in slices} == set(splits)
         for op, split in splits.items():
             assert len({device for o, device in slices if o == op}) == len(split.devices)

@@ -86,13 +86,11 @@ def test_the_compiled_model_runs_exactly_the_sharded_graph_that_was_priced(recom
     """What the cost model priced is what the rewriter built, node for node: the ops
     imported into the compiled signature are the OpGraph's (its inputs and variables,
     the shards among them, are bound to the signature's own tensors instead)."""
-    from rewriters.pipeline import original_op_name
+    from rewriters.copies import copies_in
     from rewriters.savedmodel_io import read_saved_model
 
     model, out, result = recommender
-    library = read_saved_model(out).meta_graphs[0].graph_def.library
-    imported = {original_op_name(node.name) for function in library.function
-                for node in function.node_def if node.name.startswith("tfpart_mb0_stage")}
+    imported = {copy.origin for copy in copies_in(read_saved_model(out).meta_graphs[0]).values()}
     priced = {op for op, attrs in result.graph.ops.items()
               if attrs["op_type"] not in ("Placeholder", "VarHandleOp")}
     assert imported == priced

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rewriters.pipeline import original_op_name
 from tfpart.core.splits import part_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,7 +260,7 @@ def test_filter_split_training_trains_like_the_original(tmp_path, model, optimiz
         assert any(len(set(s["sizes"])) > 1 for s in run["splits"].values())
     ran_on = {}
     for name, device in run["parts_ran_on"]:
-        ran_on.setdefault(part_of(original_op_name(name))[0], set()).add(device)
+        ran_on.setdefault(part_of(name)[0], set()).add(device)
     # every split op whose result is read ran in slices (TensorFlow prunes the rest:
     # the gradient with respect to the input image)
     assert set(ran_on) == set(run["splits_read"])
