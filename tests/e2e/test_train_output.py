@@ -85,7 +85,7 @@ def test_a_killed_sync_run_resumes_to_the_weights_of_an_uninterrupted_one(
     from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
-    steps = 600
+    steps = 300
     whole, cut, at = resumed_like_an_uninterrupted_run(
         model, data, tasks, tmp_path, steps, "--mode", "sync", "--batch-size", 8,
         "--seed", 5, "--eval-every", 20)
