@@ -13,11 +13,10 @@ from rewriters.input_ranges import input_domains
 from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import TfpartError, model_errors
-from tfpart.core.plan import device_stand_ins, replica_device
+from tfpart.core.plan import copy_devices
 from tfpart.runtime import (SessionSignature, canonical_device, load, random_inputs,
                             runnable, same_device)
 from tfpart.servers import cluster_errors
-from tfpart.core.splits import part_of
 
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
                "_DeviceArg", "_DeviceRetval", "NoOp"}
@@ -134,7 +133,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     block names running ``tfpart worker`` tasks, this process connects to them and runs
     the compiled model as it is, across the tasks (the original runs here).
     """
-    from rewriters.copies import copies_in, copy_of
+    from rewriters.copies import OpCopy, copies_in, copy_of
 
     tf = tensorflow()
     with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
@@ -179,7 +178,6 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                              if name != signature}
     batches = [(size, *_compare(a, e, rtol, atol))
                for size, a, e in zip(sizes, actual, expected)]
-    planned = {op: device_map[d] for op, d in plan.assignment.items()}
     copies = copies_in(proto.meta_graphs[0])
     runs = [(name, copy_of(name, copies), device, op_types[name])
             for name, device in placed.items()]
@@ -187,11 +185,15 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     # tables are its graph's own, shared by the copies)
     if plan.reimported and plan.context.get("format") != "tf1":
         runs = [run for run in runs if run[1] is not None]
-    want = _planned_device(plan, planned, device_map)
-    checked = [(copy.origin if copy else name, want(name, copy), device, op)
-               for name, copy, device, op in runs if want(name, copy) is not None]
-    elsewhere = [(name, wanted, device, op) for name, wanted, device, op in checked
-                 if not same_device(wanted, device)]
+    planned = copy_devices(plan)
+    checked = []  # (source op, planned device, device it ran on, op type)
+    for name, copy, device, op in runs:
+        copy = copy or OpCopy(name)  # an op of the source model itself
+        want = planned(copy.origin, copy.replica)
+        if want is not None:
+            checked.append((copy.origin, device_map[want], device, op))
+    elsewhere = [(name, want, device, op) for name, want, device, op in checked
+                 if not same_device(want, device)]
     mismatches = [(name, want, got) for name, want, got, op in elsewhere if op != "Const"]
     moved_constants = [(name, want, got) for name, want, got, op in elsewhere if op == "Const"]
     expected_vars = sorted(_saved_variable_devices(proto))  # proto is already remapped
@@ -252,32 +254,6 @@ def _compare(actual, expected, rtol, atol):
         d == 0.0 or (np.isfinite(d) and np.allclose(a, e, rtol=rtol, atol=atol))
         for d, a, e in zip(diffs, actual, expected))
     return max(diffs, default=0.0), equal
-
-
-def _planned_device(plan, planned, device_map):
-    """The device an op of the compiled model should run on, by its name and the
-    source op, replica and micro-batch it computes (its :class:`rewriters.copies.OpCopy`,
-    None for an op that is not a copy), or None for ops the plan does not name: a
-    replica's copy on the replica's device, unless it reads a variable; a split op's
-    slice on the slice's device."""
-    replicas = plan.replicas
-    pinned = set(replicas.pinned) if replicas else set()
-    splits = plan.splits or {}
-    stand_ins = device_stand_ins(replicas, plan.assignment)
-
-    def want(name, copy):
-        original = copy.origin if copy else name
-        part = part_of(original)
-        if part is not None and part[0] in splits:
-            return device_map[splits[part[0]].devices[part[1]]]
-        if original not in planned:
-            return None
-        r = copy.replica if copy and replicas else None
-        if r is not None and original not in pinned:
-            return device_map[replica_device(replicas, stand_ins, r, original,
-                                             plan.assignment.get(original))]
-        return planned[original]
-    return want
 
 
 def _saved_variable_devices(proto):

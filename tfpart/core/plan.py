@@ -400,6 +400,38 @@ def device_stand_ins(replicas, assignment):
             for placement in replicas.placements]
 
 
+def copy_devices(plan):
+    """Where ``plan`` runs each copy of an op: a function of the source op (or a split
+    op's slice, ``<op>/tfpart_split/part<k>``) and the replica the copy computes (None:
+    not a replica's copy) that gives the planned device, or None for an op the plan
+    does not place. A replica's copy runs on the replica's device unless the op is
+    pinned (it reads a variable); a slice on its slice's device.
+
+    >>> plan = Plan(assignment={"x": "A", "w": "A"}, replicas=Replicas(
+    ...     ["A", "B"], [0.5, 0.5], pinned=["w"]))
+    >>> device = copy_devices(plan)
+    >>> device("x", 1), device("w", 1), device("x", None), device("y", 0)
+    ('B', 'A', 'A', None)
+    """
+    from tfpart.core.splits import part_of
+
+    replicas, assignment = plan.replicas, plan.assignment
+    pinned = set(replicas.pinned) if replicas else set()
+    splits = plan.splits or {}
+    stand_ins = device_stand_ins(replicas, assignment)
+
+    def device(origin, replica=None):
+        part = part_of(origin)
+        if part is not None and part[0] in splits:
+            return splits[part[0]].devices[part[1]]
+        if origin not in assignment:
+            return None
+        if replicas and replica is not None and origin not in pinned:
+            return replica_device(replicas, stand_ins, replica, origin, assignment[origin])
+        return assignment[origin]
+    return device
+
+
 def replica_device(replicas, stand_ins, replica, op, first):
     """The device replica ``replica`` runs ``op`` on, given ``first``, the device of
     ``op`` in the first replica (the plan's assignment), and the plan's
