@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tfpart.core.errors import OutputError, PlacementError
 from tfpart.core.input_files import json_text, read_json
+from tfpart.core.splits import part_of
 
 PLAN_FORMAT_VERSION = 3  # 3: one stages object; 2 (still read): stages, microbatches, schedule
 MAX_PLAN_BYTES = 512 * 2**20  # a million ops' assignments, stages and replicas' placements
@@ -413,8 +414,6 @@ def copy_devices(plan):
     >>> device("x", 1), device("w", 1), device("x", None), device("y", 0)
     ('B', 'A', 'A', None)
     """
-    from tfpart.core.splits import part_of
-
     replicas, assignment = plan.replicas, plan.assignment
     pinned = set(replicas.pinned) if replicas else set()
     splits = plan.splits or {}
