@@ -555,20 +555,21 @@ class _Judge:
         self.cost, self.priority, self.seen, self.fitting = cost, priority, {}, {}
 
     def __call__(self, placement):
-        placement = np.asarray(placement, dtype=np.int64)
-        key = placement.tobytes()
-        if key not in self.seen:
-            step, moved = simulated_step(self.cost, placement, self.priority)
-            self.seen[key] = (step, moved, int(np.count_nonzero(np.bincount(placement))))
-        return self.seen[key]
+        return self._once(self.seen, placement, lambda p: (
+            *simulated_step(self.cost, p, self.priority),
+            int(np.count_nonzero(np.bincount(p)))))
 
     def fits(self, placement):
         """:func:`~costmodel.simulate.fits_memory` of ``placement``."""
+        return self._once(self.fitting, placement, lambda p: fits_memory(self.cost, p))
+
+    @staticmethod
+    def _once(found, placement, judge):
         placement = np.asarray(placement, dtype=np.int64)
         key = placement.tobytes()
-        if key not in self.fitting:
-            self.fitting[key] = fits_memory(self.cost, placement)
-        return self.fitting[key]
+        if key not in found:
+            found[key] = judge(placement)
+        return found[key]
 
 
 def _no_worse_than_baselines(cost, device_of, judge, baselines, gather):

@@ -44,12 +44,21 @@ class OpCopy:
     microbatch: int | None = None
 
 
-def stamp(node, origin, replica=None, microbatch=None):
-    """Write an :class:`OpCopy` onto ``node`` (a ``NodeDef``) as its attributes."""
-    node.attr[ORIGIN].s = origin.encode()
+def _attr_values(origin, replica, microbatch):
+    """The stamp of an :class:`OpCopy`: attribute name -> ``AttrValue``."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    values = {ORIGIN: attr_value_pb2.AttrValue(s=origin.encode())}
     for key, value in ((REPLICA, replica), (MICROBATCH, microbatch)):
         if value is not None:
-            node.attr[key].i = value
+            values[key] = attr_value_pb2.AttrValue(i=value)
+    return values
+
+
+def stamp(node, origin, replica=None, microbatch=None):
+    """Write an :class:`OpCopy` onto ``node`` (a ``NodeDef``) as its attributes."""
+    for key, value in _attr_values(origin, replica, microbatch).items():
+        node.attr[key].CopyFrom(value)
 
 
 def stamped(graph_def, replica=None, microbatch=None):
@@ -64,12 +73,8 @@ def stamped(graph_def, replica=None, microbatch=None):
 
 def stamp_op(op, origin, replica=None, microbatch=None):
     """Stamp a ``tf.Operation`` already in a graph (an op tfpart builds itself)."""
-    from tensorflow.core.framework import attr_value_pb2
-
-    op._set_attr(ORIGIN, attr_value_pb2.AttrValue(s=origin.encode()))
-    for key, value in ((REPLICA, replica), (MICROBATCH, microbatch)):
-        if value is not None:
-            op._set_attr(key, attr_value_pb2.AttrValue(i=value))
+    for key, value in _attr_values(origin, replica, microbatch).items():
+        op._set_attr(key, value)
 
 
 def _read(node):
