@@ -227,36 +227,6 @@ def pipeline_graph(graph, cluster_names, device_of, stage_of, microbatches,
     return replicated, placement
 
 
-def execution_graph(cost, plan):
-    """What a plan with stages or replicas runs, op by op, as the simulator prices it
-    and the rewriter builds it: :func:`pipeline_graph` of its stages (the graph costed
-    at a micro-batch) or the graph of its replicas (:func:`plan_replicas_cost`).
-    Returns the graph and the device index of each of its ops.
-
-    >>> from tfpart.core.cluster import cluster_of_devices
-    >>> from tfpart.core.plan import Plan, Stages
-    >>> g = OpGraph()
-    >>> g.add_op("a", op_type="Relu", bytes_accessed=4e9)
-    >>> g.add_op("b", op_type="Relu", bytes_accessed=4e9)
-    >>> g.add_edge("a", "b", bytes=8)
-    >>> cluster = cluster_of_devices(["cpu", "cpu"])
-    >>> names = cluster.device_names
-    >>> plan = Plan(assignment={"a": names[0], "b": names[1]},
-    ...             stages=Stages({"a": 0, "b": 1}, microbatches=2))
-    >>> graph, where = execution_graph(CostModel(g, cluster), plan)
-    >>> sorted(op for op in graph.ops if "waits" not in op), where["mb1/b"]
-    (['mb0/a', 'mb0/b', 'mb1/a', 'mb1/b'], 1)
-    """
-    if plan.replicas:
-        replicated_cost, where = plan_replicas_cost(cost, plan)
-        return replicated_cost.graph, dict(zip(replicated_cost.ops, map(int, where)))
-    index = {name: d for d, name in enumerate(cost.cluster.device_names)}
-    return pipeline_graph(microbatch_graph(cost.graph, plan.microbatches),
-                          cost.cluster.device_names,
-                          {op: index[d] for op, d in plan.assignment.items()}, plan.stages,
-                          plan.microbatches, plan.schedule or "gpipe")
-
-
 def _phase(attrs):
     return attrs.get("phase") or "forward"
 

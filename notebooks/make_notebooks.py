@@ -63,9 +63,8 @@ print(note)
 display(SVG(filename=str(path)) if path.suffix == ".svg" else note)'''),
         ("markdown", "The simulated step as a Gantt chart (one row per device and link)."),
         ("code", '''\
-cost = tfpart.CostModel(result.graph, result.cluster)
-schedule = tfpart.simulate_plan(result.plan, cost)
-display(Image(filename=str(tfpart.write_gantt(schedule, cost, WORK / "gantt.png"))))'''),
+run = tfpart.simulate_execution(result.plan, tfpart.CostModel(result.graph, result.cluster))
+display(Image(filename=str(tfpart.write_gantt(run.schedule, run.cost, WORK / "gantt.png"))))'''),
         ("markdown", "The output is a SavedModel that stock TensorFlow loads; on this "
                      "machine its GPUs and hosts are stood in for by logical CPUs."),
         ("code", '''\

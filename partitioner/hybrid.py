@@ -36,7 +36,7 @@ import numpy as np
 
 from costmodel.pipeline import (pinned_ops, replica_finishes, replicas_cost,
                                 shared_ops)
-from costmodel.simulate import start_first_priority
+from costmodel.execution import expand
 from partitioner.earliest_finish import GreedyOptions, greedy_placement
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_replicas import replicate_pipeline
@@ -140,21 +140,24 @@ def _plan(cost, groups, pinned, shared, options):
         fractions = [share / options.batch_size for share in shares]
         placed = _placed(cost, groups, fractions, pinned, options)
     replicated_cost, device_of, home = placed
-    figures = make_plan(replicated_cost, device_of, "hybrid", options,
-                        start_first_priority(replicated_cost))
     names = cost.cluster.device_names
     where = dict(zip(replicated_cost.ops, (names[d] for d in device_of)))
     placements = [{op: where[f"rep{r}/{op}"] for op in cost.graph.ops
                    if op not in shared and op not in pinned} for r in range(len(groups))]
-    return Plan(  # the assignment is the first replica's, as for replicas of a pipeline
+    plan = Plan(  # the assignment is the first replica's, as for replicas of a pipeline
         assignment={op: where.get(op) or placements[0].get(op) or names[home]
                     for op in cost.graph.ops}, algorithm="hybrid",
-        options=figures.options,
         stages=Stages({op: 0 for op in cost.graph.ops if op not in shared}, len(groups),
                       "gpipe" if is_training_graph(cost.graph) else None),
         replicas=Replicas(devices=[names[group[0]] for group in groups],
-                          fractions=fractions, pinned=sorted(pinned), placements=placements),
-        predicted=figures.predicted, lower_bound=figures.lower_bound)
+                          fractions=fractions, pinned=sorted(pinned), placements=placements))
+    # Priced as built: the search kept every merge of the outputs on the home, but the
+    # rewriter concatenates each output where the first replica computes it.
+    built = expand(plan, cost)
+    figures = make_plan(built.cost, built.device_of, "hybrid", options, built.priority)
+    plan.options, plan.predicted, plan.lower_bound = \
+        figures.options, figures.predicted, figures.lower_bound
+    return plan
 
 
 def _placed(cost, groups, fractions, pinned, options):

@@ -5,7 +5,7 @@ back from the saved model, never parsed from the op's name.
 The stamps are node attributes (``_tfpart_origin``, ``_tfpart_replica``,
 ``_tfpart_microbatch``; TensorFlow keeps attributes that start with ``_`` on a node and
 in the functions it saves). They are the keys of the execution graph the simulator
-prices (:func:`costmodel.pipeline.execution_graph`: each copy's ``origin``, ``replica``
+prices (:func:`costmodel.execution.expand`: each copy's ``origin``, ``replica``
 and ``microbatch``), so verification and the tests hold what TensorFlow runs to what
 was priced.
 

@@ -1,5 +1,7 @@
 """tfpart simulate and tfpart worker from the command line."""
 
+import pytest
+
 from profiles import DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
 from tfpart.cli import main
@@ -33,6 +35,20 @@ def test_simulate_replays_a_pipelined_plan(tmp_path, capsys, write_cluster):
     assert f"Predicted batch time {predicted.step_time * 1e3:.3f} ms" in printed
     assert f"{predicted.pipeline.throughput:.1f} samples/s" in printed
     assert predicted.pipeline.first_result < predicted.step_time
+
+
+@pytest.mark.parametrize("strategy, devices", [("data_parallel", 3), ("hybrid", 4)])
+def test_simulate_replays_replicas_on_every_replicas_devices(strategy, devices, tmp_path,
+                                                             capsys, write_cluster):
+    out = tmp_path / "out"
+    result = compile_model(DEFAULT_MODEL_DIR, write_cluster(local_cluster(devices)), out,
+                           batch_size=8, strategy=strategy)
+    assert main(["simulate", str(DEFAULT_MODEL_DIR), str(out / "plan.json")]) == 0
+    printed = capsys.readouterr().out
+    assert f"time {result.plan.step_time * 1e3:.3f} ms" in printed  # a step's or batch's
+    busy = [name for name, figures in result.plan.predicted.devices.items()
+            if figures.busy_s > 0]
+    assert len(busy) == devices, busy  # every replica's device works
 
 
 def test_simulate_rejects_a_plan_of_another_model(tmp_path, capsys, write_cluster):

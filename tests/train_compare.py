@@ -150,8 +150,7 @@ def compare(source, out, cluster_file, cluster, args):
     assignment = result.plan.assignment
     slots = slots_by_name(assignment)
     return {
-        "devices_used": len(set(result.plan.devices_used()) |
-                            set(result.plan.replicas.devices if result.plan.replicas else ())),
+        "devices_used": len(result.plan.devices_used()),
         "replicas": result.plan.replicas and result.plan.replicas.to_dict(),
         "splits": result.plan.splits and {op: split.to_dict()
                                           for op, split in result.plan.splits.items()},

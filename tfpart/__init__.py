@@ -10,8 +10,9 @@ synchronously or asynchronously on parameter servers), ``trained_weights``, ``dr
 (a picture of a plan), ``diff_plans`` (what changed between two plans),
 ``load_cluster``, ``Plan``, ``Cluster``; ``checkpoint_to_original`` and
 ``checkpoint_to_compiled`` (a checkpoint moved between a compiled model and its
-original, a table's row shards included); ``CostModel``, ``simulate_plan`` and
-``write_gantt`` (price a plan and chart its simulated schedule); ``runnable`` (a
+original, a table's row shards included); ``CostModel``, ``simulate_execution`` and
+``write_gantt`` (price a plan, whatever its strategy, and chart its simulated
+schedule), ``simulate_plan`` (an op placement's schedule); ``runnable`` (a
 compiled model made runnable on this machine's logical CPUs); ``ensure_local_cpus``;
 ``resolve_strategy`` (what a compile's flags ask for); ``load_moirai`` and
 ``load_tarnawski_stages`` (published cost-annotated graphs); the shipped examples
@@ -35,6 +36,7 @@ _API = {"Cluster": "tfpart.core.cluster", "load_cluster": "tfpart.core.cluster",
         "TrainOptions": "tfpart.trainer.loop",
         "trained_weights": "tfpart.trainer.loop",
         "CostModel": "costmodel", "simulate_plan": "costmodel.simulate",
+        "simulate_execution": "costmodel.execution",
         "write_gantt": "costmodel.gantt", "runnable": "tfpart.runtime",
         "ensure_local_cpus": "tfpart.runtime", "resolve_strategy": "tfpart.strategy_request",
         "load_moirai": "tfpart.importers", "load_tarnawski_stages": "tfpart.importers",

@@ -355,11 +355,9 @@ def cmd_simulate(args):
 
     with progress_display() as progress:
         progress("reading the model and simulating the plan")
-        schedule, cost, plan = simulate_model(args.model, args.plan, cluster_file=args.cluster,
-                                              profiles=args.profile)
-    if plan.stages:
-        return print_pipeline_run(schedule, plan)
-    names = cost.cluster.device_names
+        run, plan = simulate_model(args.model, args.plan, cluster_file=args.cluster,
+                                   profiles=args.profile)
+    schedule, names = run.schedule, run.cost.cluster.device_names
     table = Table(title="Simulated step per device")
     for column in ("device", "ops", "busy", "idle", "peak memory"):
         table.add_column(column, justify="left" if column == "device" else "right")
@@ -376,29 +374,25 @@ def cmd_simulate(args):
         for (a, b), nbytes in sorted(schedule.link_bytes.items()):
             links.add_row(names[a], names[b], _bytes(nbytes))
         console.print(links)
-    console.print(f"Predicted step time {seconds(schedule.makespan)}")
+    console.print(_run_line(run, plan.context.get("batch_size", 1)))
     if args.gantt:
         from costmodel.gantt import write_gantt
 
-        write_gantt(schedule, cost, args.gantt)
+        write_gantt(schedule, run.cost, args.gantt)
         console.print(f"Wrote {args.gantt}")
     return 0
 
 
-def print_pipeline_run(run, plan):
-    table = Table(title=f"Simulated pipeline: {plan.microbatches} micro-batches")
-    for column in ("device", "stage", "busy"):
-        table.add_column(column, justify="left" if column == "device" else "right")
-    stage_of_device = {plan.assignment[op]: stage for op, stage in plan.stages.items()}
-    for name, busy in run.busy.items():
-        table.add_row(name, str(stage_of_device.get(name, "-")), seconds(busy))
-    console.print(table)
-    batch = plan.context.get("batch_size", 1)
-    console.print(f"Predicted batch time {seconds(run.batch_time)} "
-                  f"({batch / run.batch_time:.1f} samples/s); first result after "
-                  f"{seconds(run.first_result)}; one micro-batch every "
-                  f"{seconds(run.interval)}; bubble {100 * run.bubble_fraction:.0f}%")
-    return 0
+def _run_line(run, batch):
+    """The simulated step in one line, with a pipeline's figures if it runs several
+    micro-batches."""
+    if not run.microbatch_ends:
+        return f"Predicted step time {seconds(run.step_time)}"
+    return (f"Predicted batch time {seconds(run.step_time)} "
+            f"({batch / run.step_time:.1f} samples/s) over {len(run.microbatch_ends)} "
+            f"micro-batches; first result after {seconds(run.first_result)}; one "
+            f"micro-batch every {seconds(run.interval)}; bubble "
+            f"{100 * run.bubble_fraction:.0f}%")
 
 
 @contextmanager

@@ -12,7 +12,6 @@ Examples
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from tfpart.core.phases import timed
 from tfpart.core.plan import RowShards
 from tfpart.core.row_shards import shard_name
 from tfpart.report import placement_section, write_report
+from tfpart import table_cuts
 from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
 REPORT_FILE = "report.html"
@@ -194,9 +194,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
     each one's step time and why any was impossible.
 
-    A table that fits no device is cut into row shards (:func:`_cut_tables`); one that
+    A table that fits no device is cut into row shards (:func:`tfpart.table_cuts.cut_tables`); one that
     fits is cut too when that plans where nothing else does or predicts a faster step
-    (:func:`_faster_with_tables_cut`), unless ``whole_tables``."""
+    (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
 
@@ -213,8 +213,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     timings["read"] -= timings["analyse"]
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
     whole_cluster = cluster
-    graph, info, row_shards = _cut_tables(graph, info, proto, model_dir, planning_cluster(
-        whole_cluster, unread_variables(info, cluster, kept=False), MEMORY_HEADROOM)[0],
+    graph, info, row_shards = table_cuts.cut_tables(
+        graph, info, proto, model_dir, planning_cluster(
+            whole_cluster, unread_variables(info, cluster, kept=False), MEMORY_HEADROOM)[0],
         timings)
     measured = load_profiles(profiles, cluster)
     t0 = time.perf_counter()
@@ -249,13 +250,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             step(f"partitioning {len(cost.graph)} ops into "
                  f"{get_algorithm(name).making}{first_run}")
             try:
-                if row_shards and info.training and get_algorithm(name).stages:
-                    raise PlacementError(model_dir, f"table {next(iter(row_shards))} is cut "
-                                         "into row shards, whose updates in a training step "
-                                         "do not combine with pipeline stages yet")
+                table_cuts.check_combines(get_algorithm(name), row_shards, info, model_dir)
                 tried[name] = _partition(get_algorithm(name), request, cost, proto,
                                          model_dir, info, mixing_cache)
-                _check_row_shards_combine(tried[name][0], row_shards, model_dir)
             except (PlacementError, ModelError) as exc:
                 tried.pop(name, None)
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
@@ -282,7 +279,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
 
     chosen = attempt(graph, info, row_shards, names, failures)
     if not row_shards and not whole_tables:
-        chosen = _faster_with_tables_cut(chosen, names, attempt, proto, model_dir, timings)
+        chosen = table_cuts.faster_with_tables_cut(chosen, names, attempt, proto, model_dir,
+                                                   timings)
     if not chosen.tried:
         raise next(iter(chosen.failures.values()))
     graph, info, row_shards, cost, headroom = (chosen.graph, chosen.info, chosen.row_shards,
@@ -322,63 +320,6 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     return plan, graph, info, proto, timings
 
 
-def _cut_tables(graph, info, proto, model_dir, cluster, timings):
-    """The graph and info of the model with its tables that fit no device of
-    ``cluster`` (with their optimizer's slots) cut into row shards
-    (:mod:`partitioner.row_shards`), and the rows of each table's shards (empty if none
-    is cut). When every variable fits but some op needs more memory than any device
-    has (:func:`costmodel.memory.memory_lower_bound`: a training step's dense update
-    of a table and its slots), the largest tables are cut while that lowers the need
-    (:func:`_cut_for_an_op`).
-
-    Raises
-    ------
-    PlacementError
-        If such a table cannot be cut (a read other than by rows, a TF1 SavedModel),
-        saying why."""
-    from costmodel.memory import size_text
-    from partitioner.row_shards import row_shard_sizes
-
-    tables = _tables(graph, info)
-    memories = [device.memory for device in cluster.devices]
-    sizes = row_shard_sizes(tables, memories)
-    if not sizes:
-        if tables and info.format != "tf1":
-            return _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings)
-        return graph, info, {}
-    table = max(sizes, key=lambda name: tables[name][0])
-    too_big = (f"variable {table} needs {size_text(tables[table][0])}, more than any device "
-               f"has for it ({size_text(max(memories))})")
-    if info.format == "tf1":
-        raise PlacementError(model_dir, f"{too_big}, and the tables of a TensorFlow 1 "
-                             "SavedModel are not cut into row shards")
-    try:
-        graph, info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
-    except PlacementError as exc:
-        raise PlacementError(model_dir, f"{too_big}, and {exc.problem}") from None
-    return graph, info, sizes
-
-
-def _tables(graph, info):
-    """The model's variables with rows (name -> ``(bytes with its optimizer's slots,
-    rows)``), which a cut could split."""
-    from rewriters.row_region import table_shape
-
-    nodes = {node.name: node for node in info.flat.graph_def.node} if info.flat else {}
-    welded = {}  # a variable with its optimizer slots is placed as one
-    for op, attrs in graph.ops.items():
-        if attrs["op_type"] == "VarHandleOp":
-            welded[attrs["colocation"]] = welded.get(attrs["colocation"], 0) + \
-                attrs["param_bytes"]
-    tables = {}
-    for op, attrs in graph.ops.items():
-        if attrs["op_type"] == "VarHandleOp" and attrs["param_bytes"] and op in nodes:
-            shape = table_shape(nodes[op])[0]
-            if shape and shape[0]:
-                tables[op] = (welded[attrs["colocation"]], shape[0])
-    return tables
-
-
 @dataclass
 class _Attempt:
     """Every strategy planned for one version of the model (its tables whole or cut)."""
@@ -393,147 +334,6 @@ class _Attempt:
     tried: dict  # strategy -> (plan, ops that mix samples)
     failures: dict  # strategy -> why it has no plan
     other: dict = field(default_factory=dict)  # strategy -> step, with the tables cut or not
-
-
-def _faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
-    """``whole`` (an :class:`_Attempt` with no table cut), or the same model with its
-    largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
-    device (shares by speed at the work that grows with the rows, within memory, when
-    there is such work; else by memory) planned by ``attempt`` with the strategies of
-    ``names`` that combine with row shards, if that one plans where ``whole`` did not or
-    predicts a faster step. When ``whole`` planned, the cut is tried only if spreading
-    the tables' row work (a dense update) over their shards could save
-    ``MIN_CUT_GAIN`` of its step: a lookup's time barely depends on a shard's rows."""
-    from partitioner.row_shards import row_shard_sizes, speed_shares
-
-    info = whole.info
-    usable = [name for name in names if not (
-        get_algorithm(name).replicates or get_algorithm(name).splits or
-        (get_algorithm(name).stages and info.training))]
-    if info.format == "tf1" or not info.flat or not usable:
-        return whole
-    tables = _tables(whole.graph, info)
-    chosen = _largest_cuttable(info, tables)
-    memories = [device.memory for device in whole.cost.cluster.devices]
-    sizes, gain = {}, 0.0
-    for table in chosen:
-        nbytes, rows = tables[table]
-        speeds = _row_work_speeds(whole.cost, info, table)
-        shares = speed_shares(rows, speeds, nbytes / rows, memories) if speeds else None
-        if shares:
-            sizes[table] = shares
-            gain += (1 - 1 / len(shares)) / max(speeds)  # its update spread, at best
-        else:
-            sizes.update(row_shard_sizes({table: (math.inf, rows)}, memories))
-    step = min((plan.step_time for plan, _ in whole.tried.values()), default=math.inf)
-    if not sizes or gain < MIN_CUT_GAIN * step:  # planned whole, and a cut gains little
-        return whole
-    try:
-        graph, cut_info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
-    except PlacementError:
-        return whole
-    cut = attempt(graph, cut_info, sizes, usable, {})
-    if not cut.tried:
-        return whole
-    steps = {name: plan.step_time for name, (plan, _) in cut.tried.items()}
-    if step <= min(steps.values()):
-        whole.other = steps
-        return whole
-    cut.other = {name: plan.step_time for name, (plan, _) in whole.tried.items()}
-    cut.failures = {**{name: failure for name, failure in whole.failures.items()
-                       if name not in cut.tried}, **cut.failures}
-    return cut
-
-
-def _row_work_speeds(cost, info, table):
-    """Each device's speed (1 / seconds) at the work of ``table``'s rows that grows with
-    them (a dense update: reads, element-wise arithmetic, segment sums, assignments of
-    the table and its slots), from ``cost``; empty if there is none (lookups only,
-    whose time barely depends on a shard's rows)."""
-    from rewriters.row_region import row_region
-    from rewriters.row_shard import output_nodes
-
-    region = row_region(info.flat.graph_def, table, outputs=output_nodes(info.flat))
-    rows = [cost.index[op] for op, kind in region.kinds.items()
-            if kind in ROW_WORK and op in cost.index]
-    seconds = cost.compute[rows].sum(axis=0) if rows else None
-    if seconds is None or not (seconds > 0).any():
-        return []
-    return [1.0 / time if 0 < time < math.inf else 0.0 for time in seconds.tolist()]
-
-
-# kinds of a region's ops (rewriters.row_region) whose time grows with a shard's rows
-ROW_WORK = ("read", "elementwise", "segment_sum", "assign")
-# a model that plans with its tables whole is planned again with them cut only if
-# spreading their row work could save this fraction of its step
-MIN_CUT_GAIN = 0.05
-
-
-# tables tried one after the other when an op needs more memory than any device has
-MAX_TABLES_CUT_FOR_AN_OP = 4
-
-
-def _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings):
-    """When every variable fits a device but some op needs more memory than any device
-    has (:func:`costmodel.memory.memory_lower_bound`: a training step's dense update of
-    a table and its slots), cut the largest cuttable tables (``tables``: name ->
-    ``(bytes with its slots, rows)``), one after the other, each kept if it does not
-    raise that need, until it fits the largest device. Returns what
-    :func:`_cut_tables` does (the model whole if the need stays above every device)."""
-    from costmodel.memory import memory_lower_bound
-    from partitioner.row_shards import row_shard_sizes
-
-    need = memory_lower_bound(graph, len(memories))[0]
-    best, chosen = (graph, info, {}), {}
-    if need <= max(memories):
-        return best
-    for table in _largest_cuttable(info, tables):
-        trial = {**chosen, **row_shard_sizes({table: (math.inf, tables[table][1])},
-                                             memories)}
-        try:
-            cut = _read_cut(proto, model_dir, info, trial, timings)
-        except PlacementError:
-            continue
-        cut_need = memory_lower_bound(cut[0], len(memories))[0]
-        if cut_need <= need:  # two tables' updates may tie for the largest need
-            best, chosen, need = cut, trial, cut_need
-        if need <= max(memories):
-            return best
-    return graph, info, {}  # no plan fits either way: the partitioner says why
-
-
-def _largest_cuttable(info, tables):
-    """Of ``tables`` (:func:`_tables`), the largest whose rows can be cut, at most
-    ``MAX_TABLES_CUT_FOR_AN_OP``, largest first."""
-    from rewriters.row_shard import cuttable_tables, output_nodes
-
-    largest_first = sorted((name for name in tables if tables[name][1] >= 2),
-                           key=lambda name: -tables[name][0])
-    return cuttable_tables(info.flat.graph_def, largest_first,
-                           output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
-
-
-def _read_cut(proto, model_dir, info, sizes, timings):
-    """The graph, info and sizes (companions added) of the model with the tables of
-    ``sizes`` cut; PlacementError if one cannot be."""
-    from rewriters.endpoints import check_nothing_kept_reads, kept_endpoints
-    from rewriters.reader import read_with_row_shards
-    from rewriters.row_shard import output_nodes, with_companions
-
-    sizes = with_companions(info.flat.graph_def, sizes, output_nodes(info.flat))
-    graph, cut_info = read_with_row_shards(proto, model_dir, info, sizes, timings)
-    check_nothing_kept_reads(kept_endpoints(proto, info.signature), next(iter(sizes)),
-                             model_dir)
-    return graph, cut_info, sizes
-
-
-def _check_row_shards_combine(plan, row_shards, model_dir):
-    """Refuse a plan with replicas or filter splits of a model whose tables are cut
-    into row shards: the rewriter does not build them together."""
-    if row_shards and (plan.replicas or plan.splits):
-        raise PlacementError(model_dir, f"table {next(iter(row_shards))} is cut into row "
-                             "shards, which do not combine with replicas or filter splits "
-                             "yet")
 
 
 KERNEL_MODULES = ("costmodel.arrays", "costmodel.simulate", "partitioner.earliest_finish",
@@ -700,12 +500,13 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
 
 
 def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
-    """Read a model and a plan.json and simulate the plan; (schedule, cost, plan), or
-    (PipelineRun, cost, plan) for a pipelined plan. The plan is checked against the
+    """Read a model and a plan.json and simulate the plan; (run, plan): ``run`` is the
+    :class:`~costmodel.execution.PlanRun` of its execution graph, whatever strategy
+    made it. The plan is checked against the
     cluster before the model is read (:func:`check_plan_devices`, its batch size and
     micro-batches within :mod:`tfpart.core.limits`) and against the model after
     (:func:`check_plan_ops`): PlacementError naming the plan file otherwise."""
-    from costmodel.simulate import simulate_plan
+    from costmodel.execution import simulate_execution
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
     from tfpart.core.limits import check_batch_size
@@ -738,37 +539,10 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     check_plan_ops(plan, graph, plan_file)
     check_microbatches(plan.microbatches, ops=len(graph), source=plan_file)
     cost = CostModel(graph, cluster, measured=measured, tf32=plan.context.get("tf32"))
-    if plan.stages:  # a pipeline: M micro-batches through the stages
-        from costmodel.pipeline import microbatch_graph, simulate_pipeline
-
-        index = {name: d for d, name in enumerate(cluster.device_names)}
-        device_of = {op: index[d] for op, d in plan.assignment.items()}
-        run = simulate_pipeline(microbatch_graph(graph, plan.microbatches), cluster, device_of,
-                                plan.stages, plan.microbatches, cost, plan.schedule or "gpipe")
-        return run, cost, plan
     try:
-        schedule = simulate_plan(plan, cost)
+        return simulate_execution(plan, cost), plan
     except PlacementError as exc:
         raise PlacementError(plan_file, exc.problem) from None
-    return schedule, cost, plan
-
-
-def plan_devices(plan):
-    """Every device a plan names: its assignment's, its replicas' and its splits'.
-
-    >>> from tfpart.core.plan import Plan
-    >>> sorted(plan_devices(Plan(assignment={"a": "A"}, splits={"a": {
-    ...     "devices": ["A", "B"], "sizes": [1, 1]}})))
-    ['A', 'B']
-    """
-    named = set(plan.assignment.values())
-    if plan.replicas is not None:
-        named.update(plan.replicas.devices)
-        for placement in plan.replicas.placements or ():
-            named.update(placement.values())
-    for split in (plan.splits or {}).values():
-        named.update(split.devices)
-    return named
 
 
 def check_plan_devices(plan, cluster, source):
@@ -783,7 +557,7 @@ def check_plan_devices(plan, cluster, source):
     ...
     tfpart.core.errors.PlacementError: plan.json: places ops on /device:GPU:0, which the cluster 'uniform' does not have
     """
-    unknown = sorted(plan_devices(plan) - set(cluster.device_names))
+    unknown = sorted(set(plan.devices_used()) - set(cluster.device_names))
     if unknown:
         raise PlacementError(source, f"places ops on {unknown[0]}, which the cluster "
                              f"{cluster.source or repr(cluster.name)} does not have"
@@ -796,8 +570,8 @@ def check_plan_devices(plan, cluster, source):
 
 def check_plan_ops(plan, graph, source):
     """PlacementError naming ``source`` unless ``plan`` places exactly the ops of
-    ``graph`` (its assignment, and its stages, splits and replicas' placements name
-    none it lacks).
+    ``graph`` (no field of :meth:`~tfpart.core.plan.Plan.placed_ops` names one it
+    lacks).
 
     >>> from tfpart.core.graph import OpGraph
     >>> from tfpart.core.plan import Plan
@@ -816,11 +590,7 @@ def check_plan_ops(plan, graph, source):
         raise PlacementError(source, f"does not place {len(missing)} op"
                              f"{'s' * (len(missing) > 1)} of the model, e.g. {missing[0]} "
                              "(was the plan made for another model or batch size?)")
-    named = {"assignment": plan.assignment, "stages": plan.stages or {},
-             "splits": plan.splits or {},
-             **{f"replicas.placements[{r}]": placement for r, placement in
-                enumerate(plan.replicas.placements or () if plan.replicas else ())}}
-    for where, ops in named.items():
+    for where, ops in plan.placed_ops().items():
         extra = [op for op in ops if op not in graph.ops]
         if extra:
             field = "" if where == "assignment" else f" (in {where})"

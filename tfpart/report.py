@@ -170,32 +170,14 @@ def placement_section(plan, graph):
 
 
 def _schedule(plan, cost):
+    from costmodel.execution import simulate_execution
     from costmodel.gantt import write_gantt
-    from costmodel.simulate import placed_cost, simulate
 
-    if plan.replicas:
-        schedule, cost = _replicas_schedule(plan, cost)
-    elif plan.stages:
-        return ("<p>A pipelined plan: its schedule over micro-batches is summarised under "
-                "Pipeline.</p>")
-    else:
-        cost, device_of = placed_cost(plan, cost)
-        schedule = simulate(cost, device_of)
+    run = simulate_execution(plan, cost)
     with tempfile.TemporaryDirectory() as directory:
-        png = write_gantt(schedule, cost, Path(directory) / "gantt.png").read_bytes()
+        png = write_gantt(run.schedule, run.cost, Path(directory) / "gantt.png").read_bytes()
     data = base64.b64encode(png).decode()
     return f'<img alt="Gantt chart of the simulated step" src="data:image/png;base64,{data}">'
-
-
-def _replicas_schedule(plan, cost):
-    """The simulated step of a data-parallel plan (every replica's copy of the ops on
-    its devices) and the cost model of that replicated graph."""
-    from costmodel.pipeline import plan_replicas_cost
-    from costmodel.simulate import simulate, start_first_priority
-
-    replicated_cost, device_of = plan_replicas_cost(cost, plan)
-    return (simulate(replicated_cost, device_of, start_first_priority(replicated_cost)),
-            replicated_cost)
 
 
 def _links(plan):

@@ -187,7 +187,7 @@ def runnable(compiled_dir, cluster, watch):
 
 def _check_plan_devices(plan, cluster, plan_file):
     names = {canonical_device(d) for d in cluster.device_names}
-    unknown = sorted(d for d in set(plan.assignment.values()) if canonical_device(d) not in names)
+    unknown = [d for d in plan.devices_used() if canonical_device(d) not in names]
     if unknown:
         raise TfpartError(cluster.source, f"has no device {unknown[0]}, which "
                           f"{plan_file} places ops on")

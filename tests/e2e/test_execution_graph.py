@@ -1,7 +1,7 @@
 """What the simulator prices is what TensorFlow is given: for plans with micro-batches or
 replicas, every op the pipeline rewriter imports into the compiled signature, on its
 device, is a node of the execution graph the simulator prices
-(``costmodel.pipeline.execution_graph``), and every tensor the compiled model copies
+(``costmodel.execution.expand``), and every tensor the compiled model copies
 between devices is an edge of it between those devices, and the other way round.
 
 Both sides are read by the copy each op computes (its origin, replica and micro-batch):
@@ -26,11 +26,12 @@ PRICED_ELSEWHERE = re.compile(r"(^|/)(feed|merge|pack|allreduce)/|-waits$")
 
 def _priced(result):
     """(nodes, cross-device edges) of the execution graph the simulator prices."""
-    from costmodel.pipeline import execution_graph
+    from costmodel.execution import expand
     from costmodel.roofline import CostModel
     from tfpart.core.cluster import normalize_device_name
 
-    graph, where = execution_graph(CostModel(result.graph, result.cluster), result.plan)
+    expansion = expand(result.plan, CostModel(result.graph, result.cluster))
+    graph, where = expansion.cost.graph, expansion.where()
     names = result.cluster.device_names
     key = {}
     for op, attrs in graph.ops.items():

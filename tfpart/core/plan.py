@@ -222,7 +222,34 @@ class Plan:
         return bool(self.stages or self.splits or self.row_shards)
 
     def devices_used(self):
-        return sorted(set(self.assignment.values()))
+        """Every device the plan names, sorted: its assignment's, its replicas', its
+        filter splits' and its row shards'.
+
+        >>> Plan(assignment={"a": "A"}, splits={"a": {"devices": ["A", "B"],
+        ...                                            "sizes": [1, 1]}}).devices_used()
+        ['A', 'B']
+        """
+        named = set(self.assignment.values())
+        if self.replicas is not None:
+            named.update(self.replicas.devices)
+            for placement in self.replicas.placements or ():
+                named.update(placement.values())
+        for parts in (*(self.splits or {}).values(), *(self.row_shards or {}).values()):
+            named.update(parts.devices)
+        return sorted(named)
+
+    def placed_ops(self):
+        """Each of the plan's fields that names ops (its assignment, stages, splits and
+        replicas' placements), by its plan.json path, with the ops it names.
+
+        >>> sorted(Plan(assignment={"a": "A"}, stages={"a": 0}).placed_ops())
+        ['assignment', 'splits', 'stages']
+        """
+        placements = self.replicas.placements or () if self.replicas else ()
+        return {"assignment": self.assignment, "stages": self.stages or {},
+                "splits": self.splits or {},
+                **{f"replicas.placements[{r}]": placement
+                   for r, placement in enumerate(placements)}}
 
 
 @dataclass(frozen=True)
