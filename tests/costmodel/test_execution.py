@@ -4,7 +4,6 @@ So ``tfpart simulate``, the report and the notebooks, which call it and ask no p
 which strategy it is, show the figures the plan was chosen by."""
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from costmodel import CostModel
 from costmodel.execution import simulate_execution
