@@ -8,7 +8,8 @@ Both sides are read by the copy each op computes (its origin, replica and micro-
 the compiled model's ops by the stamps the rewriter puts on them
 (:mod:`rewriters.copies`), the execution graph's by the attributes each copy carries.
 Left out on both sides: the slices of the batch and the concatenation of the outputs
-(not stamped; priced as ``feed/``, ``merge/``), the barriers of the
+(not stamped; priced as ``feed/``, ``merge/``), the constants that give a filter
+split's sizes and axes (not priced), the barriers of the
 schedule (control edges), the collectives of an all-reduce (priced as ``pack/`` and
 ``allreduce/``) and the variables (captured, not imported)."""
 import collections
@@ -22,6 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # the graphs, not how t
 
 NOT_IMPORTED = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp")
 PRICED_ELSEWHERE = re.compile(r"(^|/)(feed|merge|pack|allreduce)/|-waits$")
+# a filter split's sizes and axes: constants the rewriter adds to slice and concatenate
+SPLIT_CONSTANTS = re.compile(r"/tfpart_split/(slice_sizes|slice_axis|concat_axis)$")
 
 
 def _priced(result):
@@ -63,7 +66,7 @@ def _built(result, out):
     for node in body.node_def:
         copy = copies.get(node.name)
         if copy is None or result.graph.ops.get(copy.origin, {}).get(
-                "op_type") in NOT_IMPORTED:
+                "op_type") in NOT_IMPORTED or SPLIT_CONSTANTS.search(copy.origin):
             continue
         key[node.name] = (copy.origin, copy.replica, copy.microbatch)
         device[node.name] = normalize_device_name(node.device)
@@ -92,6 +95,10 @@ def _built(result, out):
                  id="training-replicas-all_reduce"),
     pytest.param("residual_cnn", 16, 4, {"algorithm": "hybrid", "options": {
         "groups": 2, "form": "pipeline"}}, id="replicas-of-a-pipeline"),
+    pytest.param("residual_cnn", 16, 4, {"algorithm": "hybrid", "options": {
+        "groups": 2, "form": "placement"}}, id="replicas-of-a-placement"),
+    pytest.param("residual_cnn", 8, 3, {"algorithm": "filter_split", "options": {
+        "min_gain": -1e9, "candidates": 10 ** 6}}, id="filter-splits"),
 ])
 def test_the_rewriter_builds_the_execution_graph_the_simulator_prices(
         model, batch, devices, options, exported, write_cluster, tmp_path):
@@ -106,7 +113,7 @@ def test_the_rewriter_builds_the_execution_graph_the_simulator_prices(
     out = tmp_path / "out"
     result = compile_model(path, write_cluster(local_cluster(devices)), out,
                            batch_size=batch, **options)
-    assert result.plan.microbatches > 1 or result.plan.replicas
+    assert result.plan.microbatches > 1 or result.plan.replicas or result.plan.splits
     priced_nodes, priced_edges = _priced(result)
     built_nodes, built_edges = _built(result, out)
     assert len(priced_nodes) > len(result.graph) / 2  # the copies were read
