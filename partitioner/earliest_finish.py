@@ -1,6 +1,5 @@
-"""The greedy's placement (a library: the greedy plug-in and the ILP's warm start use
-it): memory-aware earliest-finish-time list scheduling with insertion (the HEFT
-family), then a local search on the simulated step time.
+"""The greedy's list schedule (:mod:`partitioner.greedy_placement`): memory-aware
+earliest-finish-time list scheduling with insertion (the HEFT family).
 
 Ops are taken in list-scheduling order (ready ops first, highest upward rank first; the
 rank uses each op's mean time over the devices that can run it and mean transfer
@@ -10,46 +9,15 @@ group's variables and the op's tensors beside the tensors alive there (each free
 all its readers are placed), and that leave room for the variables of the groups still
 unplaced (a first-fit-decreasing packing must exist), the one where the op
 would finish earliest, counting the transfers of its inputs and fitting it into an idle
-slot of that device's executor (insertion). The schedule is made twice: with each
-transfer taking its own alpha-beta time, and with transfers queued as the simulator
-queues them (one copy per producer and destination device, on its directed link, in an
-idle slot of the link when one is long enough); the placement that simulates faster is
-kept. The rest of the group follows. Groups that cost nothing and read nothing
-(variables with their reads, constants) wait for their first reader and go where it
-goes; afterwards each is moved next to its heaviest consumer if that fits. A device's
-memory in the list schedule is its variables beside the most tensors alive there so far
-(a tensor is freed once all its readers are placed). The list schedule's order is not
-the simulator's, so that is an estimate: if the simulated live-range peak of the result
-breaks a device's memory, the schedule is made again with that device's room cut by the
-excess (a few times at most), then groups are moved off the device that overflows most
-until all fit.
-
-The local search starts from the better of this placement and m-ETF's (Baechi's
-earliest-start rule does better where transfers dominate). It moves the heaviest
-groups, one at a time, to whichever other device lowers the simulated step time; once
-no single move helps, it kicks the placement (two groups moved at random, seeded) and
-descends again, keeping the fastest placement found (an iterated local search). It
-spends at most ``refine_evaluations`` simulations, fewer on large graphs
-(``search_budget``: a few simulations, and no kick, on the largest). The loops of the
-list schedules, the simulator and m-ETF are compiled (numba), which is what makes this
-affordable at 100,000 ops.
-
-Last, the plan is judged by simulation against gathered variants of itself (the groups
-of its least busy devices, then single groups, moved to the devices they exchange the
-most bytes with) and the baselines: the fastest single device (when none holds the
-model, one home device with the variables it has no room for spilled to others), m-ETF,
-m-TOPO and the topological split. The fastest wins; among placements within 1% of it
-and no slower than any baseline, the one moving the fewest bytes between devices, then
-using the fewest devices (a transfer off the critical path is not free in TensorFlow:
-each is a Send/Recv pair). So the greedy is never slower than a baseline by
-simulation, on graphs of any size. Everything is deterministic.
-
-References
-----------
-Topcuoglu, Hariri, Wu. "Performance-effective and low-complexity task scheduling for
-heterogeneous computing", IEEE TPDS 13(3), 2002 (HEFT).
-Hwang, Chow, Anger, Lee. "Scheduling precedence graphs in systems with interprocessor
-communication times", SIAM J. Comput. 18(2), 1989 (ETF).
+slot of that device's executor (insertion). Transfers take each its own alpha-beta
+time, or queue as the simulator queues them (``contended``). The rest of the group
+follows. Groups that cost nothing and read nothing (variables with their reads,
+constants) wait for their first reader and go where it goes; afterwards each is moved
+next to its heaviest consumer if that fits (:func:`move_free_groups_to_consumers`).
+If the simulated live-range peak of the result breaks a device's memory, the schedule
+is made again with that device's room cut by the excess (a few times at most), then
+groups are moved off the device that overflows most until all fit. The loop is
+compiled (numba).
 
 Examples
 --------
@@ -58,101 +26,30 @@ Examples
 >>> for n in ("left", "right"): g.add_op(n, op_type="MatMul", flops=1e11)
 >>> g.add_op("sum", op_type="AddV2", bytes_accessed=1e3)
 >>> for n in ("left", "right"): g.add_edge("x", n, bytes=1e3); g.add_edge(n, "sum", bytes=1e3)
->>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> device_of, _ = greedy_placement(CostModel(g, cluster))
+>>> from costmodel.simulate import upward_rank
+>>> from partitioner.greedy_placement import GreedyOptions
+>>> cost = CostModel(g, cluster_of_devices(["cpu", "cpu"]))
+>>> device_of = list_schedule(cost, GreedyOptions(), upward_rank(cost), contended=False)
 >>> len(set(device_of.tolist()))  # the two branches run in parallel
 2
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import networkx as nx
 import numba
 import numpy as np
 
 from costmodel.arrays import edge_times, graph_arrays, heap_pop, heap_push
 from costmodel.memory import size_text
-from costmodel.simulate import fits_memory, live_peak, simulated_step, upward_rank
-from partitioner.list_schedules import (earliest_task_first, fastest_single_device,
-                                        home_device_with_spills, memory_topological,
-                                        topological_split)
+from costmodel.simulate import fits_memory, live_peak
 from partitioner.units import expand, less_room, placement_units
 from partitioner.validate import kernel_problem, memory_hint
 from tfpart.core.errors import PlacementError
 
 
-GATHER_TOLERANCE = 0.01  # placements this close in simulated step count as equal
-
-
-@dataclass(frozen=True)
-class GreedyOptions:
-    """``memory_headroom``: fraction of each device's memory kept free;
-    ``insertion``: fill idle slots; ``refine_evaluations``: the most simulations the
-    local search (and again the gathering) may spend (0 turns both off);
-    ``search_budget``: evaluations = ``search_budget`` / ops², at least 2: a
-    simulation costs time in proportion to the ops, so the search's time falls as
-    1 / ops (about 1 s at 500 ops, 0.1 s at 10,000) and large graphs stay fast.
-
-    >>> [GreedyOptions().evaluations(n) for n in (20, 500, 2_000, 10_000, 100_000)]
-    [20000, 4000, 250, 10, 2]
-    """
-
-    memory_headroom: float = 0.0
-    insertion: bool = True
-    refine_evaluations: int = 20000
-    search_budget: float = 1e9
-
-    def evaluations(self, n_ops):
-        """Simulations the local search may spend on a graph of ``n_ops`` ops."""
-        return int(min(self.refine_evaluations, max(2, self.search_budget / max(n_ops, 1) ** 2)))
-
-
-def greedy_placement(cost, options=GreedyOptions()):
-    """The device index of every op of ``cost.ops``, and the simulator priority the
-    placement was judged with.
-
-    The list schedule is made twice, with transfers queued per link and with each
-    transfer alone (the simulator's queues are in time order, the list schedule's in
-    placement order, so neither estimate is exact), and the one whose placement
-    simulates faster is kept.
-
-    Raises
-    ------
-    tfpart.core.errors.PlacementError
-        If an op runs on no device, or memory runs out (naming the roomiest device).
-    """
-    graph, cluster = cost.graph, cost.cluster
-    priority = upward_rank(cost)
-    device_of = _list_schedule(cost, options, priority, contended=False)
-    queued = _list_schedule(cost, options, priority, contended=True)
-    judge = _Judge(cost, priority)
-    if judge(queued)[0] < judge(device_of)[0]:
-        device_of = queued
-    baselines = _baselines(cost)
-    evaluations = options.evaluations(len(cost.ops))
-    if evaluations:
-        # a copy: the search changes it in place, and m-ETF's stays a baseline
-        device_of = _better_start(judge, device_of, baselines.get("m-ETF")).copy()
-        _refine(cost, device_of, judge, evaluations)
-        # TensorFlow's placer puts a lone generator op (a constant read by one op) beside
-        # its reader whatever the plan says, so the plan must too; other free groups
-        # follow their readers again only if that is no slower.
-        searched = device_of.copy()
-        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
-        _move_free_groups_to_consumers(graph, cost, cluster, searched, generators_only=True)
-        if judge(searched)[0] < judge(device_of)[0]:
-            device_of[:] = searched
-    gather = (len(cluster), evaluations)
-    device_of = _no_worse_than_baselines(cost, device_of, judge, list(baselines.values()),
-                                         gather)
-    return device_of, priority
-
-
 REPAIRS = 4  # list schedules made again with less room where the simulation overflowed
 
 
-def _list_schedule(cost, options, priority, contended):
+def list_schedule(cost, options, priority, contended):
     """The earliest-finish list schedule's placement, its transfers queued per link
     (``contended``) or each alone (the loop is compiled: :func:`_earliest_finish`),
     within every device's memory by simulation."""
@@ -182,7 +79,7 @@ def _list_schedule(cost, options, priority, contended):
             if best is None:
                 raise _list_schedule_error(cost, failure)
             break  # less room than the schedule can live with: repair the best one
-        _move_free_groups_to_consumers(graph, cost, cluster, device_of)
+        move_free_groups_to_consumers(graph, cost, cluster, device_of)
         excess = live_peak(cost, device_of, priority) - room
         if (excess <= 0).all():
             return device_of
@@ -545,262 +442,6 @@ def data_readers(arrays):
     return np.bincount(producer[~arrays.edge_control[arrays.succ_edge]],
                        minlength=len(arrays.succ_ptr) - 1).astype(np.int64)
 
-
-class _Judge:
-    """Simulated (step time, bytes moved, devices used) of placements, and whether they
-    fit in memory, each found once: the search meets the same placements again (a
-    faster move that does not fit is met again on every sweep)."""
-
-    def __init__(self, cost, priority):
-        self.cost, self.priority, self.seen, self.fitting = cost, priority, {}, {}
-
-    def __call__(self, placement):
-        return self._once(self.seen, placement, lambda p: (
-            *simulated_step(self.cost, p, self.priority),
-            int(np.count_nonzero(np.bincount(p)))))
-
-    def fits(self, placement):
-        """:func:`~costmodel.simulate.fits_memory` of ``placement``."""
-        return self._once(self.fitting, placement, lambda p: fits_memory(self.cost, p))
-
-    @staticmethod
-    def _once(found, placement, judge):
-        placement = np.asarray(placement, dtype=np.int64)
-        key = placement.tobytes()
-        if key not in found:
-            found[key] = judge(placement)
-        return found[key]
-
-
-def _no_worse_than_baselines(cost, device_of, judge, baselines, gather):
-    """The placement to keep, judged by simulated steps (the measure a plan is judged
-    by): the fastest of this placement, its gathered variants (:func:`_gathered`) and
-    the baselines (the fastest single device, m-ETF, m-TOPO, the topological split), or
-    among those within 1% of the fastest and no slower than any baseline, the one that
-    moves the fewest bytes between devices and uses the fewest devices."""
-    own = [device_of, *_gathered(cost, device_of, judge, *gather)]
-    judged = [(judge(p), p) for p in own]
-    baselines = [(judge(p), p) for p in baselines]
-    fastest = min(j[0] for j, _ in judged + baselines)
-    limit = min([fastest * (1 + GATHER_TOLERANCE)] + [j[0] for j, _ in baselines])
-    eligible = [(j, p) for j, p in judged + baselines if j[0] <= limit]
-    return min(eligible, key=lambda item: (item[0][1], item[0][2], item[0][0]))[1]
-
-
-def _baselines(cost):
-    """The baselines' placements that fit in memory, by name: the fastest single
-    device (or, when no device holds the model, one home device with the variables it
-    has no room for spilled to others), m-ETF, m-TOPO and the topological split."""
-    found = {}
-    alone = fastest_single_device(cost)
-    if alone is not None:
-        found["single device"] = np.full(len(cost.ops), alone[0])
-    else:
-        home = home_device_with_spills(cost)
-        if home is not None:
-            found["home device"] = home
-    places = {"m-ETF": earliest_task_first, "m-TOPO": memory_topological,
-              "topological split": topological_split}
-    for name, place in places.items():
-        try:
-            placement = place(cost)
-        except PlacementError:
-            continue
-        if fits_memory(cost, placement):
-            found[name] = placement
-    return found
-
-
-def _gathered(cost, device_of, judge, device_moves, group_moves):
-    """Variants of ``device_of`` with fewer cross-device bytes whose simulated step stays
-    within 1% of its own: each device's groups in turn (least busy device first; at most
-    ``device_moves`` tries) moved to the device they exchange the most bytes with, then
-    single groups (cheapest first; at most ``group_moves`` tries) moved to their
-    neighbours' device. Each try is a simulation."""
-    if not device_moves and not group_moves:
-        return []
-    cluster = cost.cluster
-    units = placement_units(cost)
-    members = [unit.members for unit in units]
-    runnable = np.array([unit.runnable for unit in units])
-    unit_of = expand(units, np.arange(len(units)), len(cost.ops))
-    current = device_of.copy()
-    best = judge(current)
-    limit = best[0] * (1 + GATHER_TOLERANCE)
-    busy = np.bincount(current, weights=cost.compute[np.arange(len(current)), current],
-                       minlength=len(cluster))
-    exchanged = _exchanged_bytes(cost, unit_of, current, len(units))
-
-    def try_move(moves):
-        nonlocal current, best, exchanged
-        trial = current.copy()
-        for k, target in moves:
-            trial[members[k]] = target
-        if not fits_memory(cost, trial):
-            return
-        judged = judge(trial)
-        if judged[0] <= limit and judged[1:] < best[1:]:
-            current, best = trial, judged
-            exchanged = _exchanged_bytes(cost, unit_of, current, len(units))
-
-    for d in sorted(set(current.tolist()), key=lambda d: busy[d])[:device_moves]:
-        if len(set(current.tolist())) == 1:
-            break
-        on_d = [k for k, m in enumerate(members) if current[m[0]] == d]
-        targets = _neighbour_devices(exchanged, runnable, on_d, exclude=d)
-        if on_d and (targets >= 0).all():
-            try_move(list(zip(on_d, targets.tolist())))
-    mean_time = np.bincount(unit_of, cost.mean_time(), minlength=len(units))
-    for k in np.argsort(mean_time, kind="stable").tolist():
-        if group_moves <= 0:
-            break
-        target = int(_neighbour_devices(exchanged, runnable, [k])[0])
-        if target >= 0 and target != current[members[k][0]]:
-            group_moves -= 1
-            try_move([(k, target)])
-    return [current] if (current != device_of).any() else []
-
-
-def _exchanged_bytes(cost, unit_of, device_of, n_units):
-    """Bytes each unit exchanges with each device over its edges to other units, and
-    the number of those edges (a neighbour counts even if its edges carry 0 bytes)."""
-    a = graph_arrays(cost)
-    n_dev = len(cost.cluster)
-    producer = np.repeat(np.arange(len(device_of)), np.diff(a.succ_ptr))
-    consumer = a.succ_op
-    apart = unit_of[producer] != unit_of[consumer]
-    nbytes = a.edge_bytes[a.succ_edge][apart]
-    rows = np.concatenate([unit_of[producer[apart]], unit_of[consumer[apart]]])
-    columns = np.concatenate([device_of[consumer[apart]], device_of[producer[apart]]])
-    flat = rows * n_dev + columns
-    size = n_units * n_dev
-    total = np.bincount(flat, np.concatenate([nbytes, nbytes]), minlength=size)
-    edges = np.bincount(flat, minlength=size)
-    return total.reshape(n_units, n_dev), edges.reshape(n_units, n_dev)
-
-
-def _neighbour_devices(exchanged, runnable, units, exclude=None):
-    """For each of ``units``, the device other than ``exclude`` that it exchanges the
-    most bytes with and that can run it (lowest index on ties; -1 if none)."""
-    total, edges = exchanged
-    units = np.asarray(units, dtype=np.int64)
-    allowed = runnable[units] & (edges[units] > 0)
-    if exclude is not None:
-        allowed[:, exclude] = False
-    score = np.where(allowed, total[units], -1.0)
-    return np.where(allowed.any(axis=1), score.argmax(axis=1), -1)
-
-
-def _better_start(judge, device_of, alternative):
-    """For the local search, the better of this schedule and m-ETF's (earliest start
-    rather than earliest finish: better when transfers dominate), if it has one."""
-    if alternative is None:
-        return device_of
-    return alternative if judge(alternative)[0] < judge(device_of)[0] else device_of
-
-
-def _refine(cost, device_of, judge, evaluations):
-    """Iterated local search: :func:`_descend` from ``device_of``; then, while the
-    budget lasts, kick a copy of the current placement (two groups moved to other
-    devices at random, seeded) and descend from it, keeping the fastest placement
-    found. The walk moves on to the kicked descent if it is at most ``WANDER`` slower
-    than the current one, which lets it leave a basin. When the budget allows kicks,
-    chains (:func:`_chains`) are moved whole too, before single groups: one op of a
-    branch moved alone gains nothing, as it adds two transfers. Changes ``device_of``
-    in place."""
-    units = placement_units(cost)  # topological order
-    sizes = [len(unit.members) for unit in units]
-    mean_time = np.add.reduceat(cost.mean_time()[np.concatenate([u.members for u in units])],
-                                np.cumsum([0] + sizes[:-1])) if units else np.zeros(0)
-    heaviest = np.argsort(-mean_time, kind="stable")  # ties keep the topological order
-    kept = heaviest[mean_time[heaviest] > 0]
-    groups = [units[k].members for k in kept]
-    a = graph_arrays(cost)
-    runnable = a.group_runnable[a.group_of[[members[0] for members in groups]]]
-    one_pass = int(runnable.sum()) - len(groups)  # evaluations of one sweep of the search
-    if evaluations >= 2 * one_pass:  # room for kicks: chains move whole too
-        chains, chain_runnable = _chains(cost, groups, runnable)
-        groups, runnable = chains + groups, np.concatenate([chain_runnable, runnable])
-        one_pass = int(runnable.sum()) - len(groups)
-    choices = [np.flatnonzero(devices) for devices in runnable]
-    evaluations = _descend(device_of, judge, groups, choices, evaluations)
-    movable = np.flatnonzero(runnable.sum(axis=1) > 1)
-    rng = np.random.default_rng(0)
-    current = device_of.copy()
-    best_step = current_step = judge(device_of)[0]
-    while len(movable) and evaluations >= one_pass:
-        trial = current.copy()
-        for k in rng.choice(movable, size=min(KICK_GROUPS, len(movable)), replace=False):
-            trial[groups[k]] = rng.choice(choices[k][choices[k] != trial[groups[k][0]]])
-        evaluations -= 1
-        if not judge.fits(trial):
-            continue
-        evaluations = _descend(trial, judge, groups, choices, evaluations)
-        step = judge(trial)[0]
-        if step < best_step * (1 - 1e-9):
-            device_of[:], best_step = trial, step
-        if step <= current_step * (1 + WANDER):
-            current, current_step = trial, step
-
-
-def _chains(cost, groups, runnable):
-    """The chains of ``groups`` (ops joined along edges from an op with one successor
-    to an op with one predecessor: a branch between a fork and a join), each as its
-    members and the devices that can run all of them, heaviest first."""
-    a = graph_arrays(cost)
-    index_of = np.full(len(cost.ops), -1)
-    for k, members in enumerate(groups):
-        index_of[members] = k
-    producer = np.repeat(np.arange(len(cost.ops)), np.diff(a.succ_ptr))
-    link = (np.diff(a.succ_ptr)[producer] == 1) & (np.diff(a.pred_ptr)[a.succ_op] == 1)
-    pairs = [(int(index_of[p]), int(index_of[c])) for p, c in
-             zip(producer[link], a.succ_op[link]) if index_of[p] >= 0 and index_of[c] >= 0
-             and index_of[p] != index_of[c]]
-    chains = [sorted(component) for component in
-              nx.connected_components(nx.Graph(pairs)) if len(component) > 1]
-    chains.sort(key=lambda component: component[0])  # groups are heaviest first
-    members = [np.concatenate([groups[k] for k in component]) for component in chains]
-    allowed = np.array([runnable[component].all(axis=0) for component in chains],
-                       dtype=bool).reshape(len(chains), runnable.shape[1])
-    return members, allowed
-
-
-KICK_GROUPS = 2  # groups moved at random before each further descent
-WANDER = 0.02  # how much slower a kicked descent may be for the walk to move there
-
-
-def _descend(device_of, judge, groups, choices, evaluations):
-    """First-improvement local search: move a group (``groups``, heaviest first) to the
-    device among its ``choices`` (device indices) that most lowers the simulated
-    makespan, within memory; repeat while it helps and ``evaluations`` last. Changes
-    ``device_of`` in place; returns the evaluations left."""
-    best = judge(device_of)[0]
-    improved = True
-    while improved and evaluations > 0:
-        improved = False
-        for members, devices in zip(groups, choices):
-            choice = None
-            now = device_of[members]
-            alone_on = int(now[0]) if (now == now[0]).all() else -1  # all on one device
-            for d in devices:
-                if evaluations <= 0 or d == alone_on:
-                    continue
-                trial = device_of.copy()
-                trial[members] = d
-                evaluations -= 1
-                makespan = judge(trial)[0]
-                if makespan < best * (1 - 1e-9) and (choice is None or makespan < choice[1]):
-                    if judge.fits(trial):
-                        choice = (d, makespan)
-            if choice is not None:
-                device_of[members] = choice[0]
-                best = choice[1]
-                improved = True
-            if evaluations <= 0:
-                break
-    return evaluations
-
-
 def free_groups(cost):
     """The colocation groups (indices into ``graph_arrays(cost).group_names``) that
     cost nothing on any device and read nothing from outside themselves: variables with
@@ -816,7 +457,7 @@ def free_groups(cost):
     return np.flatnonzero(free)
 
 
-def _move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_only=False):
+def move_free_groups_to_consumers(graph, cost, cluster, device_of, generators_only=False):
     """Put colocation groups that cost nothing anywhere and read nothing from outside
     (variables with their reads, constants) beside their heaviest outside consumer.
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from costmodel.simulate import fits_memory, simulate
 from costmodel.splits import split_cost
-from partitioner.earliest_finish import GreedyOptions, greedy_placement
+from partitioner.greedy_placement import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
 from partitioner.list_schedules import fastest_single_device
 from partitioner.shares import proportional_shares

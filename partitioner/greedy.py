@@ -1,6 +1,6 @@
 """Greedy placement: earliest-finish list scheduling with link queues and memory
 limits, a local search, and a final judgement by simulation against the baselines
-(:mod:`partitioner.earliest_finish`), as a checked Plan.
+(:mod:`partitioner.greedy_placement`), as a checked Plan.
 
 Examples
 --------
@@ -15,7 +15,7 @@ Examples
 """
 from __future__ import annotations
 
-from partitioner.earliest_finish import GreedyOptions, greedy_placement
+from partitioner.greedy_placement import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
 from tfpart.core.collector import with_collector_paused
 

@@ -37,7 +37,7 @@ import numpy as np
 from costmodel.pipeline import (pinned_ops, replica_finishes, replicas_cost,
                                 shared_ops)
 from costmodel.execution import expand
-from partitioner.earliest_finish import GreedyOptions, greedy_placement
+from partitioner.greedy_placement import GreedyOptions, greedy_placement
 from partitioner.finish import fastest_plan, make_plan
 from partitioner.pipeline_replicas import replicate_pipeline
 from partitioner.shares import proportional_shares

@@ -18,7 +18,7 @@ minimising ``C`` (plus the cluster's fixed step overhead). HiGHS (through pulp) 
 and reports its bound; CBC is the fallback. Graphs larger than ``max_units`` are
 coarsened first and the result mapped back to ops.
 
-The solver starts from the greedy's placement (:mod:`partitioner.earliest_finish`; on a
+The solver starts from the greedy's placement (:mod:`partitioner.greedy_placement`; on a
 coarsened graph each unit on the device most of its ops have), passed to HiGHS through
 its own API (``setSolution``, which pulp's interface lacks) with the simulator's
 schedule of it. The ILP may still order ops as the simulator's work-conserving
@@ -49,7 +49,7 @@ import pulp
 from costmodel.arrays import graph_arrays
 from costmodel.simulate import live_peak, simulate
 from partitioner.coarsen import CoarsenOptions, coarsen
-from partitioner.earliest_finish import greedy_placement
+from partitioner.greedy_placement import greedy_placement
 from partitioner.finish import make_plan
 from partitioner.lower_bound import critical_path_bound
 from partitioner.units import less_room

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from costmodel import CostModel
 from costmodel.simulate import simulate
 from partitioner import greedy, ilp
-from partitioner.earliest_finish import greedy_placement
+from partitioner.greedy_placement import greedy_placement
 from partitioner.ilp import ILPOptions
 from tests.random_graphs import random_clusters, random_dags
 from tfpart.core.cluster import cluster_of_devices
