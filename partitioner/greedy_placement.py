@@ -2,27 +2,13 @@
 it): memory-aware earliest-finish-time list scheduling with insertion (the HEFT
 family), then a local search on the simulated step time.
 
-Ops are taken in list-scheduling order (ready ops first, highest upward rank first; the
-rank uses each op's mean time over the devices that can run it and mean transfer
-times, as HEFT does). The first op of a colocation group decides the group's device:
-among the devices that have a kernel for every op of the group and room for the
-group's variables and the op's tensors beside the tensors alive there (each freed once
-all its readers are placed), and that leave room for the variables of the groups still
-unplaced (a first-fit-decreasing packing must exist), the one where the op
-would finish earliest, counting the transfers of its inputs and fitting it into an idle
-slot of that device's executor (insertion). The schedule is made twice: with each
-transfer taking its own alpha-beta time, and with transfers queued as the simulator
-queues them (one copy per producer and destination device, on its directed link, in an
-idle slot of the link when one is long enough); the placement that simulates faster is
-kept. The rest of the group follows. Groups that cost nothing and read nothing
-(variables with their reads, constants) wait for their first reader and go where it
-goes; afterwards each is moved next to its heaviest consumer if that fits. A device's
-memory in the list schedule is its variables beside the most tensors alive there so far
-(a tensor is freed once all its readers are placed). The list schedule's order is not
-the simulator's, so that is an estimate: if the simulated live-range peak of the result
-breaks a device's memory, the schedule is made again with that device's room cut by the
-excess (a few times at most), then groups are moved off the device that overflows most
-until all fit.
+The list schedule (:mod:`partitioner.earliest_finish`) takes ops in upward-rank order
+and gives each colocation group the device where its first op would finish earliest,
+among those with a kernel for the group and room for its variables and the tensors
+alive there. It is made twice: with each transfer taking its own alpha-beta time, and
+with transfers queued as the simulator queues them; the placement that simulates faster
+is kept. Where the simulated live-range peak breaks a device's memory, it is made again
+with less room there, then groups are moved off the device that overflows most.
 
 The local search starts from the better of this placement and m-ETF's (Baechi's
 earliest-start rule does better where transfers dominate). It moves the heaviest
@@ -51,22 +37,20 @@ heterogeneous computing", IEEE TPDS 13(3), 2002 (HEFT).
 Hwang, Chow, Anger, Lee. "Scheduling precedence graphs in systems with interprocessor
 communication times", SIAM J. Comput. 18(2), 1989 (ETF).
 
-The steps live in their own modules: the list schedule in
-:mod:`partitioner.earliest_finish`, the local search in
-:mod:`partitioner.local_search`, the last judgement against gathered
-variants and the baselines in :mod:`partitioner.gathering`.
+The local search is :mod:`partitioner.local_search`, the last judgement
+:mod:`partitioner.gathering`.
 
 Examples
 --------
+A chain of two matmuls runs on the faster device, and the placement comes with the
+priority the simulator judged it with:
+
 >>> g = OpGraph()
->>> g.add_op("x", op_type="Placeholder")
->>> for n in ("left", "right"): g.add_op(n, op_type="MatMul", flops=1e11)
->>> g.add_op("sum", op_type="AddV2", bytes_accessed=1e3)
->>> for n in ("left", "right"): g.add_edge("x", n, bytes=1e3); g.add_edge(n, "sum", bytes=1e3)
->>> cluster = cluster_of_devices(["cpu", "cpu"])
->>> device_of, _ = greedy_placement(CostModel(g, cluster))
->>> len(set(device_of.tolist()))  # the two branches run in parallel
-2
+>>> g.add_op("a", op_type="MatMul", flops=1e12); g.add_op("b", op_type="MatMul", flops=1e12)
+>>> g.add_edge("a", "b", bytes=1e6)
+>>> device_of, priority = greedy_placement(CostModel(g, cluster_of_devices(["T4", "A100-40GB"])))
+>>> device_of.tolist(), len(priority)
+([1, 1], 2)
 """
 from __future__ import annotations
 
