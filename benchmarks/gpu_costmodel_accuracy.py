@@ -39,7 +39,7 @@ from benchmarks.markdown import print_table
 from costmodel.calibration import (default_precision, fit_kernel_efficiency, kernel_rows,
                                    kernel_time)
 from costmodel.measured import recount_flops
-from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 from tfpart.core.ops import MATMUL_OPS, kernel_class
 
 ROOT = Path(__file__).resolve().parents[1]

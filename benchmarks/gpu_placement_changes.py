@@ -33,7 +33,8 @@ from costmodel import CostModel
 from costmodel.simulate import simulate
 from examples import models as example_models
 from partitioner import greedy
-from tfpart.core.cluster import cluster_from_dict, kinds_from_dict, load_device_kinds
+from tfpart.core.cluster import cluster_from_dict
+from tfpart.core.device_kinds import kinds_from_dict, load_device_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 BEFORE_KINDS = Path(__file__).resolve().parent / "data" / "device_kinds_before_calibration.json"

@@ -9,7 +9,7 @@ moves half the bytes.
 
 For each kernel class with enough rows (and for each coarse class, pooling its kernel
 classes, so a class never measured falls back to a calibrated parent) the fit finds
-the :class:`~tfpart.core.cluster.KernelEfficiency` -- one launch floor, one memory
+the :class:`~tfpart.core.device_kinds.KernelEfficiency` -- one launch floor, one memory
 fraction, one compute fraction per precision -- that minimises the squared log error
 of ``max(launch_s, flops / (peak * compute), bytes / (bandwidth * memory))`` against
 the measured times, each row weighted by how often the op occurs. Log errors make a
@@ -17,7 +17,7 @@ the measured times, each row weighted by how often the op occurs. Log errors mak
 
 Examples
 --------
->>> from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+>>> from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 >>> h100 = load_device_kinds()["H100"]
 >>> truth = {"elementwise": KernelEfficiency({"fp32": 0.5}, memory=0.7, launch_s=1e-5)}
 >>> rows = [KernelRow("Relu", 0.0, b, "fp32", 0.0, 1, "fp32") for b in (1e4, 1e6, 1e8, 1e9)]
@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from costmodel.roofline import roofline_time
-from tfpart.core.cluster import KernelEfficiency
+from tfpart.core.device_kinds import KernelEfficiency
 from tfpart.core.ops import FREE_OPS, MATMUL_OPS, class_lineage, kernel_class
 
 BYTES_SCALE = {"bf16": 0.5, "fp16": 0.5}  # float32-shaped rows timed in half precision
@@ -97,7 +97,7 @@ def fit_kernel_efficiency(rows, kind, min_rows=MIN_ROWS):
     Parameters
     ----------
     rows : list of KernelRow
-    kind : tfpart.core.cluster.DeviceKind
+    kind : tfpart.core.device_kinds.DeviceKind
         Supplies the peaks and the memory bandwidth the fractions are of.
     min_rows : int
         Classes with fewer rows get no entry of their own.

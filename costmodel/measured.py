@@ -21,7 +21,7 @@ A *kernel table* is the same without ``fitted`` (and optionally without
 TensorFlow, each op possibly also timed at other precisions (``time_s_fp32``,
 ``time_s_bf16``; ``time_s`` is at TensorFlow's default for the kind, TF32 where it
 has it) and with ``output_shapes``. Loading one fits a
-:class:`~tfpart.core.cluster.KernelEfficiency` per kernel class
+:class:`~tfpart.core.device_kinds.KernelEfficiency` per kernel class
 (:mod:`costmodel.calibration`); as the kernels exclude TensorFlow's own per-op cost,
 the kind's ``op_overhead_s`` is added to every op. FLOPs of backward-filter
 convolutions are recounted from the shapes (tables written before tfpart counted
@@ -29,7 +29,7 @@ them hold the old figure).
 
 Examples
 --------
->>> from tfpart.core.cluster import load_device_kinds
+>>> from tfpart.core.device_kinds import load_device_kinds
 >>> cpu = load_device_kinds()["cpu"]
 >>> ops = [{"op_type": "MatMul", "input_shapes": [[64, 64], [64, 64]], "time_s": 2e-5,
 ...         "count": 1, "flops": 524288.0, "bytes_accessed": 49152.0}]
@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from costmodel.roofline import roofline_time
-from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 from tfpart.core.errors import ProfileError
 from tfpart.core.input_files import json_text, read_json
 from tfpart.core.flops import op_flops

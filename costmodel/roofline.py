@@ -3,7 +3,7 @@
 The time of an op on a device kind is its kernel's time plus the executor's fixed
 cost per op (``op_overhead_s``). The kernel takes ``max(launch_s, flops /
 (peak[precision] * compute), bytes_accessed / (memory_bandwidth * memory))`` with the
-:class:`~tfpart.core.cluster.KernelEfficiency` of its kernel class on that kind (datasheet
+:class:`~tfpart.core.device_kinds.KernelEfficiency` of its kernel class on that kind (datasheet
 guesses, or fitted to measured kernels by :mod:`costmodel.calibration`). The
 precision is TensorFlow's (:func:`compute_precision`): TF32 units for float32
 matmuls and convolutions where the kind has them and the cluster allows them, the
@@ -32,7 +32,7 @@ def compute_precision(op_type, dtype, kind, tf32=True):
     (other ops are priced at the fp32 vector peak: they are memory-bound in practice)
     and the column of a measured kernel table.
 
-    >>> from tfpart.core.cluster import load_device_kinds
+    >>> from tfpart.core.device_kinds import load_device_kinds
     >>> kinds = load_device_kinds()
     >>> [compute_precision("MatMul", "float32", kinds[k]) for k in ("H100", "V100", "cpu")]
     ['tf32', 'fp32', 'fp32']
@@ -58,7 +58,7 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
                   precision="fp32"):
     """Seconds for one op on a device kind.
 
-    >>> from tfpart.core.cluster import load_device_kinds
+    >>> from tfpart.core.device_kinds import load_device_kinds
     >>> v100 = load_device_kinds()["V100"]
     >>> t = roofline_time("MatMul", 2 * 4096**3, 3 * 4 * 4096**2, v100)
     >>> round(t * 1e3, 2)  # ms: compute bound at 70% of 15.7 TFLOP/s

@@ -30,7 +30,7 @@ from costmodel.calibration import fit_link
 from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
 from tfpart.core import input_files
-from tfpart.core.cluster import KernelEfficiency, load_device_kinds
+from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 from tfpart.core.errors import OutputError, ProfileError
 
 

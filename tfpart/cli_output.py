@@ -172,7 +172,7 @@ def progress_display():
 
 def efficiency_text(value):
     """A fitted fraction, or a KernelEfficiency's JSON, in a few characters."""
-    from tfpart.core.cluster import KernelEfficiency
+    from tfpart.core.device_kinds import KernelEfficiency
 
     if isinstance(value, (int, float)):
         return f"{value:.2f}"

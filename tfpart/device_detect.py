@@ -77,7 +77,7 @@ def detect_devices(prefix=""):
     (list of dict, dict)
     """
     from rewriters.tf_import import tensorflow
-    from tfpart.core.cluster import load_device_kinds
+    from tfpart.core.device_kinds import load_device_kinds
 
     tf = tensorflow()
     known = load_device_kinds()
@@ -102,7 +102,7 @@ def detect_devices(prefix=""):
 
 def derived_kind(name, base, base_name, details):
     """A kinds-file entry for a GPU no kind matches: ``base``'s figures (a
-    :class:`tfpart.core.cluster.DeviceKind`), saying so."""
+    :class:`tfpart.core.device_kinds.DeviceKind`), saying so."""
     return {"description": name, "peak_flops": dict(base.peaks) or {"fp32": base.peak_flops},
             "memory_bandwidth": base.memory_bandwidth, "memory": base.memory,
             "host_link_bandwidth": base.host_link_bandwidth,

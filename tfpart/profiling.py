@@ -100,7 +100,7 @@ def attribute_fused_times(per_op, fusion_groups, opgraph, kind):
     ``kind``; returns a new op -> seconds dict.
 
     >>> from tfpart.core.graph import OpGraph
-    >>> from tfpart.core.cluster import load_device_kinds
+    >>> from tfpart.core.device_kinds import load_device_kinds
     >>> g = OpGraph()
     >>> g.add_op("conv", op_type="Conv2D", flops=9e6, bytes_accessed=1e5)
     >>> g.add_op("bias", op_type="BiasAdd", flops=1e4, bytes_accessed=8e4)
@@ -220,7 +220,7 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import read_saved_model
     from rewriters.tf_import import tensorflow
-    from tfpart.core.cluster import load_device_kinds
+    from tfpart.core.device_kinds import load_device_kinds
 
     step = progress or (lambda message: None)
     cores = claim_threads(intra_threads)

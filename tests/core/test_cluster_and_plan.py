@@ -3,7 +3,8 @@ import json
 import pytest
 
 from profiles import CLUSTERS_DIR
-from tfpart.core.cluster import load_cluster, load_device_kinds
+from tfpart.core.cluster import load_cluster
+from tfpart.core.device_kinds import load_device_kinds
 from tfpart.core.errors import PlacementError, ProfileError
 from tfpart.core.graph import OpGraph
 from tfpart.core.plan import DeviceFigures, Plan, Predicted, Stages

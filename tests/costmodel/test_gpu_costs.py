@@ -11,8 +11,8 @@ from costmodel import CostModel
 from costmodel.calibration import KernelRow, fit_kernel_efficiency, kernel_time
 from costmodel.measured import MeasuredProfile
 from tests.test_cli_errors import assert_clean_failure, run_cli
-from tfpart.core.cluster import (KernelEfficiency, cluster_from_dict, cluster_of_devices,
-                                 load_device_kinds)
+from tfpart.core.cluster import cluster_from_dict, cluster_of_devices
+from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 from tfpart.core.graph import OpGraph
 
 GPU = Path(__file__).resolve().parents[3] / "shared" / "gpu"

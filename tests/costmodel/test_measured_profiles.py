@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from costmodel import CostModel
 from costmodel.measured import MeasuredProfile
 from costmodel.roofline import roofline_time
-from tfpart.core.cluster import cluster_of_devices, load_device_kinds
+from tfpart.core.cluster import cluster_of_devices
+from tfpart.core.device_kinds import load_device_kinds
 from tfpart.core.errors import ProfileError
 from tfpart.core.graph import OpGraph
 
@@ -115,7 +116,7 @@ def test_tiny_ops_do_not_set_their_class_throughput():
     a 4 MB BroadcastTo at 90% of the bandwidth, beside gathers of a few bytes that take
     microseconds, gives about 0.9, not the gathers' 1e-4."""
     from costmodel.measured import fit_efficiency
-    from tfpart.core.cluster import load_device_kinds
+    from tfpart.core.device_kinds import load_device_kinds
 
     cpu = load_device_kinds()["cpu"]
     overhead = 6.5e-6  # the median time of the ops doing almost no work

@@ -348,7 +348,8 @@ def test_a_table_cut_for_speed_is_shared_by_each_devices_speed(tmp_path):
     (the element-wise update's bound) gets about twice the rows, and holds them."""
     from examples.models import export_table_training
     from tfpart.compile import plan_model
-    from tfpart.core.cluster import load_cluster, load_device_kinds
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.device_kinds import load_device_kinds
 
     rows = 100_000
     model = export_table_training(tmp_path / "model", rows, 16, "adam")
