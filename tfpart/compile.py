@@ -19,6 +19,7 @@ from pathlib import Path
 from costmodel import CostModel
 from partitioner.registry import get as get_algorithm
 from partitioner.validate import check_kernels
+from tfpart import table_cuts
 from tfpart.core.cluster import load_cluster
 from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
 from tfpart.core.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
@@ -30,7 +31,6 @@ from tfpart.core.phases import timed
 from tfpart.core.plan import RowShards
 from tfpart.core.row_shards import shard_name
 from tfpart.report import placement_section, write_report
-from tfpart import table_cuts
 from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
 REPORT_FILE = "report.html"
@@ -194,8 +194,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     keeps the one of least predicted step time; ``plan.context["strategy"]`` records
     each one's step time and why any was impossible.
 
-    A table that fits no device is cut into row shards (:func:`tfpart.table_cuts.cut_tables`); one that
-    fits is cut too when that plans where nothing else does or predicts a faster step
+    A table that fits no device is cut into row shards
+    (:func:`tfpart.table_cuts.cut_tables`); one that fits is cut too when that plans
+    where nothing else does or predicts a faster step
     (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``."""
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model

@@ -83,7 +83,7 @@ def _tables(graph, info):
 
 
 def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
-    """``whole`` (an :class:`_Attempt` with no table cut), or the same model with its
+    """``whole`` (the compile's attempt with no table cut, :class:`tfpart.compile._Attempt`), or the same model with its
     largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
     device (shares by speed at the work that grows with the rows, within memory, when
     there is such work; else by memory) planned by ``attempt`` with the strategies of
