@@ -83,14 +83,15 @@ def _tables(graph, info):
 
 
 def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
-    """``whole`` (the compile's attempt with no table cut, :class:`tfpart.compile._Attempt`), or the same model with its
-    largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
-    device (shares by speed at the work that grows with the rows, within memory, when
-    there is such work; else by memory) planned by ``attempt`` with the strategies of
-    ``names`` that combine with row shards, if that one plans where ``whole`` did not or
-    predicts a faster step. When ``whole`` planned, the cut is tried only if spreading
-    the tables' row work (a dense update) over their shards could save
-    ``MIN_CUT_GAIN`` of its step: a lookup's time barely depends on a shard's rows."""
+    """``whole`` (the compile's attempt with no table cut,
+    :class:`tfpart.compile._Attempt`), or the same model with its largest cuttable
+    tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per device (shares by
+    speed at the work that grows with the rows, within memory, when there is such work;
+    else by memory) planned by ``attempt`` with the strategies of ``names`` that combine
+    with row shards, if that one plans where ``whole`` did not or predicts a faster
+    step. When ``whole`` planned, the cut is tried only if spreading the tables' row
+    work (a dense update) over their shards could save ``MIN_CUT_GAIN`` of its step: a
+    lookup's time barely depends on a shard's rows."""
     from partitioner.row_shards import row_shard_sizes, speed_shares
 
     info = whole.info
