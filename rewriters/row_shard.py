@@ -107,7 +107,7 @@ def table_regions(graph_def, sizes, outputs=(), index=None):
 def cuttable_tables(graph_def, candidates, outputs=()):
     """Of ``candidates`` (variable op names), in order, those whose rows can be cut
     (:func:`rewriters.row_region.row_region` refuses none of their readers), each
-    region once (a companion of an earlier one is not named).
+    region once (a companion of an earlier one is not named): name -> its region.
 
     >>> import tensorflow as tf
     >>> graph = tf.Graph()
@@ -117,11 +117,12 @@ def cuttable_tables(graph_def, candidates, outputs=()):
     ...     rows = tf.raw_ops.ResourceGather(resource=t, indices=[1], dtype=tf.float32)
     ...     kernel = tf.raw_ops.ReadVariableOp(resource=w, dtype=tf.float32)
     ...     _ = tf.matmul(rows, kernel)
-    >>> cuttable_tables(graph.as_graph_def(), ["w", "t"])
-    ['t']
+    >>> found = cuttable_tables(graph.as_graph_def(), ["w", "t"])
+    >>> list(found), found["t"].kinds  # doctest: +ELLIPSIS
+    (['t'], {'ResourceGather': 'lookup'})
     """
     shapes, index = graph_shapes(graph_def), graph_index(graph_def)
-    found, seen = [], set()
+    found, seen = {}, set()
     for name in candidates:
         if name in seen:
             continue
@@ -130,7 +131,7 @@ def cuttable_tables(graph_def, candidates, outputs=()):
         except PlacementError:
             continue
         seen.update(region.variables)
-        found.append(name)
+        found[name] = region
     return found
 
 

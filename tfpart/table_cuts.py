@@ -102,9 +102,9 @@ def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     chosen = _largest_cuttable(info, tables)
     memories = [device.memory for device in whole.cost.cluster.devices]
     sizes, gain = {}, 0.0
-    for table in chosen:
+    for table, region in chosen.items():
         nbytes, rows = tables[table]
-        speeds = _row_work_speeds(whole.cost, info, table)
+        speeds = _row_work_speeds(whole.cost, region)
         shares = speed_shares(rows, speeds, nbytes / rows, memories) if speeds else None
         if shares:
             sizes[table] = shares
@@ -131,15 +131,11 @@ def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
     return cut
 
 
-def _row_work_speeds(cost, info, table):
-    """Each device's speed (1 / seconds) at the work of ``table``'s rows that grows with
-    them (a dense update: reads, element-wise arithmetic, segment sums, assignments of
-    the table and its slots), from ``cost``; empty if there is none (lookups only,
-    whose time barely depends on a shard's rows)."""
-    from rewriters.row_region import row_region
-    from rewriters.row_shard import output_nodes
-
-    region = row_region(info.flat.graph_def, table, outputs=output_nodes(info.flat))
+def _row_work_speeds(cost, region):
+    """Each device's speed (1 / seconds) at the work of a table's rows that grows with
+    them (a dense update in its ``region``: reads, element-wise arithmetic, segment
+    sums, assignments of the table and its slots), from ``cost``; empty if there is
+    none (lookups only, whose time barely depends on a shard's rows)."""
     rows = [cost.index[op] for op, kind in region.kinds.items()
             if kind in ROW_WORK and op in cost.index]
     seconds = cost.compute[rows].sum(axis=0) if rows else None
@@ -190,13 +186,14 @@ def _cut_for_an_op(graph, info, proto, model_dir, tables, memories, timings):
 
 def _largest_cuttable(info, tables):
     """Of ``tables`` (:func:`_tables`), the largest whose rows can be cut, at most
-    ``MAX_TABLES_CUT_FOR_AN_OP``, largest first."""
+    ``MAX_TABLES_CUT_FOR_AN_OP``, largest first: name -> its region
+    (:func:`rewriters.row_region.row_region`)."""
     from rewriters.row_shard import cuttable_tables, output_nodes
 
     largest_first = sorted((name for name in tables if tables[name][1] >= 2),
                            key=lambda name: -tables[name][0])
-    return cuttable_tables(info.flat.graph_def, largest_first,
-                           output_nodes(info.flat))[:MAX_TABLES_CUT_FOR_AN_OP]
+    found = cuttable_tables(info.flat.graph_def, largest_first, output_nodes(info.flat))
+    return dict(list(found.items())[:MAX_TABLES_CUT_FOR_AN_OP])
 
 
 def _read_cut(proto, model_dir, info, sizes, timings):
