@@ -3,7 +3,7 @@ tfpart's compiled recommender against TensorFlow's own ``ParameterServerStrategy
 
     .venv/bin/python -m benchmarks.sharded_tables [--items 2000000] [--batch-size 1024]
         [--memory-mb 300] [--workers 3] [--home-plan] [--train OPTIMIZER] [--whole-too]
-        [--markdown]
+        [--profile-first] [--markdown]
 
 **tfpart**: three ``tfpart worker`` processes on loopback (``--workers``), their links measured by
 ``tfpart cluster probe``, each declared to hold 300 MB. The two-tower recommender of
@@ -54,11 +54,14 @@ USERS, HIDDEN = 1000, 64
 
 
 def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too=False,
-                   signature=None, whole_too=False):
+                   signature=None, whole_too=False, profile_first=False):
     """The compiled model's predicted and measured step on ``workers`` local workers, its
     row shards, each worker's peak memory, with ``home_plan_too`` the predicted
     and measured step of :func:`home_plan`, and with ``whole_too`` those of the model
-    compiled with ``--whole-tables`` (no table that fits a device cut)."""
+    compiled with ``--whole-tables`` (no table that fits a device cut). With
+    ``profile_first`` the model's ops are measured here first (``tfpart profile``, one
+    intra-op thread, as each worker has one core) and every plan is made with that
+    profile."""
     (work / "probe").mkdir()
     with LocalWorkers(workers, work / "probe") as tasks:
         probed = work / "probed.json"
@@ -69,6 +72,11 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
         device["memory"] = memory
     probed.write_text(json.dumps(cluster))
     signed = ["--signature", signature] if signature else []
+    profiles = [work / "profile.json"] if profile_first else []
+    if profile_first:
+        console.print(tfpart_json("profile", model, "--batch-size", batch, "-o", profiles[0],
+                                  *signed))
+    signed += [argument for path in profiles for argument in ("--profile", path)]
     out = work / "compiled"
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
                               "--batch-size", batch, "-o", out, *signed))
@@ -95,7 +103,8 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
                "memory": f"{memory / 1e6:.0f} MB"}
               for task, figures in ((name.split("/device:")[0], figures) for name, figures
                                     in sorted(plan["predicted"]["devices"].items()))]
-    home = home_plan(model, probed, batch, links, work, workers) if home_plan_too else None
+    home = home_plan(model, probed, batch, links, work, workers, profiles, signature) \
+        if home_plan_too else None
     return plan["predicted"]["step_time"], measured, plan["row_shards"], memory, home, whole
 
 
@@ -111,33 +120,36 @@ def timed_on_fresh_workers(out, links, batch, folder, workers):
     return run["median_s"]
 
 
-def home_plan(model, cluster_file, batch, links, work, workers):
+def home_plan(model, cluster_file, batch, links, work, workers, profiles=(), signature=None):
     """The plan by hand that keeps every op on the first shard's task but the other
     shards and their gathers: its predicted and measured step (a check on the
-    simulator's view of spreading ops over tasks)."""
+    simulator's view of spreading ops over tasks), priced with ``profiles``."""
     import copy
 
     from costmodel import CostModel
     from costmodel.simulate import simulate_plan
-    from tfpart.compile import _compile_into, plan_model
+    from tfpart.compile import _compile_into, load_profiles, plan_model
     from tfpart.core.cluster import load_cluster
     from tfpart.core.output_folders import new_staging_folder, removed_on_failure
     from tfpart.core.row_shards import SCOPE, SHARD
 
     cluster = load_cluster(cluster_file)
     plan, graph, info, proto, timings = plan_model(model, cluster, batch_size=batch,
-                                                   strategy="placement")
+                                                   strategy="placement", profiles=profiles,
+                                                   signature=signature)
     pinned = {op: device for op, device in plan.assignment.items()
               if f"/{SHARD}" in op or f"/{SCOPE}/rows" in op}
     first = pinned[next(op for op in pinned if op.endswith(f"/{SHARD}0"))]
     home = copy.deepcopy(plan)
     home.assignment = {op: pinned.get(op, first) for op in plan.assignment}
-    home.predicted.step_time = simulate_plan(home, CostModel(graph, cluster)).makespan
+    measured = load_profiles(profiles, cluster)
+    home.predicted.step_time = simulate_plan(home, CostModel(graph, cluster,
+                                                             measured=measured)).makespan
     out = work / "home"
     staging = new_staging_folder(out, False)
     with removed_on_failure(staging):
         _compile_into(staging, model, cluster, out, (home, graph, info, proto, timings),
-                      profiles=(), force=False, progress=None, verify=False)
+                      profiles=profiles, force=False, progress=None, verify=False)
     return home.predicted.step_time, timed_on_fresh_workers(out, links, batch,
                                                             work / "home_run", workers)
 
@@ -228,6 +240,8 @@ def main(argv=None):
     parser.add_argument("--whole-too", action="store_true", help="also time the model "
                         "compiled with --whole-tables (for a table that fits a worker, "
                         "which tfpart cuts when that is predicted faster)")
+    parser.add_argument("--profile-first", action="store_true", help="measure the model's "
+                        "ops here first (tfpart profile) and plan with that profile")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     parser.add_argument("--keep", metavar="FOLDER", help="work in FOLDER (new) and keep "
                         "it: the probed cluster file, the compiled models and their plans")
@@ -248,7 +262,7 @@ def main(argv=None):
                                        dim=args.dim)
         predicted, measured, shards, memory, home, whole = tfpart_sharded(
             model, batch, args.memory_mb * 1e6, work, console, args.workers, args.home_plan,
-            "train_step" if args.train else None, args.whole_too)
+            "train_step" if args.train else None, args.whole_too, args.profile_first)
         ps = None if args.train else parameter_servers(args.items, args.dim, batch, work,
                                                         args.workers)
     cut = next(iter(shards.values()), {"sizes": ["whole"]})  # slots are cut the same way
