@@ -68,7 +68,7 @@ def shape_key(op_type, input_shapes):
     return f"{op_type}|{json.dumps([list(s) for s in input_shapes])}"
 
 
-def fit_efficiency(ops, kind, step_time=None):
+def fit_efficiency(ops, kind, step_time=None, dispatch=None):
     """Per-class efficiency and per-op overheads that best explain measured ops.
 
     The op overhead is the median time of ops doing almost no work; each class's
@@ -77,7 +77,8 @@ def fit_efficiency(ops, kind, step_time=None):
     smaller op's time is mostly overhead and noise, which says little of its class's
     throughput), else over all its measured ops. Classes without measurements keep the
     kind's datasheet guess. The
-    dispatch overhead is the executor's time between ops: the measured step time less
+    dispatch overhead is the executor's time between ops: ``dispatch`` where the trace
+    measured it (:func:`tfpart.profiling.idle_per_op`), else the measured step time less
     the ops' own times, shared over the ops that ran.
     """
     timed = [op for op in ops if op["time_s"] > 0 and op["op_type"] not in FREE_OPS]
@@ -102,7 +103,8 @@ def fit_efficiency(ops, kind, step_time=None):
             efficiency[cls] = min(statistics.median(large or ratios), 10.0)
     ran = sum(op["count"] for op in ops if op["time_s"] > 0)
     own = sum(op["count"] * op["time_s"] for op in ops)
-    dispatch = max(0.0, (step_time - own) / ran) if step_time and ran else 0.0
+    if dispatch is None:
+        dispatch = max(0.0, (step_time - own) / ran) if step_time and ran else 0.0
     return {"efficiency": efficiency, "op_overhead_s": overhead, "dispatch_overhead_s": dispatch}
 
 
@@ -121,7 +123,8 @@ class MeasuredProfile:
 
     @classmethod
     def from_measurements(cls, device_kind, ops, kind, **meta):
-        fitted = fit_efficiency(ops, kind, meta.get("step_time_s"))
+        fitted = fit_efficiency(ops, kind, meta.get("step_time_s"),
+                                meta.get("dispatch_overhead_s"))
         return cls(device_kind=device_kind, ops=ops, fitted=fitted, meta=meta)
 
     def measured_time(self, attrs, precision):

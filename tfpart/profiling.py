@@ -14,10 +14,12 @@ group (:mod:`rewriters.fusion`) in proportion to their roofline times, so no com
 of a group is recorded at zero. Ops Grappler removes for other reasons (constant
 folding, pruning) are recorded as taking no time, as they do at run time. The profile
 records whether oneDNN was on and the CPU's instruction-set flags, which decide what
-Grappler fuses and how fast the kernels are.
+Grappler fuses and how fast the kernels are. The executor's time between ops (the
+dispatch overhead added to every op) is read from the traces (:func:`idle_per_op`).
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -179,7 +181,8 @@ def claim_threads(intra_threads):
 
 
 def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
-    """Median seconds per op name, and the median untraced step time."""
+    """Median seconds per op name, the median untraced step time, and the median
+    executor time between ops (:func:`idle_per_op` of each traced step)."""
     from tensorflow.core.protobuf import config_pb2
 
     from rewriters.tf_import import tensorflow
@@ -200,7 +203,7 @@ def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
             session.run(fetches, feeds)
             walls.append(time.perf_counter() - t0)
         options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
-        durations = defaultdict(list)
+        durations, idle = defaultdict(list), []
         for _ in range(repeats):
             metadata = config_pb2.RunMetadata()
             session.run(fetches, feeds, options=options, run_metadata=metadata)
@@ -208,8 +211,38 @@ def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
                 for node in device.node_stats:
                     nanos = node.op_end_rel_nanos - node.op_start_rel_nanos
                     durations[node.node_name].append(max(nanos, 0) / 1e9)
+            idle.append(idle_per_op([[(node.all_start_nanos / 1e9, (node.all_start_nanos +
+                                                                     node.all_end_rel_nanos) / 1e9)
+                                      for node in device.node_stats]
+                                     for device in metadata.step_stats.dev_stats]))
     return ({name: statistics.median(times) for name, times in durations.items()},
-            statistics.median(walls))
+            statistics.median(walls), statistics.median(idle))
+
+
+def idle_per_op(devices):
+    """Seconds each device's executor spent between ops, per op: the span of its ops'
+    ``(start, end)`` intervals less the time some op ran, summed over ``devices`` (a
+    list of interval lists), over all their ops.
+
+    This is the dispatch overhead a profile adds to every op. It is read from the trace,
+    not from the step time less the ops' median times: one slow op among ops of the same
+    type and shapes (a read of a large variable TensorFlow copies, among reads of small
+    ones) would otherwise be spread over every op.
+
+    >>> idle_per_op([[(0.0, 1.0), (1.5, 2.0), (1.8, 3.0)], [(0.0, 0.5)]])
+    0.125
+    """
+    idle, count = 0.0, 0
+    for intervals in devices:
+        if not intervals:
+            continue
+        busy, reach = 0.0, -math.inf
+        for start, end in sorted(intervals):
+            busy += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        idle += max(end for _, end in intervals) - min(start for start, _ in intervals) - busy
+        count += len(intervals)
+    return idle / count if count else 0.0
 
 
 def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, warmup=5,
@@ -230,8 +263,9 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     flat = flat_at(proto, model_dir, info.batch_size, info.signature, info.flat)
     step(f"running {len(opgraph)} ops {warmup + 2 * repeats} times")
     t0 = time.perf_counter()
-    per_op, step_time = measure_ops(flat, import_flat(flat, model_dir), repeats=repeats,
-                                    warmup=warmup, intra_threads=intra_threads)
+    per_op, step_time, dispatch = measure_ops(flat, import_flat(flat, model_dir),
+                                              repeats=repeats, warmup=warmup,
+                                              intra_threads=intra_threads)
     kind = load_device_kinds()[device_kind]
     per_op = attribute_fused_times(per_op, info.fusion_groups, opgraph, kind)
     by_key = defaultdict(list)
@@ -247,4 +281,5 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
         device_kind, ops, kind, model=str(model_dir), signature=info.signature,
         batch_size=info.batch_size, tensorflow=tensorflow().__version__,
         hardware=hardware_description(intra_threads, cores), repeats=repeats, warmup=warmup,
-        step_time_s=step_time, profiling_seconds=time.perf_counter() - t0)
+        step_time_s=step_time, dispatch_overhead_s=dispatch,
+        profiling_seconds=time.perf_counter() - t0)
