@@ -76,17 +76,17 @@ def tfpart_sharded(model, batch, memory, work, console, workers=3, home_plan_too
     if profile_first:
         console.print(tfpart_json("profile", model, "--batch-size", batch, "-o", profiles[0],
                                   *signed))
-    signed += [argument for path in profiles for argument in ("--profile", path)]
+    planned = [*signed, *(argument for path in profiles for argument in ("--profile", path))]
     out = work / "compiled"
     console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy", "placement",
-                              "--batch-size", batch, "-o", out, *signed))
+                              "--batch-size", batch, "-o", out, *planned))
     plan = json.loads((out / "plan.json").read_text())
     measured = timed_on_fresh_workers(out, links, batch, work / "run", workers)
     whole = None
     if whole_too:
         console.print(tfpart_json("compile", model, "--cluster", probed, "--strategy",
                                   "placement", "--batch-size", batch, "-o", work / "whole",
-                                  "--whole-tables", *signed))
+                                  "--whole-tables", *planned))
         whole = (json.loads((work / "whole" / "plan.json").read_text())["predicted"]
                  ["step_time"], timed_on_fresh_workers(work / "whole", links, batch,
                                                        work / "whole_run", workers))

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import microbatch_graph, pipeline_graph, plan_replicas_cost
+from costmodel.pipeline import (bubble_fraction, microbatch_ends, microbatch_graph,
+                                pipeline_graph, plan_replicas_cost)
 from costmodel.roofline import CostModel
 from costmodel.simulate import Schedule, placed_cost, simulate, start_first_priority
 
@@ -115,24 +116,15 @@ class PlanRun:
     @property
     def bubble_fraction(self):
         """The idle share of a fill-and-drain pipeline over its busy devices."""
-        stages = max(1, int((self.schedule.busy > 0).sum()))
-        return (stages - 1) / (len(self.microbatch_ends) + stages - 1) \
-            if self.microbatch_ends else 0.0
+        if not self.microbatch_ends:
+            return 0.0
+        return bubble_fraction((self.schedule.busy > 0).sum(), len(self.microbatch_ends))
 
 
 def simulate_execution(plan, cost):
     """Simulate :func:`expand` of ``plan``; a :class:`PlanRun`."""
     expansion = expand(plan, cost)
     schedule = simulate(expansion.cost, expansion.device_of, expansion.priority)
-    return PlanRun(schedule, expansion.cost, _microbatch_ends(expansion.cost, schedule))
-
-
-def _microbatch_ends(cost, schedule):
-    """When the last copy of each micro-batch finished, by the copies' ``microbatch``
-    attribute; empty unless the step runs several micro-batches."""
-    ends = {}
-    for op, end in zip(cost.ops, schedule.end):
-        microbatch = cost.graph.ops[op].get("microbatch")
-        if microbatch is not None:
-            ends[microbatch] = max(ends.get(microbatch, 0.0), float(end))
-    return tuple(ends[m] for m in sorted(ends)) if len(ends) > 1 else ()
+    ends = microbatch_ends(expansion.cost, schedule)
+    return PlanRun(schedule, expansion.cost,
+                   tuple(ends[m] for m in sorted(ends)) if len(ends) > 1 else ())

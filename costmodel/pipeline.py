@@ -171,8 +171,29 @@ class PipelineRun:
 
     @property
     def bubble_fraction(self):
-        stages = max(1, len([b for b in self.busy.values() if b > 0]))
-        return (stages - 1) / (self.microbatches + stages - 1)
+        return bubble_fraction(sum(b > 0 for b in self.busy.values()), self.microbatches)
+
+
+def bubble_fraction(busy_devices, microbatches):
+    """The idle share of a fill-and-drain pipeline of ``microbatches`` over as many
+    stages as ``busy_devices`` (at least one).
+
+    >>> bubble_fraction(3, 8)
+    0.2
+    """
+    stages = max(1, int(busy_devices))
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def microbatch_ends(cost, schedule):
+    """When the last copy of each micro-batch finished in ``schedule`` (of ``cost``'s
+    ops), by each copy's ``microbatch`` attribute: micro-batch -> seconds."""
+    ends = {}
+    for op, end in zip(cost.ops, schedule.end):
+        microbatch = cost.graph.ops[op].get("microbatch")
+        if microbatch is not None:
+            ends[microbatch] = max(ends.get(microbatch, 0.0), float(end))
+    return ends
 
 
 def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=None,
@@ -192,9 +213,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                                            schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
     schedule = simulate(cost, np.array([placement[op] for op in cost.ops]), memory=memory)
-    end = dict(zip(cost.ops, schedule.end))
-    finish = [max((end[f"mb{m}/{op}"] for op in graph.ops if f"mb{m}/{op}" in end),
-                  default=0.0) for m in range(microbatches)]
+    ends = microbatch_ends(cost, schedule)
+    finish = [ends.get(m, 0.0) for m in range(microbatches)]
     if not np.isfinite(finish[-1]):  # an op on a device without its kernel: never done
         interval = np.inf
     else:

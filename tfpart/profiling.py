@@ -233,15 +233,14 @@ def idle_per_op(devices):
     0.125
     """
     idle, count = 0.0, 0
-    for intervals in devices:
-        if not intervals:
-            continue
+    for intervals in filter(None, devices):
+        ordered = sorted(intervals)
         busy, reach = 0.0, -math.inf
-        for start, end in sorted(intervals):
+        for start, end in ordered:
             busy += max(0.0, end - max(start, reach))
             reach = max(reach, end)
-        idle += max(end for _, end in intervals) - min(start for start, _ in intervals) - busy
-        count += len(intervals)
+        idle += reach - ordered[0][0] - busy
+        count += len(ordered)
     return idle / count if count else 0.0
 
 
