@@ -264,6 +264,7 @@ CLUSTER_SCHEMA = {
     "properties": {
         "name": {"type": "string"},
         "description": {"type": "string"},
+        "written_by": {"type": "object"},  # tfpart's mark (tfpart.core.output_files)
         "step_overhead": _QUANTITY,
         "tf32": {"type": "boolean"},
         "kinds": {"type": "object", "additionalProperties": {"type": "object"}},
