@@ -1,19 +1,45 @@
 """A Gantt chart of a simulated schedule: one row per device, one bar per op, and the
-transfers on a row per link."""
+transfers on a row per link; written under the output rule of
+:mod:`tfpart.core.output_files`, in the format its suffix names (PNG, SVG or PDF),
+with tfpart's mark in the picture's metadata."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
 from tfpart.core.ops import op_class
+from tfpart.core.output_files import (PICTURE_MARK, PICTURES, check_output_file, picture_kind,
+                                      write_output_file)
+
+GANTT_FORMATS = {suffix: PICTURES[suffix] for suffix in (".png", ".svg", ".pdf")}
+# the metadata field each format's matplotlib writer keeps as text
+MARK_FIELD = {".png": "Software", ".svg": "Creator", ".pdf": "Creator"}
 
 CLASS_COLOURS = {"matmul": "#1f77b4", "elementwise": "#2ca02c", "reduction": "#ff7f0e",
                  "data_movement": "#9467bd"}
 
 
-def write_gantt(schedule, cost, path, title=""):
-    """Draw ``schedule`` to a PNG at ``path``; return the path."""
+def check_gantt_path(path, force=False):
+    """OutputError unless a Gantt chart may be written to ``path``: its suffix names a
+    format matplotlib draws here and the output rule allows it
+    (:func:`tfpart.core.output_files.check_output_file`). Checked before any work.
+
+    >>> check_gantt_path("schedule.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.OutputError: schedule.json: cannot draw a picture in the format of its suffix ('.json'): give a file ending in .png, .svg or .pdf
+    """
+    check_output_file(path, picture_kind(path, GANTT_FORMATS), force)
+
+
+def write_gantt(schedule, cost, path, title="", force=False):
+    """Draw ``schedule`` to ``path`` in the format of its suffix (:data:`GANTT_FORMATS`),
+    marked as tfpart's, atomically and under the output rule (``force``: replace a
+    picture of the same format tfpart did not write); return the path."""
+    kind = picture_kind(path, GANTT_FORMATS)
+    check_output_file(path, kind, force)  # before the drawing, which takes a while
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,6 +70,12 @@ def write_gantt(schedule, cost, path, title=""):
               [Patch(color="#7f7f7f", label="transfer")], loc="upper left",
               bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    suffix = Path(path).suffix.lower()
+    picture = io.BytesIO()
+    try:
+        fig.savefig(picture, format=suffix[1:], dpi=110, metadata={
+            MARK_FIELD[suffix]: f"tfpart simulate --gantt ({PICTURE_MARK.decode()}) with "
+                                f"Matplotlib {matplotlib.__version__}"})
+    finally:
+        plt.close(fig)
+    return write_output_file(path, picture.getvalue(), kind, force)

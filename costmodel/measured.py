@@ -56,7 +56,7 @@ from tfpart.core.errors import ProfileError
 from tfpart.core.input_files import json_text, read_json
 from tfpart.core.flops import op_flops
 from tfpart.core.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
-from tfpart.core.output_folders import write_file_atomically
+from tfpart.core.output_files import MARK_KEY, PROFILE, write_json_output
 
 FORMAT = "tfpart-measured-profile/1"
 MAX_PROFILE_BYTES = 256 * 2**20  # a million measured ops' rows
@@ -168,8 +168,12 @@ class MeasuredProfile:
         return {"format": FORMAT, "device_kind": self.device_kind, **self.meta,
                 "ops": self.ops, "fitted": self.fitted}
 
-    def save(self, path):
-        write_file_atomically(path, json_text(self.to_dict(), path, ProfileError, indent=1))
+    def save(self, path, force=False):
+        """Write the profile to ``path`` with tfpart's mark, atomically and under the
+        output rule (:mod:`tfpart.core.output_files`: ``force`` replaces a profile
+        tfpart did not write); ProfileError naming the first figure that is not finite."""
+        json_text(self.to_dict(), path, ProfileError)
+        write_json_output(path, self.to_dict(), PROFILE, "profile", force=force, indent=1)
 
     @classmethod
     def load(cls, path, kinds=None):
@@ -180,7 +184,7 @@ class MeasuredProfile:
         if problem:
             raise ProfileError(path, problem)
         meta = {k: v for k, v in data.items()
-                if k not in ("format", "device_kind", "ops", "fitted")}
+                if k not in ("format", "device_kind", "ops", "fitted", MARK_KEY)}
         kind = kinds[data["device_kind"]]
         if "fitted" in data:
             return cls(device_kind=data["device_kind"], ops=data["ops"],

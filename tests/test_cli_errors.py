@@ -167,7 +167,7 @@ def test_profile_never_replaces_a_file_it_did_not_write(capsys, tmp_path):
     notes = tmp_path / "notes.json"
     notes.write_text('{"my": "notes"}')
     code, err = run_cli(capsys, "profile", str(DEFAULT_MODEL_DIR), "-o", str(notes))
-    assert_clean_failure(code, err, str(notes), "not a profile tfpart wrote")
+    assert_clean_failure(code, err, str(notes), "is not a profile")
     assert notes.read_text() == '{"my": "notes"}'
     model = tmp_path / "model"
     shutil.copytree(DEFAULT_MODEL_DIR, model)

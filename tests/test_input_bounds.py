@@ -14,7 +14,8 @@ import pytest
 
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR
 from tests.conftest import local_cluster
-from tfpart.core.limits import MAX_GRAPH_OPS, MAX_MICROBATCHES, MAX_PLANNED_DEVICES
+from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_GRAPH_OPS, MAX_MICROBATCHES,
+                                MAX_PLANNED_DEVICES, MAX_TF_CONFIG_BYTES, max_threads)
 from tfpart.core.plan import Stages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,9 +23,10 @@ NO_TF_MEMORY = 2 * 2**30  # address space of a command that fails before TensorF
 TF_MEMORY = 6 * 2**30  # one that imports TensorFlow (its import maps about 2 GB)
 
 
-def tfpart(*argv, timeout=60, memory=NO_TF_MEMORY):
-    """Run ``python -m tfpart.cli argv`` with a timeout and an address-space limit;
-    (exit code, stderr lines, seconds)."""
+def tfpart(*argv, timeout=60, memory=NO_TF_MEMORY, env=None):
+    """Run ``python -m tfpart.cli argv`` with a timeout and an address-space limit (and
+    the variables ``env`` added to the environment); (exit code, stderr lines,
+    seconds)."""
     # The limit is set by the child itself before it execs the CLI: a ``preexec_fn`` runs
     # Python between fork and exec, where gRPC's fork handlers (this process has loaded
     # it) restart a poller thread whose epoll descriptor ``close_fds`` then closes, and
@@ -35,7 +37,7 @@ def tfpart(*argv, timeout=60, memory=NO_TF_MEMORY):
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", limited, str(memory), *map(str, argv)],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     return done.returncode, done.stderr.splitlines(), time.monotonic() - start
 
 
@@ -174,6 +176,130 @@ def test_sizes_on_the_command_line(argv, words, tmp_path):
     code, lines, seconds = tfpart("compile", *argv, "-o", tmp_path / "out")
     assert_refused((code, lines, seconds), words)
     assert seconds < 30  # no model read, no TensorFlow
+
+
+TOO_MANY_THREADS = max_threads() + 1
+TRAIN = ["train", "m", "--cluster", "c.json", "--data", "d.npz", "-o", "out"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["worker", "--inter-threads", TOO_MANY_THREADS],
+     f"--inter-threads {TOO_MANY_THREADS} is more than {max_threads()} (16 per logical CPU"),
+    (["profile", "m", "-o", "p.json", "--intra-threads", TOO_MANY_THREADS],
+     f"--intra-threads {TOO_MANY_THREADS} is more than {max_threads()}"),
+    (["worker", "--launch-timeout", "inf"], "--launch-timeout must be a finite number, not inf"),
+    (["worker", "--launch-timeout", "1e400"], "--launch-timeout must be a finite number"),
+    (["worker", "--launch-timeout", "0"], "--launch-timeout must be positive"),
+    (["worker", "--launch-timeout", "-5"], "--launch-timeout must be positive"),
+    (["worker", "--launch-timeout", "1e9"], "--launch-timeout 1e+09 is more than 86400 seconds"),
+    (["worker", "--port", "70000"], "--port 70000 is more than 65535"),
+    (["worker", "--task", "-1"], "--task must be at least 0"),
+    ([*TRAIN, "--lr", "nan"], "--lr must be a finite number, not nan"),
+    ([*TRAIN, "--lr", "0"], "--lr must be positive"),
+    ([*TRAIN, "--momentum=-inf"], "--momentum must be a finite number, not -inf"),
+    ([*TRAIN, "--momentum", "1"], "--momentum 1 must be less than 1"),
+    ([*TRAIN, "--lambda0", "NaN"], "--lambda0 must be a finite number, not nan"),
+    ([*TRAIN, "--eval-fraction", "nan"], "--eval-fraction must be a finite number"),
+    ([*TRAIN, "--seed", "-1"], "--seed must be at least 0"),
+    ([*TRAIN, "--steps", str(10**12)], "--steps 1000000000000 is more than 100000000"),
+    ([*TRAIN, "--updates-per-call", "0"], "--updates-per-call must be positive"),
+    (["run", "out", "--warmup", "-1"], "--warmup must be at least 0"),
+    (["cluster", "probe", "c.json", "--rounds", "0"], "--rounds must be positive"),
+])
+def test_numbers_on_the_command_line(argv, words, capsys, monkeypatch, tmp_path):
+    """Every number option is checked before any work (in this process: the check
+    comes before any file is read or TensorFlow is started)."""
+    from tfpart.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    code = main([str(arg) for arg in argv])
+    lines = capsys.readouterr().err.splitlines()
+    assert_refused((code, lines, 0), words)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["worker", "--intra-threads", "100000"], "--intra-threads 100000 is more than"),
+    (["worker", "--launch-timeout", "nan"], "--launch-timeout must be a finite number, not nan"),
+    (["cluster", "detect", "-o", "c.json", "--launch-timeout", "nan"],
+     "--launch-timeout must be a finite number, not nan"),
+])
+def test_threads_and_timeouts_of_a_worker(argv, words, tmp_path):
+    """``--intra-threads 100000`` crashed TensorFlow's server as it made its threads;
+    the task here has a valid cluster file, so nothing but the option is wrong."""
+    port = free_port()
+    cluster = write(tmp_path / "c.json", json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{port}"]},
+        "devices": [{"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}))
+    argv = [tmp_path / arg if arg == "c.json" else arg for arg in argv]
+    if argv[0] == "worker":
+        argv += ["--cluster", cluster, "--task", "0"]
+    code, lines, seconds = tfpart(*argv, timeout=60)
+    assert_refused((code, lines, seconds), words)
+    assert seconds < 30  # before TensorFlow starts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# -- TF_CONFIG: read like any JSON input, each field checked ------------------------------
+def tf_config(index=0, job="worker", addresses=("127.0.0.1:2222",), **changed):
+    return json.dumps({"cluster": {"worker": list(addresses)},
+                       "task": {"type": job, "index": index}, **changed})
+
+
+@pytest.mark.parametrize("raw,words", [
+    ("[" * 5000 + "]" * 5000, "TF_CONFIG: nested 5000 levels deep, more than the 64 allowed"),
+    (tf_config().replace('"index": 0', '"index": 1e400'),
+     "TF_CONFIG: 1e400 is too large for a number"),
+])
+def test_tf_config_deep_or_with_a_huge_number(raw, words):
+    """Both ended in tracebacks (RecursionError, OverflowError)."""
+    assert_refused(tfpart("worker", env={"TF_CONFIG": raw}), words)
+
+
+@pytest.mark.parametrize("raw,words", [
+    (tf_config(index=1.0), "TF_CONFIG: task.index: must be an integer, not 1.0"),
+    (tf_config(index=True), "TF_CONFIG: task.index: must be an integer, not True"),
+    (tf_config(index="0"), "TF_CONFIG: task.index: must be an integer, not '0'"),
+    (tf_config(index=1), "TF_CONFIG: task.index: 1 is not a task of job 'worker', which has 1"),
+    (tf_config(index=-1), "TF_CONFIG: task.index: -1 is not a task of job 'worker'"),
+    (tf_config(index=10**30), f"TF_CONFIG: task.index: {10**30} is not a task"),
+    (tf_config(job="ps"), "TF_CONFIG: task.type: 'ps' is not a job of the cluster (worker)"),
+    (tf_config(job=["worker"]), "TF_CONFIG: task.type: ['worker'] is not a job"),
+    (tf_config(addresses=["127.0.0.1:99999"]),
+     "TF_CONFIG: cluster.worker[0]: '127.0.0.1:99999' is not a host:port address"),
+    (tf_config(addresses=[7]), "TF_CONFIG: cluster.worker[0]: 7 is not a host:port address"),
+    (tf_config(addresses=[]), "TF_CONFIG: cluster.worker: must be a list of host:port"),
+    (tf_config(cluster={"a/b": ["h:1"]}), "TF_CONFIG: cluster.a/b: is not a job name"),
+    (tf_config(cluster=[]), "TF_CONFIG: cluster: must be an object of jobs"),
+    (tf_config(task=None), 'TF_CONFIG: task: must be an object with "type" and "index"'),
+    ("[1]", 'TF_CONFIG: must be a JSON object with "cluster" and "task"'),
+    ('{"cluster": ', "TF_CONFIG: not valid JSON: Expecting value"),
+    (" " * (MAX_TF_CONFIG_BYTES + 1), f"more than the {MAX_TF_CONFIG_BYTES} it may have"),
+])
+def test_each_field_of_tf_config(raw, words):
+    from tfpart.commands import tf_config_task
+    from tfpart.core.errors import TfpartError
+
+    with pytest.raises(TfpartError) as error:
+        tf_config_task(raw)
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_valid_tf_config():
+    from tfpart.commands import tf_config_task
+
+    raw = tf_config(index=1, addresses=["10.0.0.1:2222", "[fe80::1]:2222"],
+                    environment="cloud")
+    assert tf_config_task(raw) == ({"worker": ["10.0.0.1:2222", "[fe80::1]:2222"]}, 1,
+                                   "worker")
 
 
 # -- devices ------------------------------------------------------------------------------
@@ -316,6 +442,37 @@ def test_more_microbatches_than_the_model_batch(tmp_path):
     assert_refused(tfpart("compile", "--microbatches", 4, "-o", tmp_path / "out",
                           timeout=300, memory=TF_MEMORY),
                    "4 micro-batches of a batch of 1", "--microbatches 1 or fewer")
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_microbatches_past_what_a_compiled_graph_may_hold(tmp_path):
+    """1024 micro-batches of the example model's 92 ops ran past 300 s in the rewrite;
+    refused once the model is read, before planning, naming the most allowed."""
+    largest = MAX_COMPILED_OPS // 92
+    code, lines, seconds = tfpart("compile", "--batch-size", 1024, "--microbatches", 1024,
+                                  "-o", tmp_path / "out", timeout=120, memory=TF_MEMORY)
+    assert_refused((code, lines, seconds), str(DEFAULT_MODEL_DIR),
+                   f"1024 micro-batches of 92 ops make 94208 ops to compile, more than the "
+                   f"{MAX_COMPILED_OPS} tfpart handles; at most {largest} micro-batches")
+    assert seconds < 60 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.any_onednn
+def test_microbatches_a_compile_chooses_keep_to_the_same_bound():
+    from tfpart.compile import plan_model
+    from tfpart.core.cluster import load_cluster
+    from tfpart.core.limits import largest_microbatches
+
+    plan, graph, _, _, _ = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
+                                      batch_size=1024, pipeline=True,
+                                      options={"max_microbatches": 1024})
+    tried = sorted(int(m) for m in plan.predicted.pipeline.microbatch_choices)
+    most = largest_microbatches(len(graph))
+    assert most == MAX_COMPILED_OPS // len(graph) < 1024
+    assert tried[-1] <= most and plan.microbatches <= most
+    assert plan.options["max_microbatches"] == most
 
 
 # -- simulate checks a plan against its model and cluster ---------------------------------

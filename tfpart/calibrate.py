@@ -8,6 +8,16 @@ latency + bytes / bandwidth over the pinned copies. The entry goes into a kinds 
 (``profiles/device_kinds.json`` or one a cluster.json names with ``kinds_file``),
 replacing the kind's old entry and keeping every other.
 
+Writing ``-o``: the kinds file is merged into, not replaced, so the output rule of
+:mod:`tfpart.core.output_files` applies as it does to a file of the same kind given
+``--force``, without the flag: any kinds file may be merged into, one the user wrote
+included, since every other kind and field of it is kept, each value as it was (a
+number is written in full where six digits would change it); only the calibrated
+kind's old entry goes, which is what calibrating it means. A file of any other kind, a
+link, a folder or a device is refused in one line, and the file is written
+atomically. A kinds file tfpart created carries its mark, renewed on each merge; a
+user's is left unmarked, theirs still.
+
 Copy table format (``../shared/gpu/h100_links.json``)::
 
     {"device": "...", "rows": [{"bytes": 4192, "direction": "h2d", "pinned": true,
@@ -30,8 +40,10 @@ from costmodel.calibration import fit_link
 from costmodel.measured import MeasuredProfile
 from profiles import DEVICE_KINDS_FILE
 from tfpart.core import input_files
-from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
-from tfpart.core.errors import OutputError, ProfileError
+from tfpart.core.device_kinds import KernelEfficiency, kinds_from_dict, load_device_kinds
+from tfpart.core.errors import ProfileError
+from tfpart.core.output_files import (KINDS_FILE, check_output_file, marked, written_by_tfpart,
+                                      write_output_file)
 
 
 def read_json(path, what):
@@ -106,27 +118,44 @@ def calibrate(kernels_path, links_path=None, kinds_path=DEVICE_KINDS_FILE):
     return name, entry, fitted
 
 
+def check_kinds_output(out):
+    """OutputError unless the kinds file ``out`` may be merged into: absent, or a
+    kinds file (see the module docstring). Checked before any work."""
+    check_output_file(out, KINDS_FILE, force=True)
+
+
 def write_kind(name, entry, out):
     """Put ``entry`` under ``name`` in the kinds file ``out`` (created if missing,
-    every other entry kept), then check the file loads."""
+    every other entry kept; see the module docstring), once the file it makes loads."""
     out = Path(out)
-    data = read_json(out, "kinds file") if out.exists() else {"kinds": {}}
+    check_kinds_output(out)
+    created = not out.exists()
+    data = {"kinds": {}} if created else read_json(out, "kinds file")
     if not isinstance(data, dict) or not isinstance(data.get("kinds"), dict):
         raise ProfileError(out, "not a kinds file (no \"kinds\" object)")
-    data["kinds"][name] = entry
-    staged = out.with_name(f".{out.name}.tmp")
-    try:
-        staged.write_text(format_kinds(data))
-        load_device_kinds.__wrapped__(staged)
-        staged.replace(out)
-    except ProfileError as exc:
-        raise ProfileError(out, exc.problem) from None
-    except OSError as exc:
-        raise OutputError(out, f"cannot write: {exc.strerror or exc}") from None
-    finally:
-        staged.unlink(missing_ok=True)
+    ours = created or written_by_tfpart(data)
+    data["kinds"][name] = _six_digits(entry)
+    input_files.json_text(data, out, ProfileError)  # one line naming a NaN
+    text = format_kinds(marked(data, "calibrate") if ours else data)
+    kinds_from_dict(json.loads(text)["kinds"], out)  # ProfileError naming the entry
+    # created: another process's file made meanwhile is not merged into, but refused
+    write_output_file(out, text, KINDS_FILE, force=not created, force_flag=None)
     load_device_kinds.cache_clear()
     return out
+
+
+def _six_digits(value):
+    """``value`` with every float cut to six significant digits (a fitted figure's
+    precision; the file stays readable).
+
+    >>> _six_digits({"a": [0.123456789, 2], "b": 1.92e11})
+    {'a': [0.123457, 2], 'b': 192000000000.0}
+    """
+    if isinstance(value, dict):
+        return {key: _six_digits(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_six_digits(item) for item in value]
+    return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
 def format_kinds(data):
@@ -155,12 +184,19 @@ def format_kinds(data):
 
 
 def _dump(value):
-    """Compact JSON with floats in at most 6 significant digits (1.92e+11, not
-    192000000000.0)."""
+    """Compact JSON with floats short where that is exact (1.92e+11, not
+    192000000000.0), in full where not (a user's figures are kept as they are).
+
+    >>> _dump({"peak": 1.92e11, "exact": 0.1234567891, "whole": 5.0})
+    '{"peak": 1.92e+11, "exact": 0.1234567891, "whole": 5.0}'
+    """
     if isinstance(value, dict):
         return "{" + ", ".join(f"{json.dumps(k)}: {_dump(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_dump(v) for v in value) + "]"
     if isinstance(value, float):
-        return format(value, ".6g")
+        short = format(value, ".6g")
+        if float(short) != value:
+            return json.dumps(value)
+        return short if any(c in short for c in ".e") else short + ".0"  # stays a float
     return json.dumps(value)

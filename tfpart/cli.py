@@ -11,6 +11,7 @@ such errors come at once; TensorFlow's own logging is kept out of the output
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -65,7 +66,8 @@ def build_parser():
                           "pipelined training step's forward and backward passes: gpipe "
                           "(fill-drain) or 1f1b (less activation memory); implies "
                           "--pipeline; default: the faster within memory")
-    compile_.add_argument("--force", action="store_true", help="replace an existing output")
+    compile_.add_argument("--force", action="store_true", help="replace an existing output "
+                          "folder tfpart wrote, and a --draw picture of the same format")
     compile_.add_argument("--profile", action="append", help="measured profile "
                           "(tfpart profile output) of a device kind; repeatable")
     compile_.add_argument("--verify", action="store_true",
@@ -77,8 +79,9 @@ def build_parser():
     compile_.add_argument("--whole-tables", action="store_true",
                           help="cut no table that fits a device into row shards (by "
                           "default one is cut when that is predicted faster)")
-    compile_.add_argument("--draw", metavar="FILE", help="also draw the placement "
-                          "(.svg, .png, .pdf with Graphviz's dot installed, else .dot)")
+    compile_.add_argument("--draw", metavar="FILE", help="also draw the placement in the "
+                          "format of FILE's suffix (.svg, .png, .pdf with Graphviz's dot "
+                          "installed, else its .dot beside it; .dot or .gv)")
     compile_.set_defaults(run=cmd_compile)
     diff = commands.add_parser("diff", help="what changed between two plan.json files")
     diff.add_argument("before")
@@ -89,6 +92,8 @@ def build_parser():
     profile.add_argument("--batch-size", type=int)
     profile.add_argument("--signature")
     profile.add_argument("-o", "--output", required=True, help="profile JSON to write")
+    profile.add_argument("--force", action="store_true", help="replace a profile tfpart "
+                         "did not write (one it wrote is replaced anyway)")
     profile.add_argument("--repeats", type=int, default=20)
     profile.add_argument("--warmup", type=int, default=5)
     profile.add_argument("--intra-threads", type=int, default=1,
@@ -110,7 +115,10 @@ def build_parser():
     simulate.add_argument("--cluster", help="cluster.json (default: the one the plan names)")
     simulate.add_argument("--profile", action="append",
                           help="measured profile(s) (default: those the plan used)")
-    simulate.add_argument("--gantt", help="write a Gantt chart (PNG) of the schedule")
+    simulate.add_argument("--gantt", metavar="FILE", help="write a Gantt chart of the "
+                          "schedule, in the format of FILE's suffix: .png, .svg or .pdf")
+    simulate.add_argument("--force", action="store_true", help="replace a --gantt picture "
+                          "of the same format tfpart did not write")
     simulate.set_defaults(run=cmd_simulate)
     worker = commands.add_parser("worker", help="run one task's TensorFlow server")
     worker.add_argument("--cluster", help="cluster.json with a 'cluster' block "
@@ -123,6 +131,9 @@ def build_parser():
                         "(default: one free on the host)")
     worker.add_argument("--launch-timeout", type=float, default=120.0,
                         help="under a launcher: seconds to wait for every task to start")
+    worker.add_argument("--force", action="store_true", help="under a launcher: replace "
+                        "a cluster file tfpart did not write (one it wrote for an earlier "
+                        "launch is replaced anyway)")
     worker.add_argument("--job", help="job name: worker (the default) or ps")
     worker.add_argument("--intra-threads", type=int, help="intra-op threads")
     worker.add_argument("--inter-threads", type=int, help="inter-op threads")
@@ -190,7 +201,8 @@ def build_parser():
     detect = cluster_commands.add_parser("detect", help="write a cluster.json of this "
                                          "host's devices, as TensorFlow sees them")
     detect.add_argument("-o", "--output", required=True, help="cluster.json to write")
-    detect.add_argument("--force", action="store_true", help="replace an existing file")
+    detect.add_argument("--force", action="store_true", help="replace a cluster file "
+                        "tfpart did not write (one it wrote is replaced anyway)")
     detect.add_argument("--launch-timeout", type=float, default=120.0,
                         help="under mpirun or srun: seconds to wait for every task")
     detect.set_defaults(run=cmd_cluster_detect)
@@ -199,6 +211,8 @@ def build_parser():
     probe.add_argument("cluster", help="cluster.json whose `tfpart worker` tasks run")
     probe.add_argument("-o", "--output", help="write the probed file here instead of "
                        "updating CLUSTER")
+    probe.add_argument("--force", action="store_true", help="with -o: replace a cluster "
+                       "file tfpart did not write")
     probe.add_argument("--rounds", type=int, default=3, help="times the whole probe runs")
     probe.add_argument("--repeats", type=int, default=30,
                        help="calls timed per copy size (fewer leave a pair's latency "
@@ -213,6 +227,8 @@ def build_parser():
     checkpoint.add_argument("checkpoint", help="the checkpoint prefix to read "
                             "(a SavedModel's is DIR/variables/variables)")
     checkpoint.add_argument("-o", "--output", required=True, help="checkpoint prefix to write")
+    checkpoint.add_argument("--force", action="store_true", help="replace a checkpoint at "
+                            "the prefix")
     checkpoint.add_argument("--original", help="the original model's folder (default: the "
                             "one plan.json names)")
     checkpoint.set_defaults(run=cmd_checkpoint)
@@ -220,31 +236,72 @@ def build_parser():
 
 
 POSITIVE_OPTIONS = ("batch_size", "repeats", "intra_threads", "inter_threads", "microbatches",
-                    "steps", "eval_every")
+                    "steps", "eval_every", "rounds", "updates_per_call", "launch_timeout",
+                    "lr")
+NON_NEGATIVE_OPTIONS = ("warmup", "task", "port", "seed", "min_shard_bytes", "momentum",
+                        "lambda0")
+
+
+def _upper_bounds():
+    """Option -> (its largest value, why), for the options with one
+    (:mod:`tfpart.core.limits` gives the reasons)."""
+    from tfpart.core import limits
+
+    threads = (limits.max_threads(), f"({limits.MAX_THREADS_PER_CPU} per logical CPU of "
+               f"this machine's {os.cpu_count() or 1}; more threads only wait for the cores)")
+    return {"batch_size": (limits.MAX_BATCH_SIZE, "(TensorFlow's limit of 2**31-1 elements "
+                           "per tensor)"),
+            "microbatches": (limits.MAX_MICROBATCHES, "per batch"),
+            "intra_threads": threads, "inter_threads": threads,
+            "launch_timeout": (limits.MAX_LAUNCH_TIMEOUT_S, "seconds (a day)"),
+            "port": (65535, "(the largest TCP port)"),
+            "steps": (limits.MAX_TRAIN_STEPS, "updates")}
 
 
 def option_problem(args):
-    """What is wrong with the sizes given on the command line, before any work: each
-    must be positive, a batch size at most :data:`tfpart.core.limits.MAX_BATCH_SIZE`,
-    micro-batches at most :data:`tfpart.core.limits.MAX_MICROBATCHES` and no more than the
-    batch size; None if nothing is.
+    """What is wrong with the numbers given on the command line, before any work: every
+    float must be finite, each of :data:`POSITIVE_OPTIONS` positive, each of
+    :data:`NON_NEGATIVE_OPTIONS` at least 0, none past its bound (a batch size past
+    :data:`tfpart.core.limits.MAX_BATCH_SIZE`, threads past
+    :func:`tfpart.core.limits.max_threads`, ...: :func:`_upper_bounds`), and no more
+    micro-batches than the batch size; None if nothing is.
 
     >>> option_problem(argparse.Namespace(batch_size=4, microbatches=8))
     '--microbatches 8 is more than --batch-size 4: each micro-batch needs at least one sample'
     >>> print(option_problem(argparse.Namespace(batch_size=10**10, microbatches=None)))
     --batch-size 10000000000 is more than 2147483647 (TensorFlow's limit of 2**31-1 elements per tensor)
+    >>> option_problem(argparse.Namespace(launch_timeout=float("nan")))
+    '--launch-timeout must be a finite number, not nan'
+    >>> option_problem(argparse.Namespace(momentum=1.0))
+    '--momentum 1 must be less than 1 (the velocity would grow without bound)'
     """
-    from tfpart.core.limits import MAX_BATCH_SIZE, MAX_MICROBATCHES
+    import math
 
+    given = {option: value for option, value in vars(args).items()
+             if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+    def flag(option):
+        return f"--{option.replace('_', '-')}"
+
+    def shown(number):
+        return f"{number:g}" if isinstance(number, float) else str(number)
+
+    for option, value in given.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{flag(option)} must be a finite number, not {value}"
     for option in POSITIVE_OPTIONS:
-        if getattr(args, option, None) is not None and getattr(args, option) <= 0:
-            return f"--{option.replace('_', '-')} must be positive"
-    batch, microbatches = getattr(args, "batch_size", None), getattr(args, "microbatches", None)
-    if batch is not None and batch > MAX_BATCH_SIZE:
-        return (f"--batch-size {batch} is more than {MAX_BATCH_SIZE} (TensorFlow's limit "
-                "of 2**31-1 elements per tensor)")
-    if microbatches is not None and microbatches > MAX_MICROBATCHES:
-        return f"--microbatches {microbatches} is more than {MAX_MICROBATCHES} per batch"
+        if option in given and given[option] <= 0:
+            return f"{flag(option)} must be positive"
+    for option in NON_NEGATIVE_OPTIONS:
+        if option in given and given[option] < 0:
+            return f"{flag(option)} must be at least 0"
+    for option, (most, why) in _upper_bounds().items():
+        if option in given and given[option] > most:
+            return f"{flag(option)} {shown(given[option])} is more than {shown(most)} {why}"
+    if given.get("momentum", 0) >= 1:
+        return (f"--momentum {shown(given['momentum'])} must be less than 1 (the velocity "
+                "would grow without bound)")
+    batch, microbatches = given.get("batch_size"), given.get("microbatches")
     if microbatches is not None and batch is not None and microbatches > batch:
         return (f"--microbatches {microbatches} is more than --batch-size {batch}: each "
                 "micro-batch needs at least one sample")
@@ -253,7 +310,7 @@ def option_problem(args):
 
 def main(argv=None):
     """Run one command; returns the exit code (0 done, 2 bad input, a failed run or a
-    failed verification)."""
+    failed verification, 128 + the signal's number when interrupted)."""
     args = build_parser().parse_args(argv)
     problem = option_problem(args)
     if problem:
@@ -288,10 +345,27 @@ def main(argv=None):
         return _interrupted(interrupt)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what _interrupted reports
+
+
 def _interrupted(interrupt):
+    """Print the one line of an interrupt; its exit code, 128 + the signal's number."""
     signum = getattr(interrupt, "signum", signal.SIGINT)
     print(f"tfpart: interrupted ({signal.Signals(signum).name})", file=user_stderr())
     return 128 + signum
+
+
+def _end_at_once(code):
+    """End the process now with ``code``, its own output flushed. After an interrupt
+    every ``finally`` on the way out has run; what would still come is TensorFlow's
+    teardown (the destructors of a cluster connection, its threads), which logs to the
+    terminal once the library log is closed (46 lines after a sync ``train``) and may
+    hang; and Python's own exit sometimes ended an interrupted ``compile`` by SIGINT
+    itself (exit -2) rather than with ``code``."""
+    for stream in (sys.stdout, user_stderr(), sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing to say
+            stream.flush()
+    os._exit(code)
 
 
 def _interrupt_behind(exc):
@@ -332,12 +406,16 @@ def _raise_terminated(signum, frame):
 
 def entry(argv=None):
     """The ``tfpart`` command: :func:`main` with TensorFlow's logging kept out of the
-    terminal (:mod:`tfpart.core.quiet`)."""
+    terminal (:mod:`tfpart.core.quiet`); after Ctrl-C, SIGTERM or SIGHUP, nothing follows
+    the one line that says so (:func:`_end_at_once`)."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)
     try:
         with library_output_captured():
-            return main(argv)
+            code = main(argv)
+            if code in [128 + signum for signum in STOP_SIGNALS]:
+                _end_at_once(code)
+            return code
     except SystemExit as exc:  # argparse's --help and usage errors
         return exc.code
 

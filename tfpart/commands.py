@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from contextlib import contextmanager
 
@@ -14,6 +15,7 @@ from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.cli_output import (byte_text, console, efficiency_text, print_plan, print_verify,
                                progress_display, run_line)
 from tfpart.core.errors import OutputError, TfpartError, VerificationError
+from tfpart.core.output_files import CLUSTER_FILE, PROFILE, check_output_file
 from tfpart.core.output_folders import check_inputs_outside, check_replaceable
 from tfpart.core.quiet import user_stderr
 from tfpart.strategy_lines import seconds
@@ -27,7 +29,10 @@ def cmd_compile(args):
     check_inputs_outside(args.output, inputs)
     check_replaceable(args.output, "compile", args.force)
     if args.draw:
+        from tfpart.picture import check_drawing
+
         check_inputs_outside(args.draw, inputs)
+        check_drawing(args.draw, args.force)
     from tfpart.compile import compile_model
     from tfpart.strategy_request import resolve_strategy
 
@@ -46,7 +51,7 @@ def cmd_compile(args):
     if args.draw:
         from tfpart.picture import draw
 
-        _, note, _ = draw(result.plan, result.graph, args.draw)
+        _, note, _ = draw(result.plan, result.graph, args.draw, force=args.force)
         console.print(note)
     if result.verification is not None:
         print_verify(result.verification)
@@ -101,14 +106,14 @@ def physical_memory():
 def cmd_profile(args):
     _check_inputs(models=[args.model])
     check_inputs_outside(args.output, [args.model])
-    _check_profile_output(args.output)
+    check_output_file(args.output, PROFILE, args.force)
     from tfpart.profiling import profile_model
 
     with progress_display() as progress:
         profile = profile_model(args.model, args.batch_size, signature=args.signature,
                                 repeats=args.repeats, warmup=args.warmup,
                                 intra_threads=args.intra_threads, progress=progress)
-    profile.save(args.output)
+    profile.save(args.output, force=args.force)
     timed = sum(op["count"] for op in profile.ops)
     console.print(f"Measured {timed} ops ({len(profile.ops)} op type/shape keys) of "
                   f"{args.model} at batch size {profile.meta['batch_size']} in "
@@ -123,28 +128,12 @@ def cmd_profile(args):
     return 0
 
 
-def _check_profile_output(path):
-    """An existing ``profile -o`` file is replaced only if it is a profile (tfpart
-    deletes only what it wrote)."""
-    if not os.path.lexists(path):
-        return
-    is_profile = False
-    if os.path.isfile(path) and not os.path.islink(path):  # never open a FIFO or device
-        try:
-            with open(path) as handle:
-                is_profile = {"device_kind", "ops"} <= set(json.load(handle))
-        except (OSError, ValueError, TypeError, RecursionError):
-            pass
-    if not is_profile:
-        raise OutputError(path, "exists and is not a profile tfpart wrote: remove it yourself "
-                          "or choose another -o")
-
-
 def cmd_calibrate(args):
-    from tfpart.calibrate import calibrate, write_kind
+    from tfpart.calibrate import calibrate, check_kinds_output, write_kind
 
     if args.output:  # the kinds file is updated in place; the measurements never
         check_inputs_outside(args.output, [args.kernels, args.links])
+        check_kinds_output(args.output)  # merged into: a kinds file or none
 
     name, entry, fitted = calibrate(args.kernels, args.links, args.kinds or DEVICE_KINDS_FILE)
     table = Table(title=f"{name}: fitted per kernel class (kernel time = max(launch, "
@@ -170,8 +159,11 @@ def cmd_simulate(args):
     _check_inputs(models=[args.model], cluster=args.cluster, profiles=args.profile,
                   files=[args.plan])
     if args.gantt:
+        from costmodel.gantt import check_gantt_path
+
         check_inputs_outside(args.gantt, [args.model, args.plan, args.cluster,
                                           *(args.profile or ())])
+        check_gantt_path(args.gantt, args.force)
     from tfpart.compile import simulate_model
 
     with progress_display() as progress:
@@ -199,7 +191,7 @@ def cmd_simulate(args):
     if args.gantt:
         from costmodel.gantt import write_gantt
 
-        write_gantt(schedule, run.cost, args.gantt)
+        write_gantt(schedule, run.cost, args.gantt, force=args.force)
         console.print(f"Wrote {args.gantt}")
     return 0
 
@@ -220,16 +212,23 @@ def _naming_the_rank(launched):
 def cmd_worker(args):
     from tfpart.core.cluster import cluster_from_dict, load_cluster
     from tfpart.launcher import launched_task
-    from tfpart.rendezvous import agree_on_cluster, announce_serving, launch_id
+    from tfpart.rendezvous import (agree_on_cluster, announce_serving, join_launch,
+                                   leaving_on_failure, taking_part)
     from tfpart.servers import StopSignals, start_server
 
     launched = launched_task(os.environ) if args.cluster and args.task is None else None
+    launch = None  # this task's part in the launch (tfpart.rendezvous), if launched
     if launched:
-        launch = launch_id(os.environ)
+        from tfpart.device_detect import detect_devices
+
         with _naming_the_rank(launched):
-            agreed = agree_on_cluster(launched, args.cluster, launch, args.host, args.port,
-                                      args.launch_timeout)
-            cluster = cluster_from_dict(agreed, source=args.cluster)
+            check_output_file(args.cluster, CLUSTER_FILE, args.force)  # every rank, first
+            launch = join_launch(launched, args.cluster, os.environ, args.launch_timeout)
+            with taking_part(launch):
+                devices, kinds = detect_devices(prefix=f"/job:worker/task:{launched.rank}")
+                agreed = agree_on_cluster(launch, devices, kinds, args.host, args.port,
+                                          args.launch_timeout)
+                cluster = cluster_from_dict(agreed, source=args.cluster)
         task, job = launched.rank, "worker"
     elif args.cluster:
         cluster, task, job = load_cluster(args.cluster), args.task, args.job
@@ -237,24 +236,19 @@ def cmd_worker(args):
         raw = os.environ.get("TF_CONFIG")
         if not raw:
             raise TfpartError("", "give --cluster and --task, or set TF_CONFIG")
-        try:
-            config = json.loads(raw)
-            spec = config["cluster"]
-            devices = [{"name": f"/job:{j}/task:{k}/device:CPU:0", "kind": "cpu"}
-                       for j, addresses in spec.items() for k in range(len(addresses))]
-            cluster = cluster_from_dict({"cluster": spec, "devices": devices},
-                                        source="TF_CONFIG")
-            task, job = int(config["task"]["index"]), config["task"]["type"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TfpartError("TF_CONFIG", f"not a valid TF_CONFIG ({exc})") from None
+        spec, task, job = tf_config_task(raw)
+        devices = [{"name": f"/job:{j}/task:{k}/device:CPU:0", "kind": "cpu"}
+                   for j, addresses in spec.items() for k in range(len(addresses))]
+        cluster = cluster_from_dict({"cluster": spec, "devices": devices}, source="TF_CONFIG")
     if task is None:
         raise TfpartError("", "--task is required with --cluster, unless mpirun or srun "
                           "started this task")
     if args.memory_stats:  # before the server makes its CPU allocator
         from tfpart import memory_stats
 
+        memory_stats.check_output(args.memory_stats)
         memory_stats.use_bfc_allocator()
-    with _naming_the_rank(launched):
+    with _naming_the_rank(launched), leaving_on_failure(launch):
         server, exposure = start_server(cluster, task, job, args.intra_threads,
                                         args.inter_threads)
     if args.memory_stats:
@@ -264,8 +258,8 @@ def cmd_worker(args):
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
     console.print(f"tfpart worker: {exposure}", soft_wrap=True)
     with _naming_the_rank(launched):
-        if launched and announce_serving(launched, args.cluster, launch, agreed,
-                                         args.launch_timeout):
+        if launched and announce_serving(launch, agreed, args.cluster, args.launch_timeout,
+                                         args.force):
             console.print(f"tfpart worker: wrote {args.cluster}: the {launched.size} tasks "
                           f"{launched.launcher} started serve", soft_wrap=True)
     # LocalWorkers names the process a task ends with; a launched task ends with the
@@ -275,6 +269,72 @@ def cmd_worker(args):
     console.print(f"tfpart worker: stopped by {name}", soft_wrap=True)
     sys.stdout.flush()
     os._exit(code)  # TensorFlow cannot stop a started server; its destructor would abort
+
+
+_JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # as in TensorFlow's device names
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+
+
+def tf_config_task(raw):
+    """The cluster block (job -> task addresses), task index and job of the
+    ``TF_CONFIG`` text ``raw``, read like any JSON input (at most
+    :data:`~tfpart.core.limits.MAX_TF_CONFIG_BYTES`, bounded depth and numbers) and
+    checked field by field: a TfpartError naming TF_CONFIG and the field at fault.
+
+    >>> tf_config_task('{"cluster": {"worker": ["localhost:2222", "[::1]:2223"]}, '
+    ...                '"task": {"type": "worker", "index": 1}}')
+    ({'worker': ['localhost:2222', '[::1]:2223']}, 1, 'worker')
+    >>> tf_config_task('{"cluster": {"worker": ["localhost:2222"]}, '
+    ...                '"task": {"type": "worker", "index": 1e400}}')
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.TfpartError: TF_CONFIG: 1e400 is too large for a number (numbers must be finite)
+    >>> tf_config_task('{"cluster": {"worker": ["localhost:2222"]}, '
+    ...                '"task": {"type": "worker", "index": 1}}')
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.TfpartError: TF_CONFIG: task.index: 1 is not a task of job 'worker', which has 1
+    """
+    from tfpart.core.input_files import parse_json
+    from tfpart.core.limits import MAX_TF_CONFIG_BYTES
+
+    size = len(raw.encode("utf-8", "surrogateescape"))
+    if size > MAX_TF_CONFIG_BYTES:
+        raise TfpartError("TF_CONFIG", f"{size} bytes, more than the {MAX_TF_CONFIG_BYTES} "
+                          "it may have")
+    config = parse_json(raw.encode("utf-8", "surrogateescape"), "TF_CONFIG")
+
+    def wrong(field, problem):
+        return TfpartError("TF_CONFIG", f"{field}: {problem}")
+
+    if not isinstance(config, dict):
+        raise TfpartError("TF_CONFIG", 'must be a JSON object with "cluster" and "task"')
+    spec, task = config.get("cluster"), config.get("task")
+    if not isinstance(spec, dict) or not spec:
+        raise wrong("cluster", "must be an object of jobs, each a list of host:port "
+                    "addresses")
+    for job, addresses in spec.items():
+        if not _JOB_NAME.fullmatch(job):
+            raise wrong(f"cluster.{job}", "is not a job name (a letter, then letters, "
+                        "digits or _)")
+        if not isinstance(addresses, list) or not addresses:
+            raise wrong(f"cluster.{job}", "must be a list of host:port addresses")
+        for k, address in enumerate(addresses):
+            found = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
+            if not found or int(found.group(2)) > 65535:
+                raise wrong(f"cluster.{job}[{k}]", f"{address!r} is not a host:port address")
+    if not isinstance(task, dict):
+        raise wrong("task", 'must be an object with "type" and "index"')
+    job, index = task.get("type"), task.get("index")
+    if not isinstance(job, str) or job not in spec:
+        raise wrong("task.type", f"{job!r} is not a job of the cluster "
+                    f"({', '.join(sorted(spec))})")
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise wrong("task.index", f"must be an integer, not {index!r}")
+    if not 0 <= index < len(spec[job]):
+        raise wrong("task.index", f"{index} is not a task of job {job!r}, which has "
+                    f"{len(spec[job])}")
+    return spec, index, job
 
 
 def _run_cluster(args):
@@ -307,15 +367,32 @@ def cmd_verify(args):
     return 0
 
 
-def _write_cluster_file(path, data):
-    """Write cluster-file contents ``data`` to ``path``, atomically, once they load;
-    return the :class:`~tfpart.core.cluster.Cluster` they make."""
+def _write_cluster_file(path, data, command, force=False):
+    """Write cluster-file contents ``data`` to ``path`` with tfpart's mark, atomically
+    and under the output rule (:mod:`tfpart.core.output_files`), once they load; return
+    the :class:`~tfpart.core.cluster.Cluster` they make."""
     from tfpart.core.cluster import cluster_from_dict
-    from tfpart.core.output_folders import write_file_atomically
+    from tfpart.core.output_files import write_json_output
 
     cluster = cluster_from_dict(data, source=path)
-    write_file_atomically(path, json.dumps(data))
+    write_json_output(path, data, CLUSTER_FILE, command, force=force, indent=2)
     return cluster
+
+
+def _update_cluster_file(path, data, before):
+    """Write ``data`` over the cluster file ``path`` it updates (``cluster probe``
+    without -o), atomically, through a link to the file it names, once it loads. The
+    file stays its owner's: it carries tfpart's mark only if ``before``, its old
+    contents, did (tfpart wrote it)."""
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.core.input_files import json_text
+    from tfpart.core.output_files import marked, write_output_file, written_by_tfpart
+
+    cluster_from_dict(data, source=path)
+    json_text(data, path, OutputError)  # a NaN is one line before the mark is made
+    text = json_text(marked(data, "cluster probe") if written_by_tfpart(before) else data,
+                     path, OutputError, indent=2)
+    write_output_file(os.path.realpath(path), text, CLUSTER_FILE, force=True)
 
 
 def cmd_cluster_detect(args):
@@ -325,23 +402,23 @@ def cmd_cluster_detect(args):
 
     from tfpart.device_detect import detect_devices
     from tfpart.launcher import launched_task
-    from tfpart.rendezvous import devices_across, launch_id
+    from tfpart.rendezvous import devices_across
 
-    if os.path.exists(args.output) and not args.force:  # every task checks before any reports
-        raise TfpartError(args.output, "exists; give --force to replace it")
+    check_output_file(args.output, CLUSTER_FILE, args.force)  # every task, before any reports
     launched = launched_task(os.environ)
     if launched is None:
         (devices, kinds), name = detect_devices(), socket.gethostname()
     else:
         with _naming_the_rank(launched):
-            devices, kinds = devices_across(launched, args.output, launch_id(os.environ),
+            devices, kinds = devices_across(launched, args.output, os.environ,
                                             args.launch_timeout)
         if launched.rank:
             return 0
         name = f"the {launched.size} tasks {launched.launcher} started"
     cluster = _write_cluster_file(args.output, {
         "name": f"{name}, detected by tfpart cluster detect",
-        "devices": devices, **({"kinds": kinds} if kinds else {})})
+        "devices": devices, **({"kinds": kinds} if kinds else {})}, "cluster detect",
+        args.force)
     for device in cluster.devices:
         console.print(f"{device.name}: {device.kind.name}, {byte_text(device.memory)}",
                       soft_wrap=True)
@@ -355,21 +432,26 @@ def cmd_cluster_probe(args):
     """Measure every pair of devices' link (:mod:`tfpart.link_probe`) into the file."""
     from tfpart.core.input_files import read_json
     from tfpart.link_probe import probe_cluster, with_probed_links
-    from tfpart.servers import connect
+    from tfpart.servers import cluster_errors, connect
 
     if args.rounds < 1 or args.repeats < 1:
         raise TfpartError("", "--rounds and --repeats must be at least 1")
     data = read_json(args.cluster)
+    if args.output:  # without -o the cluster file itself is updated, kept its owner's
+        check_output_file(args.output, CLUSTER_FILE, args.force)
     cluster = _run_cluster(args)
     if len(cluster.devices) < 2:
         raise TfpartError(args.cluster, "has one device: no link to probe")
     connect(cluster, watch=True)
-    with progress_display() as progress:
+    with progress_display() as progress, cluster_errors(cluster):  # a task lost: one line
         probed = probe_cluster(cluster, args.rounds, args.repeats, progress)
     new = with_probed_links(data, probed, {d.name for d in cluster.devices
                                            if d.kind.name == "cpu"})
     output = args.output or args.cluster
-    _write_cluster_file(output, new)
+    if args.output:
+        _write_cluster_file(output, new, "cluster probe", args.force)
+    else:
+        _update_cluster_file(output, new, data)
     table = Table(title=f"Links probed ({args.rounds} rounds)")
     for column in ("between", "bandwidth (median; rounds)", "latency (median)",
                    "message cost (median)"):
@@ -391,16 +473,19 @@ def cmd_checkpoint(args):
     (:mod:`tfpart.checkpoints`)."""
     plan_file = os.path.join(args.compiled, "plan.json")
     _check_inputs(models=[args.compiled], files=[plan_file])
-    from tfpart.checkpoints import checkpoint_to_compiled, checkpoint_to_original
+    from tfpart.checkpoints import (check_checkpoint_output, checkpoint_to_compiled,
+                                    checkpoint_to_original)
     from tfpart.core.plan import Plan
 
     original = args.original or Plan.load(plan_file).context.get("model")
     if not original:
         raise TfpartError(plan_file, "names no original model; give --original")
     _check_inputs(models=[original])
+    check_inputs_outside(args.output, [args.compiled, original, args.checkpoint])
+    check_checkpoint_output(args.output, args.force)  # before TensorFlow reads anything
     to_original = args.direction == "to-original"
     move = checkpoint_to_original if to_original else checkpoint_to_compiled
-    moved = move(args.checkpoint, args.compiled, original, args.output)
+    moved = move(args.checkpoint, args.compiled, original, args.output, force=args.force)
     console.print(f"Wrote checkpoint {args.output} of the "
                   f"{'original' if to_original else 'compiled'} model "
                   f"({moved} variables from {args.checkpoint}); restore it with "

@@ -22,8 +22,9 @@ from partitioner.validate import check_kernels
 from tfpart import table_cuts
 from tfpart.core.cluster import load_cluster
 from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
-from tfpart.core.limits import (MAX_MICROBATCHES, check_microbatches, check_planned_devices,
-                                check_tensors_fit)
+from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_MICROBATCHES, check_microbatches,
+                                check_planned_devices, check_tensors_fit,
+                                largest_microbatches)
 from tfpart.core.ops import writes_state
 from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
@@ -212,6 +213,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
                                  timings=timings)
     timings["read"] -= timings["analyse"]
+    if request.microbatches is not None:  # before any planning, the model's ops known
+        check_microbatches(request.microbatches, info.batch_size, len(graph), model_dir,
+                           MAX_COMPILED_OPS, "to compile")
     _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
     whole_cluster = cluster
     graph, info, row_shards = table_cuts.cut_tables(
@@ -392,10 +396,13 @@ def _partition(chosen, request, cost, proto, model_dir, info, cache):
             if key in fields})
         if getattr(settings, "microbatches", None) is not None:
             check_microbatches(settings.microbatches, info.batch_size, len(cost.graph),
-                               model_dir)
+                               model_dir, MAX_COMPILED_OPS, "to compile")
         if getattr(settings, "max_microbatches", 0) > MAX_MICROBATCHES:
             raise PlacementError(model_dir, f"max_microbatches {settings.max_microbatches}: "
                                  f"at most {MAX_MICROBATCHES} micro-batches per batch")
+        if "max_microbatches" in fields:  # a count chosen here stays within the bound too
+            settings = dataclasses.replace(settings, max_microbatches=min(
+                settings.max_microbatches, largest_microbatches(len(cost.graph))))
     return chosen.partition(cost, options=settings), mixing
 
 

@@ -24,7 +24,10 @@ and ``reset_memory``, or by hand with ``kill -USR1 PID``):
 - ``SIGUSR2``: reset the peak to the bytes in use now, then write FILE the same way.
 
 FILE is replaced atomically (written beside it, then renamed), so a reader that
-removes it before signalling and waits for it to reappear reads one whole answer.
+removes it before signalling and waits for it to reappear reads one whole answer. It
+follows the output rule of :mod:`tfpart.core.output_files`, checked before the server
+starts (:func:`check_output`): an existing FILE is replaced only if tfpart wrote it
+(each answer carries tfpart's mark), never a file of the user's.
 
 The task's allocator starts with one region of :data:`RESERVED_BYTES`, as
 TensorFlow's GPU allocator does (without ``allow_growth`` it takes the GPU's memory as
@@ -51,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfpart.core.output_folders import write_file_atomically
+from tfpart.core.output_files import MARK_KEY, check_output_file, json_kind, write_json_output
 
 REPORT = signal.SIGUSR1
 RESET = signal.SIGUSR2
@@ -59,6 +62,18 @@ BFC_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
 # addresses, not pages: more than any test or benchmark holds, and within what Linux's
 # default (heuristic) overcommit grants a process on a small machine
 RESERVED_BYTES = min(8 << 30, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4)
+MEMORY_FIGURES = json_kind("memory figures file", "current", "peak", "start")
+
+
+def check_output(path):
+    """OutputError unless a task may write its figures to ``path``: absent, or a file of
+    figures tfpart wrote (the worker has no ``--force``)."""
+    check_output_file(path, MEMORY_FIGURES, force_flag=None)
+
+
+def _write_figures(path, figures):
+    write_json_output(path, figures, MEMORY_FIGURES, "worker --memory-stats",
+                      force_flag=None)
 
 
 def use_bfc_allocator():
@@ -113,17 +128,15 @@ def serve(path):
             if number == RESET:
                 tf.config.experimental.reset_memory_stats("CPU:0")
             info = tf.config.experimental.get_memory_info("CPU:0")
-            write_file_atomically(path, json.dumps({
-                "current": info["current"], "peak": info["peak"], "start": start,
-                "pid": os.getpid()}))
+            _write_figures(path, {"current": info["current"], "peak": info["peak"],
+                                  "start": start, "pid": os.getpid()})
         except Exception as exc:  # noqa: BLE001 - a failed answer must not stop the task
             print(f"tfpart worker: no memory figures written to {path}: {exc}",
                   file=sys.stderr, flush=True)
 
     signal.signal(REPORT, answer)
     signal.signal(RESET, answer)
-    write_file_atomically(path, json.dumps({"current": start, "peak": start, "start": start,
-                                            "pid": os.getpid()}))
+    _write_figures(path, {"current": start, "peak": start, "start": start, "pid": os.getpid()})
 
 
 def ask(tasks, reset=False, timeout=30.0):
@@ -152,7 +165,9 @@ def ask(tasks, reset=False, timeout=30.0):
     for key, (process, path) in tasks.items():
         while True:
             try:
-                answers[key] = json.loads(Path(path).read_text())
+                answer = json.loads(Path(path).read_text())
+                answers[key] = {name: value for name, value in answer.items()
+                                if name != MARK_KEY}
                 break
             except FileNotFoundError:
                 if process.poll() is not None or time.monotonic() > deadline:

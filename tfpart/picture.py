@@ -1,7 +1,9 @@
 """A picture of a placement: the graph coarsened to name scopes a person can read,
 one box per device (or per pipeline stage), coloured by device, the edges that cross
 devices drawn heavier with the bytes they carry. Written as Graphviz DOT with the
-``graphviz`` package and rendered by Graphviz's ``dot`` where it is installed.
+``graphviz`` package and rendered by Graphviz's ``dot`` where it is installed, in the
+format the file's suffix names (:data:`DRAWN`), with tfpart's mark, under the output rule
+of :mod:`tfpart.core.output_files`.
 
 Coarsening: one node per device (and stage) to start with; then the node with the most
 ops is split by its next name-scope level (ops without inputs, such as variables and
@@ -36,9 +38,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfpart.core.output_files import (PICTURES, check_output_file, picture_kind,
+                                      with_picture_mark, write_output_file)
+
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac"]
 RENDERED = {".svg", ".png", ".pdf"}
+DRAWN = {suffix: PICTURES[suffix] for suffix in (".svg", ".png", ".pdf", ".dot", ".gv")}
 SOURCES = "variables, constants, inputs"
 
 
@@ -127,22 +133,56 @@ def _heaviest(crossing, inside, max_edges):
     return kept, kept_inside, len(crossing) + len(inside) - len(kept) - len(kept_inside)
 
 
-def draw(plan, graph, path, max_nodes=60):
-    """Write the picture of ``plan`` to ``path`` (``.svg``, ``.png``, ``.pdf`` or
-    ``.dot``). Without Graphviz's ``dot`` program the DOT file is written beside it
-    instead. Returns (the file written, a one-line note for the user, the Picture)."""
-    picture = placement_picture(plan, graph, max_nodes)
+def drawing_path(path):
+    """The file :func:`draw` writes for ``path``: ``path`` itself, or where Graphviz's
+    ``dot`` is not installed, a rendered picture's DOT source beside it.
+
+    >>> str(drawing_path("placement.dot"))
+    'placement.dot'
+    """
     path = Path(path)
-    if path.suffix not in RENDERED:
-        path.write_text(picture.dot.source)
+    if path.suffix.lower() in RENDERED and shutil.which("dot") is None:
+        return path.with_suffix(".dot")
+    return path
+
+
+def check_drawing(path, force=False):
+    """OutputError unless :func:`draw` may write its picture for ``path``: the suffix
+    names a format it draws (:data:`DRAWN`) and the file it writes
+    (:func:`drawing_path`) may be replaced (:func:`tfpart.core.output_files.check_output_file`;
+    ``force``: a picture of the same format tfpart did not write). Checked before any
+    work.
+
+    >>> check_drawing("placement.txt")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.OutputError: placement.txt: cannot draw a picture in the format of its suffix ('.txt'): give a file ending in .svg, .png, .pdf, .dot or .gv
+    """
+    picture_kind(path, DRAWN)
+    written = drawing_path(path)
+    check_output_file(written, picture_kind(written, DRAWN), force)
+
+
+def draw(plan, graph, path, max_nodes=60, force=False):
+    """Write the picture of ``plan`` to ``path`` (``.svg``, ``.png``, ``.pdf``, or DOT:
+    ``.dot``, ``.gv``), marked as tfpart's, atomically and under the output rule
+    (:func:`check_drawing`). Without Graphviz's ``dot`` program the DOT file is written
+    beside it instead. Returns (the file written, a one-line note for the user, the
+    Picture)."""
+    check_drawing(path, force)  # before the layout, which can take seconds
+    picture = placement_picture(plan, graph, max_nodes)
+    path, written = Path(path), drawing_path(path)
+    suffix = written.suffix.lower()
+    # piped, not rendered: render() also writes the DOT source over a file beside it
+    data = picture.dot.pipe(format=suffix[1:]) if suffix in RENDERED \
+        else picture.dot.source.encode()
+    write_output_file(written, with_picture_mark(data, suffix, "compile --draw"),
+                      DRAWN[suffix], force)
+    if written != path:
+        return written, (f"Graphviz's dot is not installed: wrote {written}; render it "
+                         f"with `dot -T{path.suffix[1:].lower()} {written} -o {path}`"), picture
+    if suffix not in RENDERED:
         return path, f"placement picture: {path} (DOT; render with dot -Tsvg)", picture
-    if shutil.which("dot") is None:
-        source = path.with_suffix(".dot")
-        source.write_text(picture.dot.source)
-        return source, (f"Graphviz's dot is not installed: wrote {source}; render it with "
-                        f"`dot -T{path.suffix[1:]} {source} -o {path}`"), picture
-    picture.dot.render(outfile=str(path), cleanup=True)
-    path.with_suffix(".gv").unlink(missing_ok=True)
     return path, f"placement picture: {path}", picture
 
 

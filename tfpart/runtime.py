@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rewriters.tf_import import tensorflow
+from tfpart.checkpoints import check_saved_model_variables
 from tfpart.core.errors import ModelError, TfpartError
 from tfpart.core.plan import Plan
 from tfpart.servers import connect
@@ -170,6 +171,7 @@ def runnable(compiled_dir, cluster, watch):
     if not plan_file.is_file():
         raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
     plan = Plan.load(plan_file)
+    check_saved_model_variables(compiled_dir)  # named here, not blamed on the cluster
     devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
     if cluster is not None:
         _check_plan_devices(plan, cluster, plan_file)

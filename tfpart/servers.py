@@ -10,17 +10,32 @@ TensorFlow binds every server to every interface: ``GrpcServer::Init``
 only the port from the cluster spec (or ``ServerDef.port``), and gRPC turns ``0.0.0.0``
 into a dual-stack ``[::]`` socket (``*:PORT`` in ``ss -ltn``). No option, environment
 variable or ``ServerDef`` field changes the host. So on Linux a worker attaches a
-classic BPF socket filter to that listening socket, which drops every connection
-attempt (SYN) addressed to another of the machine's addresses; the filter is inherited
-by the accepted connections. A task whose cluster address cannot be matched safely (a
-host name, a wildcard, an address not on this machine) keeps listening everywhere, and
-says so when it starts.
+classic BPF socket filter to that listening socket, which drops every packet (the
+handshake's SYN and its last ACK among them) addressed to another of the machine's
+addresses; the filter is inherited by the accepted connections. A task whose cluster
+address cannot be matched safely (a host name, a wildcard, an address not on this
+machine) keeps listening everywhere, and says so when it starts.
+
+The filter is on the socket before it listens. gRPC starts accepting connections, and
+reading the calls sent on them, the moment it listens, inside the server's constructor
+and long before ``start()``; once started, TensorFlow serves every call read by then,
+even one whose connection was closed meanwhile (measured with TensorFlow 2.21: a
+session was created, after ``start()``, from a connection shut and closed before it).
+A filter attached after ``listen()`` therefore leaves a window that no draining of the
+accept queue or shutting of connections closes. So while the server is created, the
+loaded libraries' calls to ``listen()``, which go through their global offset tables,
+go first to a function that attaches the filter to a socket on the task's port: it
+never listens unfiltered, and no connection to another address is ever accepted.
+Where that cannot be done (not 64-bit x86 or Arm Linux, or a listening socket the hook
+did not see), the filter is attached just after, and the task says it had that window.
 """
 from __future__ import annotations
 
 import ctypes
 import ipaddress
+import mmap
 import os
+import platform
 import signal
 import socket
 import struct
@@ -74,17 +89,22 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
         raise TfpartError(cluster.source, f"has no task {task} in job {job!r}")
     address = cluster.tf_cluster[job][task]
     _check_port_free(cluster, job, task, address)
+    host, port = _split_address(address)
+    addresses, why_not = accepted_addresses(host)
+    if addresses is not None and not sys.platform.startswith("linux"):
+        addresses, why_not = None, "socket filters are Linux-only"
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra_threads or 0,
                                       inter_op_parallelism_threads=inter_threads or 0)
     try:
-        # Not started yet: the port already listens, but no request is served before
-        # the filter is in place (TensorFlow's RPC loops start with start()).
-        server = tf.distribute.Server(spec, job_name=job, task_index=task, config=config,
-                                      start=False)
+        # The constructor listens, and gRPC accepts from then on: the filter goes on
+        # before (see the module docstring)
+        with filtered_from_the_start(port, addresses) as filtered:
+            server = tf.distribute.Server(spec, job_name=job, task_index=task,
+                                          config=config, start=False)
     except (tf.errors.OpError, ValueError) as exc:
         raise TfpartError(cluster.source, f"cannot start {job} task {task} at "
                           f"{address}: {str(exc).splitlines()[0]}") from None
-    exposure = listen_only_on(*_split_address(address))
+    exposure = listen_only_on(port, addresses, why_not, filtered)
     server.start()
     return server, exposure
 
@@ -216,44 +236,246 @@ def _resolve_jumps(code):
     return [(op, offset(jt, at), offset(jf, at), offset(k, at) if op == JA else k)
             for at, (op, jt, jf, k) in enumerate(program)]
 
-def listen_only_on(host, port):
-    """Make this process's listening socket on ``port`` accept connections only to the
-    addresses ``host`` names, where that can be done; return the line that says what is
-    exposed. Connections accepted before the filter, to other addresses, are shut."""
-    addresses, why_not = accepted_addresses(host)
-    if addresses is not None and not sys.platform.startswith("linux"):
-        addresses, why_not = None, "socket filters are Linux-only"
+def listen_only_on(port, addresses, why_not, filtered=()):
+    """Make this process's listening sockets on ``port`` accept connections only to
+    ``addresses`` (None: that cannot be done, for the reason ``why_not``); return the line
+    that says what is exposed. A socket not in ``filtered`` (inode numbers of sockets
+    filtered before they listened, by :func:`filtered_from_the_start`) gets the filter
+    now, its connections to other addresses are shut, and the line says so."""
+    late = False
     if addresses is not None:
         try:
-            _filter_port(port, addresses)
+            late = _filter_port(port, addresses, filtered)
         except OSError as exc:
             addresses, why_not = None, f"the socket filter failed ({exc.strerror or exc})"
     if addresses is None:
         listed = ", ".join(machine_addresses()) or "every address"
         return (f"listening on every interface of this machine, port {port} ({listed}): "
                 f"{why_not}; {UNAUTHENTICATED}")
+    how = ("a socket filter drops the rest, attached only after it began listening: a "
+           "call sent to another address in that moment may still be served" if late else
+           "a socket filter, on before it listened, drops the rest")
     return (f"accepting connections to {' and '.join(map(str, addresses))} port {port} only "
-            "(TensorFlow listens on every interface; a socket filter drops the rest); "
-            f"{UNAUTHENTICATED}")
+            f"(TensorFlow listens on every interface; {how}); {UNAUTHENTICATED}")
 
-def _filter_port(port, addresses):
+def _filter_port(port, addresses, filtered=()):
+    """Attach the filter to this process's listening sockets on ``port`` that are not in
+    ``filtered``, and shut the connections to other addresses; return whether any
+    socket needed it."""
     sockets = _tcp_sockets_on(port)
     try:
         listening = [s for s in sockets if s.getsockopt(socket.SOL_SOCKET,
                                                          socket.SO_ACCEPTCONN)]
         if not listening:
             raise OSError(f"no listening socket on port {port} in this process")
-        instructions = b"".join(struct.pack("@HBBI", *i) for i in address_filter(addresses))
-        buffer = ctypes.create_string_buffer(instructions, len(instructions))
-        program = struct.pack("@HP", len(instructions) // 8, ctypes.addressof(buffer))
-        for sock in listening:
-            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, program)
+        late = [s for s in listening if os.fstat(s.fileno()).st_ino not in filtered]
+        for sock in late:
+            attach_filter(sock, addresses)
         for sock in sockets:
             if sock not in listening and _local_address(sock) not in addresses:
                 sock.shutdown(socket.SHUT_RDWR)
+        return bool(late)
     finally:
         for sock in sockets:
             sock.close()
+
+def attach_filter(sock, addresses):
+    """Attach :func:`address_filter`'s program for ``addresses`` to ``sock`` (Linux)."""
+    instructions = b"".join(struct.pack("@HBBI", *i) for i in address_filter(addresses))
+    buffer = ctypes.create_string_buffer(instructions, len(instructions))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                    struct.pack("@HP", len(instructions) // 8, ctypes.addressof(buffer)))
+
+# The filter before listen() -------------------------------------------------------
+# ELF (elf.h): a loaded object's dynamic section lists its relocations; those that name
+# an imported function give the global offset table entry its calls jump through.
+
+HOOKABLE = (sys.platform.startswith("linux") and sys.maxsize > 2**32
+            and platform.machine() in ("x86_64", "aarch64"))  # 64-bit ELF, RELA relocations
+PT_DYNAMIC = 2
+DT_PLTRELSZ, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ, DT_PLTREL, DT_JMPREL = 2, 5, 6, 7, 8, 20, 23
+POINTER_TAGS = (DT_STRTAB, DT_SYMTAB, DT_RELA, DT_JMPREL)
+
+class _ProgramHeader(ctypes.Structure):  # Elf64_Phdr
+    _fields_ = [("type", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("offset", ctypes.c_uint64), ("address", ctypes.c_uint64),
+                ("physical_address", ctypes.c_uint64), ("file_size", ctypes.c_uint64),
+                ("memory_size", ctypes.c_uint64), ("alignment", ctypes.c_uint64)]
+
+class _LoadedObject(ctypes.Structure):  # the start of struct dl_phdr_info (link.h)
+    _fields_ = [("base", ctypes.c_uint64), ("name", ctypes.c_char_p),
+                ("headers", ctypes.POINTER(_ProgramHeader)), ("header_count", ctypes.c_uint16)]
+
+_VISIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LoadedObject), ctypes.c_size_t,
+                          ctypes.c_void_p)
+_LISTEN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, use_errno=True)
+_hooks = []  # every hook made, kept for ever: another thread may be inside one after its block
+
+@contextmanager
+def filtered_from_the_start(port, addresses):
+    """While in the block, a socket of this process that begins to listen on ``port``
+    gets the filter for ``addresses`` just before (nothing when ``addresses`` is None);
+    yields the set of those sockets' inode numbers, filled as they listen.
+
+    The loaded libraries' calls to ``listen()`` go to a hook meanwhile (their global
+    offset table entries point at it). Where that cannot be done, the set stays empty,
+    and :func:`listen_only_on` attaches the filter late and says so.
+
+    Examples
+    --------
+    >>> with socket.socket() as sock:
+    ...     sock.bind(("127.0.0.1", 0))
+    ...     port = sock.getsockname()[1]
+    ...     with filtered_from_the_start(port, LOOPBACKS[:1]) as filtered:
+    ...         sock.listen()  # Python's socket module calls listen() as TensorFlow does
+    ...     os.fstat(sock.fileno()).st_ino in filtered or not HOOKABLE
+    True
+    """
+    filtered = set()
+    if addresses is None or not HOOKABLE:
+        yield filtered
+        return
+    libc = ctypes.CDLL(None, use_errno=True)  # its listen(), found by name, is not hooked
+
+    def listen(fd, backlog):
+        try:
+            with _duplicate(fd) as sock:
+                if (sock.family in (socket.AF_INET, socket.AF_INET6)
+                        and sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port):
+                    attach_filter(sock, addresses)
+                    filtered.add(os.fstat(fd).st_ino)
+        except BaseException:  # noqa: BLE001 -- nothing may stop listen(), nor be raised
+            pass  # into C; listen_only_on filters the socket missed here
+        return libc.listen(fd, backlog)
+    hook = _LISTEN(listen)
+    _hooks.append(hook)
+    with _calls_redirected(b"listen", ctypes.cast(hook, ctypes.c_void_p).value):
+        yield filtered
+
+def _duplicate(fd):
+    """A socket object on a duplicate of descriptor ``fd``."""
+    copy = os.dup(fd)
+    try:
+        return socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        raise
+
+@contextmanager
+def _calls_redirected(symbol, function):
+    """Point the global offset table entries through which the loaded ELF objects call
+    the function named ``symbol`` (bytes) at address ``function`` while in the block;
+    none where they cannot be found or written."""
+    try:
+        slots = _got_slots(symbol)
+    except Exception:  # noqa: BLE001 -- an object unlike the usual: the filter is then
+        slots = []  # attached late instead, and the task says so (listen_only_on)
+    changed = []
+    for slot in slots:
+        try:
+            changed.append((slot, _write_pointer(slot, function)))
+        except OSError:
+            pass
+    try:
+        yield
+    finally:
+        for slot, original in reversed(changed):
+            try:
+                _write_pointer(slot, original)
+            except OSError:  # left on the hook, which goes on calling listen()
+                pass
+
+def _got_slots(symbol):
+    """Addresses of the global offset table entries through which the loaded ELF objects
+    call the function named ``symbol`` (bytes), from their RELA relocations.
+
+    >>> len(_got_slots(b"listen")) > 0 or not HOOKABLE  # Python's socket module's
+    True
+    """
+    import numpy as np
+
+    symbol_type = np.dtype([("name", "u4"), ("info", "u1"), ("other", "u1"),
+                            ("section", "u2"), ("value", "u8"), ("size", "u8")])
+    rela_type = np.dtype([("offset", "u8"), ("info", "u8"), ("addend", "i8")])
+    slots = []
+    for base, tags in _dynamic_sections():
+        spans = [(DT_RELA, DT_RELASZ)]
+        if tags.get(DT_PLTREL) == DT_RELA:  # the calls' own relocations
+            spans.append((DT_JMPREL, DT_PLTRELSZ))
+        tables = [_array(tags[at], tags[size], rela_type) for at, size in spans
+                  if tags.get(at) and tags.get(size)]
+        if not tables or not tags.get(DT_SYMTAB) or not tags.get(DT_STRTAB):
+            continue
+        indices = [table["info"] >> np.uint64(32) for table in tables]  # ELF64_R_SYM
+        used = np.zeros(max(int(index.max()) for index in indices) + 1, bool)
+        for index in indices:
+            used[index] = True
+        symbols = _array(tags[DT_SYMTAB], symbol_type.itemsize * len(used), symbol_type)
+        imported = np.flatnonzero(used & (symbols["section"] == 0))  # SHN_UNDEF
+        wanted = [i for i in imported[imported > 0] if ctypes.string_at(
+            tags[DT_STRTAB] + int(symbols["name"][i])) == symbol]
+        for table, index in zip(tables, indices):
+            slots += [base + int(offset) for offset in table["offset"][np.isin(index, wanted)]]
+    return slots
+
+def _dynamic_sections():
+    """(load address, dynamic section entries by tag) of each loaded ELF object, its
+    pointers as addresses (ld.so relocates them in place on most platforms, not all)."""
+    found = []
+
+    def visit(info, size, data):
+        loaded = info.contents
+        found.extend((loaded.base, loaded.base + loaded.headers[i].address)
+                     for i in range(loaded.header_count) if loaded.headers[i].type == PT_DYNAMIC)
+        return 0
+    ctypes.CDLL(None).dl_iterate_phdr(_VISIT(visit), None)
+    sections = []
+    for base, at in found:
+        tags = {}
+        while True:
+            tag, value = struct.unpack("@qQ", ctypes.string_at(at, 16))
+            if tag == 0:  # DT_NULL
+                break
+            tags.setdefault(tag, value + base if tag in POINTER_TAGS and value < base else value)
+            at += 16
+        sections.append((base, tags))
+    return sections
+
+def _array(address, size, dtype):
+    """``size`` bytes of this process's memory from ``address``, as a numpy array (no copy)."""
+    import numpy as np
+
+    return np.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype)
+
+def _write_pointer(address, value):
+    """Store pointer ``value`` at ``address``, lifting a read-only page's protection for
+    the while (a relocation read-only segment); return the pointer it held."""
+    cell = ctypes.c_void_p.from_address(address)
+    original = cell.value
+    if _writable(address):
+        cell.value = value
+        return original
+    _protect(address, mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        cell.value = value
+    finally:
+        _protect(address, mmap.PROT_READ)
+    return original
+
+def _writable(address):
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, permissions = line.split()[:2]
+            start, end = (int(bound, 16) for bound in span.split("-"))
+            if start <= address < end:
+                return "w" in permissions
+    raise OSError(f"address {address:#x} is not mapped")
+
+def _protect(address, protection):
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = address - address % mmap.PAGESIZE
+    if libc.mprotect(ctypes.c_void_p(page), ctypes.c_size_t(mmap.PAGESIZE), protection):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 def _tcp_sockets_on(port):
     """This process's TCP sockets on local ``port``, as duplicates of its descriptors
@@ -263,13 +485,8 @@ def _tcp_sockets_on(port):
         try:
             if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
                 continue
-            copy = os.dup(int(name))
+            sock = _duplicate(int(name))
         except OSError:  # closed meanwhile
-            continue
-        try:
-            sock = socket.socket(fileno=copy)
-        except OSError:
-            os.close(copy)
             continue
         try:
             ours = (sock.family in (socket.AF_INET, socket.AF_INET6)

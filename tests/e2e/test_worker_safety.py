@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -18,7 +19,9 @@ from tfpart.core.cluster import load_cluster
 from tfpart.compile import compile_model
 from tfpart.core.errors import TfpartError
 from tfpart.local_workers import LocalWorkers, free_port, worker_command
-from tfpart.servers import address_filter, check_workers, machine_addresses, status_failures
+from tfpart.servers import (HOOKABLE, STATUS_METHOD, address_filter, check_workers,
+                            filtered_from_the_start, listen_only_on, machine_addresses,
+                            status_failures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # about processes, not kernels
 FAULT_LIMIT_S = 30  # from a fault to the exit
@@ -63,6 +66,26 @@ def ip_header(destination):
 def test_the_filter_program_keeps_only_the_allowed_destinations(allowed, destination, kept):
     program = address_filter([ipaddress.ip_address(a) for a in allowed])
     assert bool(run_filter(program, ip_header(destination))) is kept
+
+
+
+@pytest.mark.parametrize("before", [
+    pytest.param(True, marks=pytest.mark.skipif(not HOOKABLE, reason="no listen() hook here")),
+    False])
+def test_a_socket_is_filtered_before_it_listens_or_says_it_was_not(before):
+    """The hook on a dual-stack socket, as gRPC's, that Python's socket module makes
+    listen; and without it, the filter attached after, as the line then says."""
+    allowed = [ipaddress.ip_address("127.0.0.1")]
+    with socket.socket(socket.AF_INET6) as sock:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+        port = sock.getsockname()[1]
+        with filtered_from_the_start(port, allowed if before else None) as filtered:
+            sock.listen()
+        line = listen_only_on(port, allowed, None, filtered)
+        assert accepts("127.0.0.1", port) and not accepts("127.0.0.2", port, timeout=0.3)
+    assert ("on before it listened" in line) is before
+    assert ("attached only after it began listening" in line) is not before
 
 
 def start_worker(tmp_path, host):
@@ -126,6 +149,123 @@ def test_a_worker_on_every_interface_says_so_and_ctrl_c_stops_it(tmp_path):
     assert process.returncode == 130
     assert out.strip().splitlines()[-1] == "tfpart worker: stopped by SIGINT"
     assert seconds < 5
+
+
+# A TensorFlow client's first bytes, by hand: HTTP/2's connection preface, then one gRPC
+# call with an empty message, its headers as HPACK literals (RFC 7541, 6.2.2).
+def http2_frame(kind, flags, stream, payload=b""):
+    return (len(payload).to_bytes(3, "big") + bytes([kind, flags])
+            + stream.to_bytes(4, "big") + payload)
+
+
+def grpc_call(method):
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", method),
+               (":authority", "tfpart"), ("content-type", "application/grpc"),
+               ("te", "trailers")]
+    block = b"".join(bytes([0, len(name)]) + name.encode() + bytes([len(value)])
+                     + value.encode() for name, value in headers)
+    return (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + http2_frame(4, 0, 0)  # SETTINGS
+            + http2_frame(1, 4, 1, block)  # HEADERS, end of headers
+            + http2_frame(0, 1, 1, bytes(5)))  # DATA, end of stream: an empty message
+
+
+STATUS_CALL = grpc_call(STATUS_METHOD)
+
+
+def answered(data):
+    """Whether ``data``, what a server sent, answers a call: a HEADERS or DATA frame on a
+    stream (the connection's own frames, SETTINGS among them, are on stream 0)."""
+    at = 0
+    while at + 9 <= len(data):
+        length, kind = int.from_bytes(data[at:at + 3], "big"), data[at + 3]
+        if kind in (0, 1) and int.from_bytes(data[at + 5:at + 9], "big") & 0x7FFFFFFF:
+            return True
+        at += 9 + length
+    return False
+
+
+def knock(address, port, until):
+    """Connect to ``address`` port ``port`` again and again until ``until()``, sending the
+    status call on every connection that opens; return how many attempts were refused
+    (nothing listening yet) and dropped (no answer to the SYN), and the open connections."""
+    refused, dropped, opened = 0, 0, []
+    while not until():
+        try:
+            connection = socket.create_connection((address, port), timeout=0.05)
+        except ConnectionRefusedError:
+            refused += 1
+            time.sleep(0.001)
+            continue
+        except TimeoutError:
+            dropped += 1
+            continue
+        try:
+            connection.sendall(STATUS_CALL)
+        except OSError:  # shut already
+            pass
+        opened.append(connection)
+    return refused, dropped, opened
+
+
+def reply(connection, deadline):
+    """What the server sent on ``connection`` until it answered, closed it, or
+    ``deadline``; closes it."""
+    data = b""
+    with connection:
+        try:
+            while not answered(data):
+                connection.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:  # reset, or the deadline passed
+            pass
+    return data
+
+
+def test_a_worker_accepts_no_other_address_even_while_it_starts(tmp_path):
+    """From the moment the worker starts until after it says it serves, a client on
+    another local address connects in a tight loop and sends TensorFlow's status call on
+    every connection that opens: none ever opens (none is answered), while the task's
+    address answers. Before the filter went on before listen(), hundreds opened and
+    most were answered (3 runs of 3)."""
+    port = free_port()
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]}, "devices": [
+        {"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}))
+    with open(tmp_path / "worker.err", "w") as log:
+        process = subprocess.Popen(worker_command(path, 0), stdout=subprocess.PIPE,
+                                   stderr=log, text=True)
+    lines, served = [], []
+
+    def read_start_up():
+        lines.extend(process.stdout.readline() for _ in range(2))
+        served.append(time.monotonic())
+    threading.Thread(target=read_start_up, daemon=True).start()
+    give_up = time.monotonic() + COMMAND_LIMIT_S
+
+    def until():  # half a second after the worker says it serves
+        return (served and time.monotonic() > served[0] + 0.5
+                or time.monotonic() > give_up or process.poll() is not None)
+    try:
+        refused, dropped, opened = knock("127.0.0.2", port, until)
+        deadline = time.monotonic() + 1.0
+        replies = [reply(connection, deadline) for connection in opened]
+        assert all(lines), (tmp_path / "worker.err").read_text()[-3000:]
+        own = socket.create_connection(("127.0.0.1", port), timeout=5)
+        own.sendall(STATUS_CALL)
+        own_reply = reply(own, time.monotonic() + 5)
+    finally:
+        stop(process, signal.SIGTERM)
+    assert refused and dropped, "the knocking did not span the moment the port listened"
+    answers = sum(map(answered, replies))
+    assert not opened, f"{len(opened)} connections opened on 127.0.0.2, {answers} answered"
+    assert answered(own_reply)
+    assert f"accepting connections to 127.0.0.1 port {port} only" in lines[1]
+    assert "on before it listened" in lines[1]
+    print(f"127.0.0.2 during start-up: {refused} connection attempts refused before the port "
+          f"listened, {dropped} dropped after, none opened")
 
 
 def running(pid):

@@ -18,6 +18,35 @@ Each limit is a constant here, and each check a small function raising one line 
   and about 5 GB. Calls nest at most :data:`MAX_CALL_DEPTH` deep (the reader
   inlines them recursively).
 - :data:`MAX_MICROBATCHES`, and never more micro-batches than samples in the batch.
+- :data:`MAX_COMPILED_OPS`: the ops of a compiled graph with micro-batches, which holds
+  a copy of every op per micro-batch (:func:`check_microbatches`, and
+  :func:`largest_microbatches` for the count a compile chooses itself). The pipeline
+  pass imports each stage's copy into one growing graph, and TensorFlow's
+  ``import_graph_def`` takes time in proportion to the graph it imports into, so the
+  rewrite grows faster than the graph: the example model (92 ops) at 128, 256 and 512
+  micro-batches took 21 s, 84 s and 188 s (3 GB) to rewrite on a busy 2-core machine,
+  at 543 (49,956 ops) 306 s (167 s of CPU), and at 1024 (94,208 ops) ran past 300 s
+  before the check. So 50,000 ops, minutes, as reading :data:`MAX_GRAPH_OPS` takes;
+  the simulator alone handles :data:`MAX_GRAPH_OPS` in seconds (``tfpart simulate``).
+- Threads (:func:`max_threads`): TensorFlow makes every thread of a pool it is given
+  at once and aborts the process when one cannot be made (``pthread_create`` failing
+  with EAGAIN: past the process ids, the memory maps or the address space left;
+  under an 8 GB address-space limit ``tfpart worker --intra-threads 100000`` died of
+  SIGSEGV, and 1000 of SIGABRT, "Thread tf_numa_-1_Eigen creation via
+  pthread_create() failed"). Each thread also takes a process id from the whole
+  machine, which has 32,768 here. Past the cores, more threads only
+  wait for them (TensorFlow's default is one per core), so a pool may have at most
+  :data:`MAX_THREADS_PER_CPU` per logical CPU; Linux's default ``pid_max`` is at
+  least 1024 per CPU (32,768 on small machines), so even both pools together take
+  a small share of it.
+- :data:`MAX_LAUNCH_TIMEOUT_S`: the tasks of one launch start within minutes (a
+  launcher starts them together, after any queue wait); a day is past any of that.
+- :data:`MAX_TF_CONFIG_BYTES`: ``TF_CONFIG`` is read like any JSON input (depth,
+  numbers: :mod:`tfpart.core.input_files`); a cluster of 10,000 tasks is 190 KB
+  of it (Linux passes at most 128 KiB in one variable to a new program).
+- :data:`MAX_TRAIN_STEPS`: ``tfpart train`` lists its function calls before it
+  starts, 8 bytes each: ``--steps 10**12`` (four updates a call) asks for 2 TB and
+  fails with a MemoryError.
 - :data:`MAX_PLANNED_DEVICES`: the algorithms and the simulator keep tables over every
   pair of devices (a queue per directed link), and the greedy tries every device for
   every placement unit: 300 ops took 42 s on 128 devices and 5 minutes on 512 on a
@@ -34,6 +63,7 @@ tfpart.core.errors.PlacementError: model: 8 micro-batches of a batch of 4: each 
 from __future__ import annotations
 
 import math
+import os
 
 from tfpart.core.dtypes import tensor_bytes
 from tfpart.core.errors import ClusterError, ModelError, PlacementError
@@ -44,6 +74,11 @@ MAX_GRAPH_OPS = 200_000  # ops read (inlined) or simulated (see above)
 MAX_CALL_DEPTH = 200  # nested function calls inlined (Keras models nest about ten)
 MAX_MICROBATCHES = 1024  # per batch; each is a copy of every stage in the compiled model
 MAX_PLANNED_DEVICES = 512  # the greedy's time grows with the devices (see above)
+MAX_COMPILED_OPS = 50_000  # micro-batches x ops of a compiled graph (see above)
+MAX_THREADS_PER_CPU = 16  # threads of one TensorFlow pool per logical CPU (see above)
+MAX_LAUNCH_TIMEOUT_S = 86_400.0  # seconds a launch's tasks may take to start
+MAX_TF_CONFIG_BYTES = 2**20
+MAX_TRAIN_STEPS = 10**8  # tfpart train --steps: a day at a millisecond per update
 
 
 def check_batch_size(batch_size, source="", what="batch size"):
@@ -164,10 +199,19 @@ def check_graph_ops(count, source="", what="the model"):
                          f"{MAX_GRAPH_OPS} tfpart handles")
 
 
-def check_microbatches(microbatches, batch_size=None, ops=None, source=""):
+def check_microbatches(microbatches, batch_size=None, ops=None, source="",
+                       max_ops=MAX_GRAPH_OPS, making="to simulate"):
     """PlacementError unless ``microbatches`` is at most :data:`MAX_MICROBATCHES`, at
-    most ``batch_size`` (if known) and, times ``ops`` (if known), at most
-    :data:`MAX_GRAPH_OPS` (the simulated graph holds a copy per micro-batch)."""
+    most ``batch_size`` (if known) and, times ``ops`` (if known), at most ``max_ops``
+    (a graph with micro-batches holds a copy of every op per micro-batch):
+    :data:`MAX_GRAPH_OPS` to simulate, :data:`MAX_COMPILED_OPS` to compile.
+
+    >>> check_microbatches(1024, 1024, ops=92, source="model", max_ops=MAX_COMPILED_OPS,
+    ...                    making="to compile")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.PlacementError: model: 1024 micro-batches of 92 ops make 94208 ops to compile, more than the 50000 tfpart handles; at most 543 micro-batches for this model
+    """
     if microbatches > MAX_MICROBATCHES:
         raise PlacementError(source, f"{microbatches} micro-batches: at most "
                              f"{MAX_MICROBATCHES} per batch")
@@ -176,11 +220,37 @@ def check_microbatches(microbatches, batch_size=None, ops=None, source=""):
                              f"{batch_size}: each micro-batch needs at least one sample "
                              f"(use --microbatches {batch_size} or fewer, or a larger "
                              "--batch-size)")
-    if ops is not None and microbatches * ops > MAX_GRAPH_OPS:
+    if ops is not None and microbatches * ops > max_ops:
         raise PlacementError(source, f"{microbatches} micro-batches of {ops} ops make "
-                             f"{microbatches * ops} ops to simulate, more than the "
-                             f"{MAX_GRAPH_OPS} tfpart handles; at most "
-                             f"{MAX_GRAPH_OPS // ops} micro-batches for this model")
+                             f"{microbatches * ops} ops {making}, more than the "
+                             f"{max_ops} tfpart handles; at most "
+                             f"{max(max_ops // ops, 1)} micro-batches for this model")
+
+
+def largest_microbatches(ops, batch_size=None, max_ops=MAX_COMPILED_OPS):
+    """The most micro-batches :func:`check_microbatches` allows a model of ``ops`` ops
+    (and a batch of ``batch_size``, if given): the bound a compile that chooses its
+    own count keeps to (at least 1: one micro-batch is the model itself).
+
+    >>> largest_microbatches(92), largest_microbatches(92, batch_size=32)
+    (543, 32)
+    >>> largest_microbatches(10), largest_microbatches(10**6)
+    (1024, 1)
+    """
+    most = min(MAX_MICROBATCHES, max_ops // max(ops, 1))
+    if batch_size is not None:
+        most = min(most, batch_size)
+    return max(most, 1)
+
+
+def max_threads(cpus=None):
+    """The most threads one of TensorFlow's thread pools may be given here:
+    :data:`MAX_THREADS_PER_CPU` per logical CPU (``cpus``, default this machine's).
+
+    >>> max_threads(2), max_threads(128)
+    (32, 2048)
+    """
+    return MAX_THREADS_PER_CPU * (cpus or os.cpu_count() or 1)
 
 
 def check_planned_devices(cluster):
@@ -194,3 +264,9 @@ def check_planned_devices(cluster):
         raise ClusterError(cluster.source, f"{len(cluster)} devices: tfpart plans and "
                            f"simulates clusters of at most {MAX_PLANNED_DEVICES} devices "
                            "(its solvers keep a table over every pair of devices)")
+
+
+# The tasks of one launch (`mpirun`, `srun`: tfpart.launcher): every rank waits on a
+# report from each of the others through a shared folder, so a launch of 10**9 tasks
+# would never meet; eight times the devices tfpart plans (MAX_PLANNED_DEVICES) is ample.
+MAX_LAUNCHED_TASKS = 4096

@@ -14,9 +14,11 @@
 The mark. A JSON file tfpart writes carries a top-level ``"written_by"`` object naming
 tfpart, the command, and the SHA-256 of the rest of its content (canonical JSON): a file
 edited by hand since no longer matches, and is the user's again. A picture carries its
-format's text metadata (a PNG ``tEXt`` chunk, a comment in an SVG or DOT file, the
-``Creator`` of a PDF) naming tfpart (:data:`PICTURE_MARK`); pictures are not checked for
-edits.
+format's text metadata naming tfpart (:data:`PICTURE_MARK`): a PNG ``tEXt`` chunk, a
+comment or (matplotlib's) metadata in an SVG, a comment in a DOT file, the ``Creator``
+of a PDF matplotlib draws or a comment at the end of one Graphviz draws
+(:func:`with_picture_mark`); pictures are not checked for edits. A picture's format
+is the one its suffix names (:func:`picture_kind`).
 
 Examples
 --------
@@ -35,23 +37,29 @@ True
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from tfpart.core.errors import OutputError, TfpartError
 from tfpart.core.input_files import json_text, parse_json
-from tfpart.core.output_folders import TEMPORARY_TAG, _RENAME_NOREPLACE, _rename, os_errors
+from tfpart.core.output_folders import (TEMPORARY_TAG, _RENAME_NOREPLACE, _alive, _rename,
+                                        os_errors)
 
 MARK_KEY = "written_by"
 PICTURE_MARK = b"written by tfpart"
 SNIFF_BYTES = 64 * 2**10  # where a picture's mark and magic number are looked for
-MAX_CHECKED_BYTES = 64 * 2**20  # a JSON output is read whole to check its mark and kind
+# a JSON output is read whole to check its mark and kind: up to the largest tfpart
+# reads (a profile of a million measured ops, costmodel.measured.MAX_PROFILE_BYTES)
+MAX_CHECKED_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -138,20 +146,26 @@ KINDS_FILE = json_kind("kinds file", "kinds")
 
 # Pictures ----------------------------------------------------------------------------
 
-def _picture_kind(name, magic):
+def _picture_kind(name, magic, inside=b"", any_case=False):
+    """The kind of the pictures whose content starts with one of ``magic`` (after
+    blanks) and holds ``inside`` in its head."""
     def same_kind(head):
-        return any(head.lstrip().startswith(m) for m in magic)
+        head = head.lower() if any_case else head
+        return any(head.lstrip().startswith(m) for m in magic) and inside in head
 
     def ours(head):
         return same_kind(head) and PICTURE_MARK in head
     return FileKind(name, same_kind, ours, whole=False)
 
 
+DOT_GRAPH = _picture_kind("DOT graph", (b"//", b"/*", b"digraph", b"graph", b"strict"),
+                          inside=b"graph", any_case=True)
 PICTURES = {
     ".png": _picture_kind("PNG picture", (b"\x89PNG\r\n\x1a\n",)),
-    ".svg": _picture_kind("SVG picture", (b"<?xml", b"<svg", b"<!--")),
+    ".svg": _picture_kind("SVG picture", (b"<?xml", b"<svg", b"<!--"), inside=b"<svg"),
     ".pdf": _picture_kind("PDF document", (b"%PDF-",)),
-    ".dot": _picture_kind("DOT graph", (b"//", b"digraph", b"graph", b"strict")),
+    ".dot": DOT_GRAPH,
+    ".gv": DOT_GRAPH,
 }
 
 
@@ -168,10 +182,47 @@ def picture_kind(path, formats=PICTURES):
     """
     kind = formats.get(Path(path).suffix.lower())
     if kind is None:
+        *others, last = formats
         raise OutputError(path, "cannot draw a picture in the format of its suffix "
                           f"({Path(path).suffix or 'none'!r}): give a file ending in "
-                          + " or ".join(formats))
+                          + (f"{', '.join(others)} or {last}" if others else last))
     return kind
+
+
+def with_picture_mark(data, suffix, command):
+    """The picture ``data`` (bytes in the format of ``suffix``) with tfpart's mark for
+    ``command`` in its format's own place for text: a ``tEXt`` chunk after a PNG's
+    header, a comment after an SVG's XML declaration or atop a DOT graph, and a PDF
+    comment at the end, after which the PDF's last ``startxref`` is repeated so that
+    it still ends as a PDF must (nothing before it moves: its offsets stay right).
+
+    >>> header = b"\\x89PNG\\r\\n\\x1a\\n" + (13).to_bytes(4, "big") + b"IHDR" + bytes(17)
+    >>> png = with_picture_mark(header, ".png", "compile --draw")
+    >>> PICTURES[".png"].ours(png), png[37:41]  # the chunk after the header's
+    (True, b'tEXt')
+    >>> with_picture_mark(b"digraph {}", ".dot", "compile --draw")
+    b'// written by tfpart compile --draw\\ndigraph {}'
+    """
+    note = PICTURE_MARK + b" " + command.encode()
+    suffix = suffix.lower()
+    if suffix == ".png":
+        header_end = 8 + 12 + int.from_bytes(data[8:12], "big")  # after IHDR
+        text = b"Software\x00" + note
+        chunk = (len(text).to_bytes(4, "big") + b"tEXt" + text
+                 + zlib.crc32(b"tEXt" + text).to_bytes(4, "big"))
+        return data[:header_end] + chunk + data[header_end:]
+    if suffix == ".svg":
+        comment = b"<!-- " + note + b" -->\n"
+        start = len(data) - len(data.lstrip())
+        if data[start:].startswith(b"<?xml"):
+            start = data.index(b"?>", start) + 2
+            comment = b"\n" + comment.rstrip(b"\n")
+        return data[:start] + comment + data[start:]
+    if suffix == ".pdf":
+        found = re.findall(rb"startxref\s+(\d+)", data[-SNIFF_BYTES:])
+        ending = b"startxref\n" + found[-1] + b"\n%%EOF\n" if found else b""
+        return data.rstrip(b"\r\n") + b"\n% " + note + b"\n" + ending
+    return b"// " + note + b"\n" + data
 
 
 # The rule ----------------------------------------------------------------------------
@@ -193,8 +244,10 @@ def _content(path, kind):
         return head + file.read(SNIFF_BYTES)
 
 
-def replace_problem(path, kind, force=False):
-    """Why ``path`` may not be written as a file of ``kind`` (None: it may).
+def replace_problem(path, kind, force=False, force_flag="--force"):
+    """Why ``path`` may not be written as a file of ``kind`` (None: it may);
+    ``force_flag`` is the option that gives ``force``, named in the answer (None where
+    the command has none).
 
     >>> replace_problem("/dev/null", CLUSTER_FILE, force=True)
     'exists and is not a regular file: choose another path'
@@ -222,34 +275,40 @@ def replace_problem(path, kind, force=False):
                 "(remove it yourself or choose another path)")
     if force:
         return None
-    return "exists and tfpart did not write it: give --force to replace it, or another path"
+    if force_flag is None:
+        return "exists and tfpart did not write it: remove it yourself or choose another path"
+    return (f"exists and tfpart did not write it: give {force_flag} to replace it, or "
+            "another path")
 
 
-def check_output_file(path, kind, force=False):
+def check_output_file(path, kind, force=False, force_flag="--force"):
     """OutputError unless ``path`` may be written as a file of ``kind``
     (:func:`replace_problem`)."""
-    problem = replace_problem(path, kind, force)
+    problem = replace_problem(path, kind, force, force_flag)
     if problem:
         raise OutputError(path, problem)
 
 
-def write_output_file(path, content, kind, force=False):
+def write_output_file(path, content, kind, force=False, force_flag="--force"):
     """Write ``content`` (bytes or str) to ``path`` atomically, once the rule allows it
     (checked again at the rename, should another process have created the file
-    meanwhile). Returns ``path``."""
+    meanwhile), with the permissions a new file gets here (the umask's). Returns
+    ``path``."""
     path = Path(path)
-    check_output_file(path, kind, force)
+    check_output_file(path, kind, force, force_flag)
     data = content.encode() if isinstance(content, str) else content
     with os_errors(path):
         path.absolute().parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries_of(path)
         handle = tempfile.NamedTemporaryFile(
             "wb", dir=path.absolute().parent, delete=False,
             prefix=f".{path.name}{TEMPORARY_TAG}{os.getpid()}-")
         try:
             with handle:
                 handle.write(data)
+                os.fchmod(handle.fileno(), 0o666 & ~_umask())  # not mkstemp's 0600
             if not _rename(handle.name, path, _RENAME_NOREPLACE):
-                check_output_file(path, kind, force)  # created meanwhile: judge it again
+                check_output_file(path, kind, force, force_flag)  # created meanwhile
                 os.replace(handle.name, path)
         except BaseException:
             Path(handle.name).unlink(missing_ok=True)
@@ -257,8 +316,33 @@ def write_output_file(path, content, kind, force=False):
     return path
 
 
-def write_json_output(path, value, kind, command, force=False, **dumps):
+def write_json_output(path, value, kind, command, force=False, force_flag="--force",
+                      **dumps):
     """Write the JSON object ``value`` to ``path`` with tfpart's mark for ``command``
-    (:func:`write_output_file`); only finite numbers. Returns ``path``."""
+    (:func:`write_output_file`); only finite numbers (OutputError naming the first
+    field that is not). Returns ``path``."""
+    json_text(value, path, OutputError)  # NaN is refused in one line before it is marked
     text = json_text(marked(value, command), path, OutputError, **dumps)
-    return write_output_file(path, text, kind, force)
+    return write_output_file(path, text, kind, force, force_flag)
+
+
+def _umask():
+    """This process's umask, read without changing it (``os.umask`` sets it: another
+    thread creating a file meanwhile would get the wrong permissions)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1], 8) for line in status
+                        if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022
+
+
+def _remove_dead_temporaries_of(path):
+    """Remove the temporary files beside ``path`` that a writer of ``path`` killed
+    before it could remove them (``SIGKILL``) left behind."""
+    prefix = f".{path.name}{TEMPORARY_TAG}"
+    for item in path.absolute().parent.glob(glob.escape(prefix) + "*"):
+        pid = item.name[len(prefix):].split("-")[0]
+        if pid.isdigit() and item.is_file() and not item.is_symlink() \
+                and not _alive(int(pid)):
+            item.unlink(missing_ok=True)

@@ -10,9 +10,16 @@ A new output is assembled in a temporary folder beside the target, whose name ca
 :data:`TEMPORARY_TAG` and the writer's process id, then moved in with one ``rename``:
 exclusively when the target does not exist (two runs cannot both win: Linux's
 ``renameat2(RENAME_NOREPLACE)``), or by an atomic swap with the old folder
-(``RENAME_EXCHANGE``), which is removed only afterwards. A temporary folder of a
-process that died without cleaning up (``SIGKILL``) is recognised by its name and
-removed by the next run that writes beside it.
+(``RENAME_EXCHANGE``), which is removed only afterwards.
+
+A temporary folder of a process that died without cleaning up (``SIGKILL``) is
+removed by the next run that writes beside it, and only such a folder: its creator
+keeps an ``flock`` on the file :data:`LOCK_FILE` inside it for as long as it lives
+(the kernel, or the network file system's lock manager, drops it when the process
+dies), and a run removes a temporary only once it holds that lock itself. A process
+id would not do: the folder may be shared by containers with their own process ids,
+or by other hosts, where another compile's id names nothing, or some other process
+(:func:`remove_dead_temporaries`).
 
 No input may be the output, lie inside it, or hold it (:func:`check_inputs_outside`).
 
@@ -35,11 +42,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
+import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,6 +59,11 @@ MARKER = ".tfpart-output"
 TEMPORARY_TAG = ".tfpart-tmp-"
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _TEMPORARY = re.compile(re.escape(TEMPORARY_TAG) + r"(\d+)-")
+LOCK_FILE = ".tfpart-lock"  # in a temporary folder: its creator holds an flock on it
+# A temporary without a lock file is left alone this long after it last changed: one
+# being made has none for an instant (between mkdtemp and its lock file).
+TEMPORARY_GRACE_S = 60.0
+_held_locks = {}  # temporary folder (str) -> descriptor of its lock file, kept open
 
 
 def check_inputs_outside(out, inputs):
@@ -168,42 +183,208 @@ def folder_bytes(folder):
 
 
 def new_staging_folder(out, force, command="compile"):
-    """A fresh temporary folder beside ``out`` for the caller to fill, after checking
-    that ``out`` may be written (and removing dead writers' temporaries there)."""
+    """A fresh temporary folder beside ``out`` for the caller to fill, locked by this
+    process (:func:`locked_temporary_folder`) until :func:`move_into_place` or
+    :func:`removed_on_failure` ends it, after checking that ``out`` may be written
+    (and removing dead writers' temporaries there)."""
     out = Path(out)
     check_replaceable(out, command, force)
     parent = out.absolute().parent
     with os_errors(out, "create"):
         parent.mkdir(parents=True, exist_ok=True)
         remove_dead_temporaries(parent)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}{TEMPORARY_TAG}{os.getpid()}-",
-                                     dir=parent))
+        return locked_temporary_folder(parent, f".{out.name}{TEMPORARY_TAG}{os.getpid()}-")
 
 
+@contextmanager
 def temporary_folder(out, purpose="work"):
-    """Context manager: a temporary folder beside ``out``, recognised and removed by a
-    later run if this process is killed before it can remove it."""
+    """Context manager: the path (a str) of a temporary folder beside ``out``, locked
+    by this process and removed when the block ends; a later run removes it if this
+    process is killed first.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> with temporary_folder(root / "out", "rewrite") as work:
+    ...     [p.name for p in pathlib.Path(work).iterdir()]
+    ['.tfpart-lock']
+    >>> list(root.iterdir())
+    []
+    """
     parent = Path(out).absolute().parent
     with os_errors(out, "create"):
         parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(
-        prefix=f".{Path(out).name}.{purpose}{TEMPORARY_TAG}{os.getpid()}-", dir=parent)
+        folder = locked_temporary_folder(
+            parent, f".{Path(out).name}.{purpose}{TEMPORARY_TAG}{os.getpid()}-")
+    try:
+        yield str(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        release_temporary(folder)
 
 
-def remove_dead_temporaries(parent):
-    """Remove the temporary folders in ``parent`` left by tfpart processes that no
-    longer run (killed by a signal no process can catch)."""
+def locked_temporary_folder(parent, prefix):
+    """A new folder in ``parent`` named ``prefix`` and random characters
+    (``tempfile.mkdtemp``), holding :data:`LOCK_FILE`, on which this process keeps an
+    exclusive ``flock`` until :func:`release_temporary` (or its death).
+
+    The lock file is made under another name and renamed once locked, so no other
+    process ever finds it unlocked while its creator lives. On a file system without
+    locks the folder has no lock file (see :func:`remove_dead_temporaries`).
+
+    >>> import tempfile, pathlib
+    >>> folder = locked_temporary_folder(tempfile.mkdtemp(), ".out.tfpart-tmp-1-")
+    >>> [p.name for p in folder.iterdir()], _lock_of(folder / LOCK_FILE)
+    (['.tfpart-lock'], None)
+    >>> release_temporary(folder); folder.rmdir()
+    """
+    _forget_removed_temporaries()
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        descriptor = _new_lock(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if descriptor is not None:
+        _held_locks[str(folder)] = descriptor
+    return folder
+
+
+def _new_lock(folder):
+    """The descriptor of ``folder``'s new lock file, locked; None where the file
+    system has no locks (then no lock file is left)."""
+    making = folder / f"{LOCK_FILE}.new"
+    descriptor = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(making, folder / LOCK_FILE)
+    except OSError as exc:
+        os.close(descriptor)
+        os.unlink(making)
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return None
+        raise
+    return descriptor
+
+
+def release_temporary(folder, moved_to=None):
+    """End this process's lock on the temporary ``folder`` (a no-op if it holds none)
+    once it has been removed, or moved to ``moved_to``: its lock file is removed
+    first, from wherever it is (only this lock's), so no folder keeps it."""
+    descriptor = _held_locks.pop(str(folder), None)
+    if descriptor is None:
+        return
+    for place in (folder, moved_to) if moved_to else (folder,):
+        lock = Path(place) / LOCK_FILE
+        try:
+            if os.path.samestat(os.lstat(lock), os.fstat(descriptor)):
+                os.unlink(lock)
+        except OSError:
+            pass  # not there
+    os.close(descriptor)
+
+
+def _forget_removed_temporaries():
+    """Close the locks of this process's temporaries that no longer exist (removed by
+    a caller without :func:`release_temporary`)."""
+    for folder in [f for f in _held_locks if not os.path.lexists(f)]:
+        os.close(_held_locks.pop(folder))
+
+
+def remove_dead_temporaries(parent, grace_s=TEMPORARY_GRACE_S):
+    """Remove the temporary folders in ``parent`` whose creator no longer runs (killed
+    by a signal no process can catch), wherever it ran.
+
+    A temporary with a lock file is dead when this process can take the file's
+    ``flock`` (without waiting); it is removed while that lock is held, so no other
+    run removes it meanwhile. Its creator holds the lock for as long as it lives, in
+    whatever PID namespace or (on a network file system with locks) on whatever
+    host. A lock that cannot be tried (unreadable, or a file system without locks)
+    counts as held.
+
+    A temporary without a lock file was made by an older tfpart, by a process killed
+    while making it, or on a file system without locks, or it is being made: it is left
+    alone for ``grace_s`` seconds after it last changed (:data:`TEMPORARY_GRACE_S`),
+    and while the process id in its name runs here, the one sign of life such a
+    temporary gives. One holding :data:`MARKER` is an old output that a run swapped
+    out for its new one (:func:`move_into_place`), left only to be removed: it is
+    removed unless that run is still here to remove it.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> mine = locked_temporary_folder(root, ".out.tfpart-tmp-1-")
+    >>> dead = locked_temporary_folder(root, ".out.tfpart-tmp-1-")
+    >>> release_temporary(dead); (dead / LOCK_FILE).touch()  # as if its creator died
+    >>> remove_dead_temporaries(root)
+    >>> [p == mine for p in root.iterdir()]
+    [True]
+    """
     for item in Path(parent).iterdir():
         match = _TEMPORARY.search(item.name)
-        if match and item.is_dir() and not item.is_symlink() \
-                and not _alive(int(match.group(1))):
-            shutil.rmtree(item, ignore_errors=True)
+        if not match or item.is_symlink() or not item.is_dir():
+            continue
+        lock = _lock_of(item / LOCK_FILE)
+        if lock == _NO_LOCK_FILE:
+            swapped_out = (item / MARKER).is_file()
+            if (swapped_out or not _changed_within(item, grace_s)) \
+                    and not _alive(int(match.group(1))):
+                shutil.rmtree(item, ignore_errors=True)
+        elif lock is not None:
+            try:
+                shutil.rmtree(item, ignore_errors=True)
+            finally:
+                os.close(lock)
+
+
+_NO_LOCK_FILE = -1
+
+
+def _lock_of(path):
+    """A descriptor of the lock file ``path`` with its ``flock`` taken by this process;
+    None if another process holds it, or it cannot be tried (not readable, not a
+    regular file, no locks on this file system); :data:`_NO_LOCK_FILE` if there is
+    no such file."""
+    descriptor = None
+    for mode in (os.O_RDWR, os.O_RDONLY):  # read-only: another user's, on a local disk
+        try:
+            descriptor = os.open(path, mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            break
+        except FileNotFoundError:
+            return _NO_LOCK_FILE
+        except PermissionError:
+            continue
+        except OSError:  # a symbolic link, say: not a lock tfpart made
+            return None
+    if descriptor is None:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return descriptor
+    except OSError:  # held (EWOULDBLOCK), or no locks here
+        pass
+    os.close(descriptor)
+    return None
+
+
+def _changed_within(path, seconds):
+    """Whether ``path`` changed (its inode: entries added or removed, renamed) less than
+    ``seconds`` ago, or cannot be read."""
+    try:
+        return time.time() - os.lstat(path).st_ctime < seconds
+    except OSError:
+        return True
 
 
 def _alive(pid):
+    """Whether a process ``pid`` runs in this PID namespace (which says nothing of
+    other namespaces or hosts: only for temporaries without a lock file).
+
+    >>> _alive(os.getpid()), _alive(2**40)
+    (True, False)
+    """
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # an id past pid_max names no process
         return False
     except PermissionError:
         return True
@@ -223,9 +404,13 @@ def move_into_place(staging, out, command, force=False):
                 if not _rename(staging, out, _RENAME_EXCHANGE):
                     raise OutputError(out, "was created by another process while this one "
                                       "worked; nothing was replaced")
-                shutil.rmtree(staging)  # now the old output
+                # now the old output, which a run in another PID namespace may be
+                # removing too (remove_dead_temporaries)
+                shutil.rmtree(staging, ignore_errors=True)
+        release_temporary(staging, moved_to=out)  # locked until moved: never found dead
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        release_temporary(staging, moved_to=out)
         raise
 
 
@@ -308,6 +493,7 @@ def removed_on_failure(folder):
         yield folder
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
+        release_temporary(folder)
         raise
 
 

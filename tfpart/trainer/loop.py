@@ -703,6 +703,10 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
             saved, identity, data_file, model_dir)) as resumed:
         start = resumed or 0
         if resumed is not None:
+            from tfpart.checkpoints import check_checkpoint_input
+
+            # here, not at the restore: a broken file there is taken for the cluster's fault
+            check_checkpoint_input(out / "checkpoint" / f"ckpt-{start}")
             result.updates, result.evaluations, wall = continued_rows(
                 read_rows(out / "updates.csv", UPDATE_FIELDS),
                 read_rows(out / "evaluations.csv", EVALUATION_FIELDS), start)
