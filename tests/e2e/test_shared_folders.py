@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tfpart.core.output_folders import (LOCK_FILE, TEMPORARY_TAG, move_into_place,
+from tfpart.core.output_folders import (LOCK_FILE, MARKER, TEMPORARY_TAG, move_into_place,
                                         new_staging_folder, release_temporary,
                                         remove_dead_temporaries, temporary_folder)
 
@@ -145,6 +145,10 @@ def test_this_processes_own_temporaries_are_alive(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         ".tfpart-output", "saved_model.pb"]
     assert list(tmp_path.iterdir()) == [tmp_path / "out"]
+    again = new_staging_folder(tmp_path / "out", force=True)
+    move_into_place(again, tmp_path / "out", "compile", force=True)  # swapped in
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [".tfpart-output"]
+    assert list(tmp_path.iterdir()) == [tmp_path / "out"]
 
 
 @pytest.fixture
@@ -156,13 +160,19 @@ def dead_pid():
 
 def test_temporaries_without_a_lock_file(tmp_path, dead_pid):
     """Made by an older tfpart, or being made: left alone while recent, and while the
-    process id in the name runs here; else removed."""
+    process id in the name runs here; else removed. An old output swapped out by a
+    run that was killed before it removed it is removed at once."""
     running = tmp_path / f".out{TEMPORARY_TAG}{os.getpid()}-running"
     old = tmp_path / f".out{TEMPORARY_TAG}{dead_pid}-old"
     past_pid_max = tmp_path / f".out{TEMPORARY_TAG}{2**64}-old"
-    for folder in (running, old, past_pid_max):
+    swapped_out = tmp_path / f".out{TEMPORARY_TAG}{dead_pid}-swapped"
+    being_removed = tmp_path / f".out{TEMPORARY_TAG}{os.getpid()}-swapped"
+    for folder in (running, old, past_pid_max, swapped_out, being_removed):
         folder.mkdir()
+    for folder in (swapped_out, being_removed):
+        (folder / MARKER).write_text("{}")
     remove_dead_temporaries(tmp_path)
+    assert not swapped_out.exists() and being_removed.is_dir()
     assert all(folder.is_dir() for folder in (running, old, past_pid_max))
     time.sleep(1.0)
     recent = tmp_path / f".out{TEMPORARY_TAG}{dead_pid}-recent"

@@ -228,8 +228,8 @@ def test_a_worker_accepts_no_other_address_even_while_it_starts(tmp_path):
     """From the moment the worker starts until after it says it serves, a client on
     another local address connects in a tight loop and sends TensorFlow's status call on
     every connection that opens: none ever opens (none is answered), while the task's
-    address answers. Before the filter went on before listen(), hundreds opened and
-    most were answered (3 runs of 3)."""
+    address answers. While the filter went on after listen(), every one of 8 runs had
+    connections open there (49 to 1380) and calls answered (1 to 1144)."""
     port = free_port()
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]}, "devices": [

@@ -286,8 +286,10 @@ def release_temporary(folder, moved_to=None):
 def _forget_removed_temporaries():
     """Close the locks of this process's temporaries that no longer exist (removed by
     a caller without :func:`release_temporary`)."""
-    for folder in [f for f in _held_locks if not os.path.lexists(f)]:
-        os.close(_held_locks.pop(folder))
+    for folder in [f for f in list(_held_locks) if not os.path.lexists(f)]:
+        descriptor = _held_locks.pop(folder, None)
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 def remove_dead_temporaries(parent, grace_s=TEMPORARY_GRACE_S):
