@@ -221,7 +221,7 @@ def test_numbers_on_the_command_line(argv, words, capsys, monkeypatch, tmp_path)
 @pytest.mark.parametrize("argv,words", [
     (["worker", "--intra-threads", "100000"], "--intra-threads 100000 is more than"),
     (["worker", "--launch-timeout", "nan"], "--launch-timeout must be a finite number, not nan"),
-    (["cluster", "detect", "-o", "c.json", "--launch-timeout", "nan"],
+    (["cluster", "detect", "-o", "detected.json", "--launch-timeout", "nan"],
      "--launch-timeout must be a finite number, not nan"),
 ])
 def test_threads_and_timeouts_of_a_worker(argv, words, tmp_path):
@@ -231,7 +231,7 @@ def test_threads_and_timeouts_of_a_worker(argv, words, tmp_path):
     cluster = write(tmp_path / "c.json", json.dumps({
         "cluster": {"worker": [f"127.0.0.1:{port}"]},
         "devices": [{"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}))
-    argv = [tmp_path / arg if arg == "c.json" else arg for arg in argv]
+    argv = [tmp_path / arg if arg.endswith(".json") else arg for arg in argv]
     if argv[0] == "worker":
         argv += ["--cluster", cluster, "--task", "0"]
     code, lines, seconds = tfpart(*argv, timeout=60)

@@ -67,12 +67,20 @@ def start(script, out, namespace=None):
 def kill(process, namespace=None):
     """SIGKILL the holder ``process`` started (the namespace's process 1, if it runs in
     one: ``unshare`` itself only waits for it)."""
-    target = process.pid
-    if namespace:
-        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text()
-        target = int(children.split()[0])
-    os.kill(target, signal.SIGKILL)
+    os.kill(child_of(process.pid) if namespace else process.pid, signal.SIGKILL)
     process.wait(timeout=30)
+
+
+def child_of(pid):
+    """The process whose parent is ``pid`` (as this namespace numbers it)."""
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(status.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if parent == pid:
+            return int(status.parent.name)
+    raise AssertionError(f"process {pid} has no child")
 
 
 def stop(process):
