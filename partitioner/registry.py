@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass
 
@@ -147,6 +148,32 @@ def _set(options, path, text, pair):
     return dataclasses.replace(options, **{path[0]: value})
 
 
+MAX_OPTION_INT = 2**31 - 1  # every count, limit and seed of the options fits int32
+
+
+def _bounded(value, pair):
+    """``value`` if it is a finite number from 0 to :data:`MAX_OPTION_INT` (every
+    numeric option is a count, a limit, a fraction, a time or a seed); else
+    PlacementError naming the option.
+
+    >>> _bounded(float("nan"), "time_limit=nan")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.PlacementError: --option time_limit=nan: must be a finite number
+    >>> _bounded(-1, "seed=-1")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.PlacementError: --option seed=-1: must not be negative
+    """
+    if not math.isfinite(value):
+        raise PlacementError("", f"--option {pair}: must be a finite number")
+    if value < 0:
+        raise PlacementError("", f"--option {pair}: must not be negative")
+    if value > MAX_OPTION_INT:
+        raise PlacementError("", f"--option {pair}: must be at most {MAX_OPTION_INT}")
+    return value
+
+
 def _convert(text, hint, pair):
     """``text`` as a value of type ``hint`` (bool, int, float, str, or X | None)."""
     allowed = typing.get_args(hint) or (hint,)
@@ -160,9 +187,10 @@ def _convert(text, hint, pair):
                 return text.lower() in ("true", "1", "yes")
             raise PlacementError("", f"--option {pair}: not a bool (true or false)")
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
             article = "an" if kind is int else "a"
             raise PlacementError("", f"--option {pair}: not {article} {kind.__name__}") \
                 from None
+        return _bounded(value, pair) if kind in (int, float) else value
     raise PlacementError("", f"--option {pair}: cannot set a field of type {hint}")

@@ -21,7 +21,7 @@ from tfpart.cli import main
 from tfpart.core.errors import OutputError
 from tfpart.core.output_files import (CLUSTER_FILE, MARK_KEY, PICTURES, check_output_file,
                                       with_picture_mark, write_json_output, write_output_file,
-                                      written_by_tfpart)
+                                      written_by_tfpart, _remove_dead_temporaries_of)
 from tfpart.core.output_folders import TEMPORARY_TAG
 
 NOTES = b'{"my": "notes", "on": ["a JSON file of mine"]}\n'
@@ -83,15 +83,31 @@ def test_a_nan_is_one_line_and_a_new_file_gets_the_umasks_permissions(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # not the temporary file's 0600
 
 
-def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    left = tmp_path / f".c.json{TEMPORARY_TAG}{dead}-abc"
-    left.write_text("half")
-    alive = tmp_path / f".c.json{TEMPORARY_TAG}{os.getpid()}-abc"  # a writer at work
-    alive.write_text("half")
-    write_json_output(tmp_path / "c.json", {"devices": []}, CLUSTER_FILE, "t")
-    assert not left.exists() and alive.exists()
+HOLD_A_LOCK = ("import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
+
+
+def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path):
+    """A writer's temporary file is alive while its writer holds its flock (whatever
+    the writer's process id means here); a new unlocked one gets a grace period."""
+    names = {who: tmp_path / f".c.json{TEMPORARY_TAG}1-{who}" for who in
+             ("dead", "alive", "young")}  # process id 1: alive here, as a foreign id may be
+    holders = {who: subprocess.Popen([sys.executable, "-c", HOLD_A_LOCK, names[who]],
+                                     stdout=subprocess.PIPE, text=True)
+               for who in ("dead", "alive")}
+    try:
+        for holder in holders.values():
+            assert holder.stdout.readline().strip() == "locked"
+        holders["dead"].kill()
+        holders["dead"].wait()
+        names["young"].write_text("half")
+        write_json_output(tmp_path / "c.json", {"devices": []}, CLUSTER_FILE, "t")
+        assert all(path.exists() for path in names.values())  # all within the grace
+        _remove_dead_temporaries_of(tmp_path / "c.json", grace_s=0)
+        assert not names["dead"].exists() and names["alive"].exists()
+    finally:
+        holders["alive"].kill()
+        holders["alive"].wait()
 
 
 def test_an_xml_file_named_svg_is_not_a_picture_to_replace(tmp_path):

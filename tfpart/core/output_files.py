@@ -37,6 +37,7 @@ True
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -51,8 +52,9 @@ from typing import Callable
 
 from tfpart.core.errors import OutputError, TfpartError
 from tfpart.core.input_files import json_text, parse_json
-from tfpart.core.output_folders import (TEMPORARY_TAG, _RENAME_NOREPLACE, _alive, _rename,
-                                        os_errors)
+from tfpart.core.output_folders import (NO_LOCK_FILE, TEMPORARY_GRACE_S, TEMPORARY_TAG,
+                                        changed_within, take_lock, os_errors,
+                                        rename_exclusively)
 
 MARK_KEY = "written_by"
 PICTURE_MARK = b"written by tfpart"
@@ -304,12 +306,14 @@ def write_output_file(path, content, kind, force=False, force_flag="--force"):
             "wb", dir=path.absolute().parent, delete=False,
             prefix=f".{path.name}{TEMPORARY_TAG}{os.getpid()}-")
         try:
-            with handle:
+            with handle:  # locked while it lives: see _remove_dead_temporaries_of
+                _lock_if_possible(handle.fileno())
                 handle.write(data)
                 os.fchmod(handle.fileno(), 0o666 & ~_umask())  # not mkstemp's 0600
-            if not _rename(handle.name, path, _RENAME_NOREPLACE):
-                check_output_file(path, kind, force, force_flag)  # created meanwhile
-                os.replace(handle.name, path)
+                handle.flush()
+                if not rename_exclusively(handle.name, path):
+                    check_output_file(path, kind, force, force_flag)  # created meanwhile
+                    os.replace(handle.name, path)
         except BaseException:
             Path(handle.name).unlink(missing_ok=True)
             raise
@@ -337,12 +341,31 @@ def _umask():
         return 0o022
 
 
-def _remove_dead_temporaries_of(path):
-    """Remove the temporary files beside ``path`` that a writer of ``path`` killed
-    before it could remove them (``SIGKILL``) left behind."""
+def _lock_if_possible(descriptor):
+    """Take an exclusive ``flock`` on ``descriptor`` (nothing where the file system has
+    no locks)."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def _remove_dead_temporaries_of(path, grace_s=TEMPORARY_GRACE_S):
+    """Remove the temporary files beside ``path`` that a writer killed before it could
+    remove them (``SIGKILL``) left behind: a writer holds an ``flock`` on its temporary
+    while it lives, in whatever PID namespace or host, so one whose lock this process
+    can take, unchanged for ``grace_s`` seconds (for the instant between its creation
+    and its lock), is dead. One whose lock cannot
+    be tried (a file system without locks) is kept."""
     prefix = f".{path.name}{TEMPORARY_TAG}"
     for item in path.absolute().parent.glob(glob.escape(prefix) + "*"):
-        pid = item.name[len(prefix):].split("-")[0]
-        if pid.isdigit() and item.is_file() and not item.is_symlink() \
-                and not _alive(int(pid)):
-            item.unlink(missing_ok=True)
+        if item.is_symlink() or not item.is_file():
+            continue
+        lock = take_lock(item)
+        if lock in (None, NO_LOCK_FILE):
+            continue
+        try:
+            if not changed_within(item, grace_s):
+                item.unlink(missing_ok=True)
+        finally:
+            os.close(lock)

@@ -233,7 +233,7 @@ def locked_temporary_folder(parent, prefix):
 
     >>> import tempfile, pathlib
     >>> folder = locked_temporary_folder(tempfile.mkdtemp(), ".out.tfpart-tmp-1-")
-    >>> [p.name for p in folder.iterdir()], _lock_of(folder / LOCK_FILE)
+    >>> [p.name for p in folder.iterdir()], take_lock(folder / LOCK_FILE)
     (['.tfpart-lock'], None)
     >>> release_temporary(folder); folder.rmdir()
     """
@@ -324,10 +324,10 @@ def remove_dead_temporaries(parent, grace_s=TEMPORARY_GRACE_S):
         match = _TEMPORARY.search(item.name)
         if not match or item.is_symlink() or not item.is_dir():
             continue
-        lock = _lock_of(item / LOCK_FILE)
-        if lock == _NO_LOCK_FILE:
+        lock = take_lock(item / LOCK_FILE)
+        if lock == NO_LOCK_FILE:
             swapped_out = (item / MARKER).is_file()
-            if (swapped_out or not _changed_within(item, grace_s)) \
+            if (swapped_out or not changed_within(item, grace_s)) \
                     and not _alive(int(match.group(1))):
                 shutil.rmtree(item, ignore_errors=True)
         elif lock is not None:
@@ -337,13 +337,13 @@ def remove_dead_temporaries(parent, grace_s=TEMPORARY_GRACE_S):
                 os.close(lock)
 
 
-_NO_LOCK_FILE = -1
+NO_LOCK_FILE = -1
 
 
-def _lock_of(path):
+def take_lock(path):
     """A descriptor of the lock file ``path`` with its ``flock`` taken by this process;
     None if another process holds it, or it cannot be tried (not readable, not a
-    regular file, no locks on this file system); :data:`_NO_LOCK_FILE` if there is
+    regular file, no locks on this file system); :data:`NO_LOCK_FILE` if there is
     no such file."""
     descriptor = None
     for mode in (os.O_RDWR, os.O_RDONLY):  # read-only: another user's, on a local disk
@@ -351,7 +351,7 @@ def _lock_of(path):
             descriptor = os.open(path, mode | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             break
         except FileNotFoundError:
-            return _NO_LOCK_FILE
+            return NO_LOCK_FILE
         except PermissionError:
             continue
         except OSError:  # a symbolic link, say: not a lock tfpart made
@@ -368,7 +368,7 @@ def _lock_of(path):
     return None
 
 
-def _changed_within(path, seconds):
+def changed_within(path, seconds):
     """Whether ``path`` changed (its inode: entries added or removed, renamed) less than
     ``seconds`` ago, or cannot be read."""
     try:
@@ -414,6 +414,12 @@ def move_into_place(staging, out, command, force=False):
         shutil.rmtree(staging, ignore_errors=True)
         release_temporary(staging, moved_to=out)
         raise
+
+
+def rename_exclusively(source, target):
+    """Rename ``source`` to ``target`` unless ``target`` exists (then False), in one
+    step where the system allows (Linux's ``renameat2(RENAME_NOREPLACE)``)."""
+    return _rename(source, target, _RENAME_NOREPLACE)
 
 
 def _rename(source, target, flags):
