@@ -152,9 +152,10 @@ MAX_OPTION_INT = 2**31 - 1  # every count, limit and seed of the options fits in
 
 
 def _bounded(value, pair):
-    """``value`` if it is a finite number from 0 to :data:`MAX_OPTION_INT` (every
-    numeric option is a count, a limit, a fraction, a time or a seed); else
-    PlacementError naming the option.
+    """``value`` if it is a finite number, and for an int one from 0 to
+    :data:`MAX_OPTION_INT` (every int option is a count, a limit or a seed; a float
+    may be negative: ``min_gain=-1`` keeps every split); else PlacementError naming
+    the option.
 
     >>> _bounded(float("nan"), "time_limit=nan")
     Traceback (most recent call last):
@@ -163,14 +164,12 @@ def _bounded(value, pair):
     >>> _bounded(-1, "seed=-1")
     Traceback (most recent call last):
     ...
-    tfpart.core.errors.PlacementError: --option seed=-1: must not be negative
+    tfpart.core.errors.PlacementError: --option seed=-1: must be from 0 to 2147483647
     """
     if not math.isfinite(value):
         raise PlacementError("", f"--option {pair}: must be a finite number")
-    if value < 0:
-        raise PlacementError("", f"--option {pair}: must not be negative")
-    if value > MAX_OPTION_INT:
-        raise PlacementError("", f"--option {pair}: must be at most {MAX_OPTION_INT}")
+    if isinstance(value, int) and not 0 <= value <= MAX_OPTION_INT:
+        raise PlacementError("", f"--option {pair}: must be from 0 to {MAX_OPTION_INT}")
     return value
 
 

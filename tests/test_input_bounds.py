@@ -206,11 +206,11 @@ TRAIN = ["train", "m", "--cluster", "c.json", "--data", "d.npz", "-o", "out"]
     (["run", "out", "--warmup", "-1"], "--warmup must be at least 0"),
     (["cluster", "probe", "c.json", "--rounds", "0"], "--rounds must be positive"),
     (["compile", "-o", "out", "--algorithm", "random", "--option", "seed=-1"],
-     "--option seed=-1: must not be negative"),
+     "--option seed=-1: must be from 0 to 2147483647"),
     (["compile", "-o", "out", "--algorithm", "ilp", "--option", "time_limit=nan"],
      "--option time_limit=nan: must be a finite number"),
     (["compile", "-o", "out", "--option", "refine_evaluations=99999999999"],
-     "--option refine_evaluations=99999999999: must be at most 2147483647"),
+     "--option refine_evaluations=99999999999: must be from 0 to 2147483647"),
 ])
 def test_numbers_on_the_command_line(argv, words, capsys, monkeypatch, tmp_path):
     """Every number option is checked before any work (in this process: the check

@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from xml.etree import ElementTree
 
 import pytest
 
@@ -133,6 +134,8 @@ def test_marked_pictures_stay_valid_pictures():
     assert marked.endswith(b"% written by tfpart test\nstartxref\n31\n%%EOF\n")
     svg = with_picture_mark(b'<?xml version="1.0"?>\n<svg/>', ".svg", "test")
     assert svg == b'<?xml version="1.0"?>\n<!-- written by tfpart test -->\n<svg/>'
+    drawn = with_picture_mark(b'<?xml version="1.0"?>\n<svg/>', ".svg", "compile --draw")
+    assert ElementTree.fromstring(drawn).tag == "svg"  # no "--" in an XML comment
 
 
 # -- each command's refusals (before any work) --------------------------------------------

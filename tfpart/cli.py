@@ -291,10 +291,10 @@ def option_problem(args):
             return f"{flag(option)} must be a finite number, not {value}"
     for option in POSITIVE_OPTIONS:
         if option in given and given[option] <= 0:
-            return f"{flag(option)} must be positive"
+            return f"{flag(option)} must be positive, not {shown(given[option])}"
     for option in NON_NEGATIVE_OPTIONS:
         if option in given and given[option] < 0:
-            return f"{flag(option)} must be at least 0"
+            return f"{flag(option)} must be at least 0, not {shown(given[option])}"
     for option, (most, why) in _upper_bounds().items():
         if option in given and given[option] > most:
             return f"{flag(option)} {shown(given[option])} is more than {shown(most)} {why}"

@@ -136,9 +136,12 @@ def sync_run(tasks, tmp_path_factory):
             "--eval-every", 5]
     process = started(*args, "-o", out, log=folder / "train.log")
 
-    def evaluated_twice():
+    from tfpart.trainer.loop import checkpointed_update
+
+    def evaluated_twice():  # and checkpointed past update 0: else the run removes its output
         path = out / "evaluations.csv"
-        return path.exists() and len(path.read_text().splitlines()) >= 3  # a header
+        return path.exists() and len(path.read_text().splitlines()) >= 3 and \
+            (checkpointed_update(out) or 0) > 0  # a header, two rows
     wait_until(evaluated_twice, process)
     return (*interrupted(process), args, out)
 

@@ -202,6 +202,8 @@ def with_picture_mark(data, suffix, command):
     >>> png = with_picture_mark(header, ".png", "compile --draw")
     >>> PICTURES[".png"].ours(png), png[37:41]  # the chunk after the header's
     (True, b'tEXt')
+    >>> with_picture_mark(b"<svg/>", ".svg", "compile --draw")
+    b'<!-- written by tfpart compile draw -->\\n<svg/>'
     >>> with_picture_mark(b"digraph {}", ".dot", "compile --draw")
     b'// written by tfpart compile --draw\\ndigraph {}'
     """
@@ -213,8 +215,8 @@ def with_picture_mark(data, suffix, command):
         chunk = (len(text).to_bytes(4, "big") + b"tEXt" + text
                  + zlib.crc32(b"tEXt" + text).to_bytes(4, "big"))
         return data[:header_end] + chunk + data[header_end:]
-    if suffix == ".svg":
-        comment = b"<!-- " + note + b" -->\n"
+    if suffix == ".svg":  # an XML comment may not hold "--" ("compile --draw")
+        comment = b"<!-- " + note.replace(b"--", b"") + b" -->\n"
         start = len(data) - len(data.lstrip())
         if data[start:].startswith(b"<?xml"):
             start = data.index(b"?>", start) + 2
