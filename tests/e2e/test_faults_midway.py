@@ -18,7 +18,8 @@ from tests.e2e.test_multihost import FAST_LINKS
 from tests.e2e.test_worker_safety import connections
 from tfpart.local_workers import LocalWorkers, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # about processes and files
+# about processes and files; one xdist worker builds the module's tasks and runs once
+pytestmark = [pytest.mark.slow, pytest.mark.any_onednn, pytest.mark.xdist_group("faults")]
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 180  # a task's start-up: TensorFlow's import on a loaded machine
 FAULT_LIMIT_S = 60  # from a fault or a signal to the exit
