@@ -149,28 +149,41 @@ def _set(options, path, text, pair):
 
 
 MAX_OPTION_INT = 2**31 - 1  # every count, limit and seed of the options fits int32
+SIGNED_OPTIONS = ("min_gain",)  # filter_split's: below 0 keeps every split
 
 
 def _bounded(value, pair):
-    """``value`` if it is a finite number, and for an int one from 0 to
-    :data:`MAX_OPTION_INT` (every int option is a count, a limit or a seed; a float
-    may be negative: ``min_gain=-1`` keeps every split); else PlacementError naming
-    the option.
+    """``value`` if it is a number within its option's range: an int from 0 to
+    :data:`MAX_OPTION_INT` (every int option is a count, a limit or a seed), a float
+    finite and, but for :data:`SIGNED_OPTIONS`, not negative (times, fractions, gaps);
+    else PlacementError naming the option.
 
     >>> _bounded(float("nan"), "time_limit=nan")
     Traceback (most recent call last):
     ...
     tfpart.core.errors.PlacementError: --option time_limit=nan: must be a finite number
-    >>> _bounded(-1, "seed=-1")
+    >>> _bounded(10**400, "seed=1" + "0" * 400)
     Traceback (most recent call last):
     ...
-    tfpart.core.errors.PlacementError: --option seed=-1: must be from 0 to 2147483647
+    tfpart.core.errors.PlacementError: --option seed=1000...: must be from 0 to 2147483647
+    >>> _bounded(-1.0, "min_gain=-1")
+    -1.0
     """
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_OPTION_INT:
+            raise PlacementError("", f"--option {_short(pair)}: must be from 0 to "
+                                 f"{MAX_OPTION_INT}")
+        return value
     if not math.isfinite(value):
-        raise PlacementError("", f"--option {pair}: must be a finite number")
-    if isinstance(value, int) and not 0 <= value <= MAX_OPTION_INT:
-        raise PlacementError("", f"--option {pair}: must be from 0 to {MAX_OPTION_INT}")
+        raise PlacementError("", f"--option {_short(pair)}: must be a finite number")
+    if value < 0 and pair.split("=")[0].split(".")[-1] not in SIGNED_OPTIONS:
+        raise PlacementError("", f"--option {_short(pair)}: must not be negative")
     return value
+
+
+def _short(pair, most=40):
+    """``pair`` cut to ``most`` characters (a number of 400 digits, say)."""
+    return pair if len(pair) <= most else pair[:most - 3] + "..."
 
 
 def _convert(text, hint, pair):

@@ -166,17 +166,17 @@ def test_cluster_probe_checks_its_output_before_connecting(capsys, tmp_path):
 
 
 def test_cluster_probe_in_place_keeps_the_file_its_owners(tmp_path):
-    from tfpart.commands import _update_cluster_file
+    from tfpart.commands import update_cluster_file
 
     mine = hand_written_cluster(tmp_path / "mine.json")
     (tmp_path / "link.json").symlink_to(mine)
     before = json.loads(mine.read_text())
-    _update_cluster_file(tmp_path / "link.json", dict(before, step_overhead=1e-4), before)
+    update_cluster_file(tmp_path / "link.json", dict(before, step_overhead=1e-4), before)
     assert (tmp_path / "link.json").is_symlink()  # the file it names is updated
     assert json.loads(mine.read_text()) == dict(before, step_overhead=1e-4)  # unmarked
     ours = write_json_output(tmp_path / "ours.json", before, CLUSTER_FILE, "cluster detect")
     data = json.loads(ours.read_text())
-    _update_cluster_file(ours, dict(data, step_overhead=1e-4), data)
+    update_cluster_file(ours, dict(data, step_overhead=1e-4), data)
     updated = json.loads(ours.read_text())
     assert written_by_tfpart(updated) and updated[MARK_KEY]["command"] == "cluster probe"
 

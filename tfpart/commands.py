@@ -213,9 +213,13 @@ def cmd_worker(args):
     from tfpart.core.cluster import cluster_from_dict, load_cluster
     from tfpart.launcher import launched_task
     from tfpart.rendezvous import (agree_on_cluster, announce_serving, join_launch,
-                                   leaving_on_failure, taking_part)
+                                   leaving_on_failure)
     from tfpart.servers import StopSignals, start_server
 
+    if args.memory_stats:  # before any rank of a launch reports
+        from tfpart import memory_stats
+
+        memory_stats.check_output(args.memory_stats)
     launched = launched_task(os.environ) if args.cluster and args.task is None else None
     launch = None  # this task's part in the launch (tfpart.rendezvous), if launched
     if launched:
@@ -224,7 +228,7 @@ def cmd_worker(args):
         with _naming_the_rank(launched):
             check_output_file(args.cluster, CLUSTER_FILE, args.force)  # every rank, first
             launch = join_launch(launched, args.cluster, os.environ, args.launch_timeout)
-            with taking_part(launch):
+            with leaving_on_failure(launch):
                 devices, kinds = detect_devices(prefix=f"/job:worker/task:{launched.rank}")
                 agreed = agree_on_cluster(launch, devices, kinds, args.host, args.port,
                                           args.launch_timeout)
@@ -244,15 +248,12 @@ def cmd_worker(args):
         raise TfpartError("", "--task is required with --cluster, unless mpirun or srun "
                           "started this task")
     if args.memory_stats:  # before the server makes its CPU allocator
-        from tfpart import memory_stats
-
-        memory_stats.check_output(args.memory_stats)
         memory_stats.use_bfc_allocator()
     with _naming_the_rank(launched), leaving_on_failure(launch):
         server, exposure = start_server(cluster, task, job, args.intra_threads,
                                         args.inter_threads)
-    if args.memory_stats:
-        memory_stats.serve(args.memory_stats)
+        if args.memory_stats:
+            memory_stats.serve(args.memory_stats)
     stop = StopSignals()  # before the lines below: whoever reads them may stop it at once
     console.print(f"tfpart worker: {server.target} serving {server.server_def.job_name} "
                   f"task {task}; Ctrl-C or SIGTERM stops it", soft_wrap=True)
@@ -379,7 +380,7 @@ def _write_cluster_file(path, data, command, force=False):
     return cluster
 
 
-def _update_cluster_file(path, data, before):
+def update_cluster_file(path, data, before):
     """Write ``data`` over the cluster file ``path`` it updates (``cluster probe``
     without -o), atomically, through a link to the file it names, once it loads. The
     file stays its owner's: it carries tfpart's mark only if ``before``, its old
@@ -434,8 +435,6 @@ def cmd_cluster_probe(args):
     from tfpart.link_probe import probe_cluster, with_probed_links
     from tfpart.servers import cluster_errors, connect
 
-    if args.rounds < 1 or args.repeats < 1:
-        raise TfpartError("", "--rounds and --repeats must be at least 1")
     data = read_json(args.cluster)
     if args.output:  # without -o the cluster file itself is updated, kept its owner's
         check_output_file(args.output, CLUSTER_FILE, args.force)
@@ -451,7 +450,7 @@ def cmd_cluster_probe(args):
     if args.output:
         _write_cluster_file(output, new, "cluster probe", args.force)
     else:
-        _update_cluster_file(output, new, data)
+        update_cluster_file(output, new, data)
     table = Table(title=f"Links probed ({args.rounds} rounds)")
     for column in ("between", "bandwidth (median; rounds)", "latency (median)",
                    "message cost (median)"):

@@ -133,7 +133,7 @@ def expand_nodelist(nodelist, limit=MAX_LAUNCHED_TASKS):
         # one character or one bracket per repetition: no nested quantifier to backtrack
         if not re.fullmatch(r"(?:[^\[\],]|\[[^\[\]]+\])+", part):
             raise TfpartError("SLURM_STEP_NODELIST", f"cannot read the node list "
-                              f"{_shown(nodelist)}")
+                              f"{shown(nodelist)}")
         parts.append([(literal, _ranges(ranges, nodelist) if ranges else None)
                       for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part)])
     count = sum(math.prod(1 if values is None else len(values) for _, values in pieces)
@@ -150,7 +150,7 @@ def expand_nodelist(nodelist, limit=MAX_LAUNCHED_TASKS):
         names.extend(expanded)
     if not names or not all(names):
         raise TfpartError("SLURM_STEP_NODELIST", f"cannot read the node list "
-                          f"{_shown(nodelist)}")
+                          f"{shown(nodelist)}")
     return names
 
 
@@ -171,7 +171,7 @@ def expand_tasks_per_node(text, limit=MAX_LAUNCHED_TASKS):
         found = re.fullmatch(r"\s*([0-9]{1,%d})(?:\(x([0-9]{1,%d})\))?\s*"
                              % (MAX_NUMBER_DIGITS, MAX_NUMBER_DIGITS), item)
         if found is None:
-            raise TfpartError("SLURM_STEP_TASKS_PER_NODE", f"cannot read {_shown(text)}")
+            raise TfpartError("SLURM_STEP_TASKS_PER_NODE", f"cannot read {shown(text)}")
         items.append((int(found.group(1)), int(found.group(2) or 1)))
     total = sum(count * repeats for count, repeats in items)
     if total > limit:
@@ -235,7 +235,7 @@ def _ask(channel, command, answer):
                   line.decode("ascii", "replace").split())
     if fields.get("cmd") != answer or fields.get("rc", "0") != "0":
         raise TfpartError("PMI_FD", f"the process manager answered {command!r} with "
-                          f"{_shown(line.decode('ascii', 'replace').strip())}")
+                          f"{shown(line.decode('ascii', 'replace').strip())}")
     return fields
 
 
@@ -246,11 +246,11 @@ def _ranges(ranges, nodelist):
                              % (MAX_NUMBER_DIGITS, MAX_NUMBER_DIGITS), item)
         if found is None:
             raise TfpartError("SLURM_STEP_NODELIST", f"cannot read the node list "
-                              f"{_shown(nodelist)}")
+                              f"{shown(nodelist)}")
         low, high = found.group(1), found.group(2) or found.group(1)
         if int(high) < int(low):
             raise TfpartError("SLURM_STEP_NODELIST", f"cannot read the node list "
-                              f"{_shown(nodelist)}: the range {item} is empty")
+                              f"{shown(nodelist)}: the range {item} is empty")
         values.append(_ZeroPadded(int(low), int(high), len(low)))
     return _Concatenated(values)
 
@@ -306,18 +306,18 @@ def _number(environ, name, default=None, low=0, high=MAX_LAUNCHED_TASKS):
     if raw is None and default is not None:
         return default
     if raw is None or not re.fullmatch(r"\s*[0-9]+\s*", raw):
-        raise TfpartError(name, f"is {_shown(raw)}, not a number (ASCII digits)")
+        raise TfpartError(name, f"is {shown(raw)}, not a number (ASCII digits)")
     digits = raw.strip().lstrip("0") or "0"
     value = int(digits) if len(digits) <= MAX_NUMBER_DIGITS else math.inf
-    shown = value if value < math.inf else f"a number of {len(digits)} digits"
+    said = value if value < math.inf else f"a number of {len(digits)} digits"
     if value > high and high == MAX_LAUNCHED_TASKS:
-        raise TfpartError(name, f"is {shown}: more than the {high} tasks a launch may have")
+        raise TfpartError(name, f"is {said}: more than the {high} tasks a launch may have")
     if not low <= value <= high:
-        raise TfpartError(name, f"is {shown}: not from {low} to {high}")
+        raise TfpartError(name, f"is {said}: not from {low} to {high}")
     return value
 
 
-def _shown(raw, width=60):
+def shown(raw, width=60):
     """``raw`` as a message shows it: quoted, cut to ``width`` characters."""
     text = repr(raw)
     return text if len(text) <= width else text[:width - 4] + "…" + text[-3:]

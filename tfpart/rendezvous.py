@@ -49,10 +49,8 @@ import ipaddress
 import math
 import os
 import re
-import signal
 import socket
 import stat
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -61,7 +59,7 @@ from pathlib import Path
 from tfpart.core.errors import OutputError, TfpartError
 from tfpart.core.input_files import json_text, read_json
 from tfpart.core.output_folders import TEMPORARY_TAG, os_errors
-from tfpart.launcher import pmi_kvsname
+from tfpart.launcher import pmi_kvsname, shown
 
 MAX_REPORT_BYTES = 2**20  # a task's report: a host of 16 GPUs takes about 4 KB
 STAGES = ("address", "serving", "devices")
@@ -156,7 +154,7 @@ def checked_address(address, path=""):
     except ValueError:
         valid = False
     if not valid:
-        raise TfpartError(path, f"address is {_shown(address)}, not ip:port")
+        raise TfpartError(path, f"address is {shown(address)}, not ip:port")
     return address
 
 
@@ -264,9 +262,9 @@ def join_launch(task, cluster_file, environ, timeout):
     _check_own_folder(launch.folder)
     found = _read(path, "a launch's description")
     if any(found.get(key) != value for key, value in whose.items()):
-        raise TfpartError(path, f"describes another launch ({_shown(found.get('launcher'))}"
-                          f", {_shown(found.get('size'))} tasks, id "
-                          f"{_shown(found.get('launch'))}) than this one "
+        raise TfpartError(path, f"describes another launch ({shown(found.get('launcher'))}"
+                          f", {shown(found.get('size'))} tasks, id "
+                          f"{shown(found.get('launch'))}) than this one "
                           f"({_launch_words(launch)}, {task.size} tasks): is another "
                           "launch using this folder?")
     return launch
@@ -307,34 +305,10 @@ def leaving_on_failure(launch):
 
 def _problem(exc):
     """What went wrong, in one line, as the other tasks will say it."""
-    if isinstance(exc, SystemExit):
-        return "stopped by a signal"
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (tfpart.cli.Terminated)
         return "interrupted"
     text = str(exc) if isinstance(exc, TfpartError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split()) or type(exc).__name__
-
-
-@contextmanager
-def taking_part(launch):
-    """:func:`leaving_on_failure`, and in the main thread SIGTERM (a launcher stopping
-    the tasks once one failed) ends the part as ``SystemExit(143)``, so that the task
-    leaves then too. Only before a TensorFlow server starts: a process with a server
-    must end with ``os._exit``, as :mod:`tfpart.servers` says."""
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main and launch else None
-    if in_main and launch:
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        with leaving_on_failure(launch):
-            yield
-    finally:
-        if in_main and launch:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-def _exit_on_sigterm(number, frame):
-    raise SystemExit(128 + number)
 
 
 def wait_for(launch, stage, timeout, poll=POLL_S):
@@ -356,7 +330,7 @@ def wait_for(launch, stage, timeout, poll=POLL_S):
                  "devices": "report its devices"}[stage]
         return TfpartError(launch.folder, f"rank {shown} of the {launch.task.launcher} "
                            f"launch did not {doing} within {timeout:g} s")
-    _wait_until(arrived, checked_timeout(timeout), late, poll)
+    _wait_until(arrived, timeout, late, poll)
     return [read_report(launch.path(stage, rank), stage, rank)
             for rank in range(launch.task.size)]
 
@@ -385,7 +359,7 @@ def read_report(path, stage, rank):
     "devices"); else TfpartError naming the file."""
     report = _read(path, f"rank {rank}'s report")
     if report.get("rank") != rank or type(report.get("rank")) is not int:
-        raise TfpartError(path, f"is rank {_shown(report.get('rank'))}'s report, in "
+        raise TfpartError(path, f"is rank {shown(report.get('rank'))}'s report, in "
                           f"rank {rank}'s place")
     pid = report.get("pid")
     if type(pid) is not int or pid < 1 or not isinstance(report.get("host"), str):
@@ -406,7 +380,7 @@ def _check_devices(devices, kinds, rank, path):
                 not isinstance(device.get("kind"), str):
             raise TfpartError(path, f"devices[{i}]: not a device (a name and a kind)")
         if not device["name"].startswith(prefix):
-            raise TfpartError(path, f"devices[{i}]: {_shown(device['name'])} is not a "
+            raise TfpartError(path, f"devices[{i}]: {shown(device['name'])} is not a "
                               f"device of rank {rank} (named {prefix}…)")
     if not isinstance(kinds, dict) or not all(
             isinstance(name, str) and isinstance(kind, dict) for name, kind in kinds.items()):
@@ -492,7 +466,7 @@ def devices_across(task, cluster_file, environ, timeout=120.0, detect=None):
     if detect is None:
         from tfpart.device_detect import detect_devices as detect
     launch = join_launch(task, cluster_file, environ, timeout)
-    with taking_part(launch):
+    with leaving_on_failure(launch):
         devices, kinds = detect(prefix=f"/job:worker/task:{task.rank}")
         launch.report("devices", {"devices": devices, "kinds": kinds})
         if task.rank:  # done once rank 0 has read it (and removed it)
@@ -549,8 +523,8 @@ def _in_use(launch):
     """Why the launch's folder, found existing, is not this launch's to use."""
     try:
         found = _read(launch.folder / LAUNCH_FILE, "a launch's description")
-        since = (f" (its rank 0: process {_shown(found.get('pid'))} on "
-                 f"{_shown(found.get('host'))}, since {_shown(found.get('started'))})")
+        since = (f" (its rank 0: process {shown(found.get('pid'))} on "
+                 f"{shown(found.get('host'))}, since {shown(found.get('started'))})")
     except TfpartError:
         since = ""
     if launch.id is None:
@@ -564,8 +538,3 @@ def _in_use(launch):
 
 def _launch_words(launch):
     return f"the {launch.task.launcher} launch" + (f" {launch.id}" if launch.id else "")
-
-
-def _shown(value, width=60):
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 4] + "…" + text[-3:]

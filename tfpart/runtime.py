@@ -171,12 +171,12 @@ def runnable(compiled_dir, cluster, watch):
     if not plan_file.is_file():
         raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
     plan = Plan.load(plan_file)
-    check_saved_model_variables(compiled_dir)  # named here, not blamed on the cluster
     devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
     if cluster is not None:
         _check_plan_devices(plan, cluster, plan_file)
         connect(cluster, watch=watch)
-        yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
+        with _naming_a_broken_checkpoint(compiled_dir):
+            yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
         return
     device_map = local_device_map(devices)
     host = plan.context.get("unread_variables", {}).get("device")
@@ -184,8 +184,21 @@ def runnable(compiled_dir, cluster, watch):
         device_map[host] = device_map[devices[0]]
     ensure_local_cpus(len(devices))
     proto = remap_devices(read_saved_model(compiled_dir), device_map)
-    with tempfile.TemporaryDirectory(prefix="tfpart-local-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tfpart-local-") as tmp, \
+            _naming_a_broken_checkpoint(compiled_dir):
         yield plan, proto, write_saved_model(proto, compiled_dir, Path(tmp) / "local"), device_map
+
+@contextmanager
+def _naming_a_broken_checkpoint(compiled_dir):
+    """Where the block fails (loading the model, say, as a fault of the cluster or of
+    the temporary copy run here), raise instead the error that names the compiled
+    model's checkpoint file, when it is what cannot be read: checked only then, since
+    it reads every variable."""
+    try:
+        yield
+    except Exception:
+        check_saved_model_variables(compiled_dir)
+        raise
 
 def _check_plan_devices(plan, cluster, plan_file):
     names = {canonical_device(d) for d in cluster.device_names}

@@ -227,20 +227,15 @@ def check_microbatches(microbatches, batch_size=None, ops=None, source="",
                              f"{max(max_ops // ops, 1)} micro-batches for this model")
 
 
-def largest_microbatches(ops, batch_size=None, max_ops=MAX_COMPILED_OPS):
-    """The most micro-batches :func:`check_microbatches` allows a model of ``ops`` ops
-    (and a batch of ``batch_size``, if given): the bound a compile that chooses its
-    own count keeps to (at least 1: one micro-batch is the model itself).
+def largest_microbatches(ops):
+    """The most micro-batches :func:`check_microbatches` allows a model of ``ops`` ops:
+    the bound a compile that chooses its own count keeps to (at least 1: one
+    micro-batch is the model itself).
 
-    >>> largest_microbatches(92), largest_microbatches(92, batch_size=32)
-    (543, 32)
-    >>> largest_microbatches(10), largest_microbatches(10**6)
-    (1024, 1)
+    >>> largest_microbatches(92), largest_microbatches(10), largest_microbatches(10**6)
+    (543, 1024, 1)
     """
-    most = min(MAX_MICROBATCHES, max_ops // max(ops, 1))
-    if batch_size is not None:
-        most = min(most, batch_size)
-    return max(most, 1)
+    return max(min(MAX_MICROBATCHES, MAX_COMPILED_OPS // max(ops, 1)), 1)
 
 
 def max_threads(cpus=None):

@@ -296,8 +296,8 @@ def check_output_file(path, kind, force=False, force_flag="--force"):
 def write_output_file(path, content, kind, force=False, force_flag="--force"):
     """Write ``content`` (bytes or str) to ``path`` atomically, once the rule allows it
     (checked again at the rename, should another process have created the file
-    meanwhile), with the permissions a new file gets here (the umask's). Returns
-    ``path``."""
+    meanwhile), keeping the permissions of a file it replaces (a new one gets the
+    umask's). Returns ``path``."""
     path = Path(path)
     check_output_file(path, kind, force, force_flag)
     data = content.encode() if isinstance(content, str) else content
@@ -311,7 +311,7 @@ def write_output_file(path, content, kind, force=False, force_flag="--force"):
             with handle:  # locked while it lives: see _remove_dead_temporaries_of
                 _lock_if_possible(handle.fileno())
                 handle.write(data)
-                os.fchmod(handle.fileno(), 0o666 & ~_umask())  # not mkstemp's 0600
+                os.fchmod(handle.fileno(), _mode_for(path))  # not mkstemp's 0600
                 handle.flush()
                 if not rename_exclusively(handle.name, path):
                     check_output_file(path, kind, force, force_flag)  # created meanwhile
@@ -330,6 +330,15 @@ def write_json_output(path, value, kind, command, force=False, force_flag="--for
     json_text(value, path, OutputError)  # NaN is refused in one line before it is marked
     text = json_text(marked(value, command), path, OutputError, **dumps)
     return write_output_file(path, text, kind, force, force_flag)
+
+
+def _mode_for(path):
+    """The permissions of ``path`` where it exists (a file replaced keeps them), else
+    those a new file gets here (the umask's)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
 
 
 def _umask():
