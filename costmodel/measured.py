@@ -53,7 +53,7 @@ from pathlib import Path
 from costmodel.roofline import roofline_time
 from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 from tfpart.core.errors import ProfileError
-from tfpart.core.input_files import json_text, read_json
+from tfpart.core.input_files import read_json
 from tfpart.core.flops import op_flops
 from tfpart.core.ops import CONV_BACKPROP_FILTER_OPS, FREE_OPS, MATMUL_OPS, class_lineage, op_class
 from tfpart.core.output_files import MARK_KEY, PROFILE, write_json_output
@@ -172,8 +172,8 @@ class MeasuredProfile:
         """Write the profile to ``path`` with tfpart's mark, atomically and under the
         output rule (:mod:`tfpart.core.output_files`: ``force`` replaces a profile
         tfpart did not write); ProfileError naming the first figure that is not finite."""
-        json_text(self.to_dict(), path, ProfileError)
-        write_json_output(path, self.to_dict(), PROFILE, "profile", force=force, indent=1)
+        write_json_output(path, self.to_dict(), PROFILE, "profile", force=force,
+                          error=ProfileError, indent=1)
 
     @classmethod
     def load(cls, path, kinds=None):

@@ -14,7 +14,8 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from tfpart.core.errors import ModelError, first_line
-from tfpart.core.output_folders import move_into_place, new_staging_folder, os_errors
+from tfpart.core.output_folders import (move_into_place, new_staging_folder, os_errors,
+                                        removed_on_failure)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def write_output(fill, out, force=False, extra_files=None, check=None, staging=N
 
     out = Path(out)
     staging = new_staging_folder(out, force) if staging is None else Path(staging)
-    try:
+    with removed_on_failure(staging):
         with os_errors(out):
             fill(staging)
             (staging / "fingerprint.pb").write_bytes(
@@ -124,8 +125,5 @@ def write_output(fill, out, force=False, extra_files=None, check=None, staging=N
                 (staging / name).write_text(text)
         if check is not None:
             check(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     move_into_place(staging, out, "compile", force)
     return out

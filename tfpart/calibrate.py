@@ -136,7 +136,7 @@ def write_kind(name, entry, out):
     ours = created or written_by_tfpart(data)
     data["kinds"][name] = _six_digits(entry)
     input_files.json_text(data, out, ProfileError)  # one line naming a NaN
-    text = format_kinds(marked(data, "calibrate") if ours else data)
+    text = format_kinds(marked(data, "calibrate", out, ProfileError) if ours else data)
     kinds_from_dict(json.loads(text)["kinds"], out)  # ProfileError naming the entry
     # created: another process's file made meanwhile is not merged into, but refused
     write_output_file(out, text, KINDS_FILE, force=not created, force_flag=None)

@@ -390,9 +390,8 @@ def update_cluster_file(path, data, before):
     from tfpart.core.output_files import marked, write_output_file, written_by_tfpart
 
     cluster_from_dict(data, source=path)
-    json_text(data, path, OutputError)  # a NaN is one line before the mark is made
-    text = json_text(marked(data, "cluster probe") if written_by_tfpart(before) else data,
-                     path, OutputError, indent=2)
+    text = json_text(marked(data, "cluster probe", path) if written_by_tfpart(before)
+                     else data, path, OutputError, indent=2)
     write_output_file(os.path.realpath(path), text, CLUSTER_FILE, force=True)
 
 

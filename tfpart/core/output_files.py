@@ -40,7 +40,6 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
-import json
 import os
 import re
 import stat
@@ -97,20 +96,26 @@ def _json_object(data):
     return value if isinstance(value, dict) else None
 
 
-def _digest(value):
+def _digest(value, path="", error=OutputError):
     content = {key: item for key, item in value.items() if key != MARK_KEY}
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    canonical = json_text(content, path, error, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def marked(value, command):
-    """``value`` (a JSON object) with tfpart's mark for ``command``.
+def marked(value, command, path="", error=OutputError):
+    """``value`` (a JSON object) with tfpart's mark for ``command``; ``error`` naming
+    ``path`` and the first field that is not a finite number, if one is not.
 
     >>> marked({"devices": []}, "cluster detect")[MARK_KEY]["command"]
     'cluster detect'
+    >>> marked({"step": float("nan")}, "profile", "p.json")
+    Traceback (most recent call last):
+    ...
+    tfpart.core.errors.OutputError: p.json: step is nan, not a finite number
     """
     return {**{key: item for key, item in value.items() if key != MARK_KEY},
-            MARK_KEY: {"tool": "tfpart", "command": command, "sha256": _digest(value)}}
+            MARK_KEY: {"tool": "tfpart", "command": command,
+                       "sha256": _digest(value, path, error)}}
 
 
 def written_by_tfpart(value):
@@ -323,12 +328,11 @@ def write_output_file(path, content, kind, force=False, force_flag="--force"):
 
 
 def write_json_output(path, value, kind, command, force=False, force_flag="--force",
-                      **dumps):
+                      error=OutputError, **dumps):
     """Write the JSON object ``value`` to ``path`` with tfpart's mark for ``command``
-    (:func:`write_output_file`); only finite numbers (OutputError naming the first
-    field that is not). Returns ``path``."""
-    json_text(value, path, OutputError)  # NaN is refused in one line before it is marked
-    text = json_text(marked(value, command), path, OutputError, **dumps)
+    (:func:`write_output_file`); only finite numbers (``error`` naming the first field
+    that is not). Returns ``path``."""
+    text = json_text(marked(value, command, path, error), path, error, **dumps)
     return write_output_file(path, text, kind, force, force_flag)
 
 

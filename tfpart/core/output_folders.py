@@ -237,7 +237,6 @@ def locked_temporary_folder(parent, prefix):
     (['.tfpart-lock'], None)
     >>> release_temporary(folder); folder.rmdir()
     """
-    _forget_removed_temporaries()
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     try:
         descriptor = _new_lock(folder)
@@ -281,15 +280,6 @@ def release_temporary(folder, moved_to=None):
         except OSError:
             pass  # not there
     os.close(descriptor)
-
-
-def _forget_removed_temporaries():
-    """Close the locks of this process's temporaries that no longer exist (removed by
-    a caller without :func:`release_temporary`)."""
-    for folder in [f for f in list(_held_locks) if not os.path.lexists(f)]:
-        descriptor = _held_locks.pop(folder, None)
-        if descriptor is not None:
-            os.close(descriptor)
 
 
 def remove_dead_temporaries(parent, grace_s=TEMPORARY_GRACE_S):
