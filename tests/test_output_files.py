@@ -22,8 +22,8 @@ from tfpart.cli import main
 from tfpart.core.errors import OutputError
 from tfpart.core.output_files import (CLUSTER_FILE, MARK_KEY, PICTURES, check_output_file,
                                       with_picture_mark, write_json_output, write_output_file,
-                                      written_by_tfpart, _remove_dead_temporaries_of)
-from tfpart.core.output_folders import TEMPORARY_TAG
+                                      written_by_tfpart)
+from tfpart.core.output_folders import TEMPORARY_TAG, remove_dead_temporary_files
 
 NOTES = b'{"my": "notes", "on": ["a JSON file of mine"]}\n'
 
@@ -104,7 +104,7 @@ def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_pat
         names["young"].write_text("half")
         write_json_output(tmp_path / "c.json", {"devices": []}, CLUSTER_FILE, "t")
         assert all(path.exists() for path in names.values())  # all within the grace
-        _remove_dead_temporaries_of(tmp_path / "c.json", grace_s=0)
+        remove_dead_temporary_files(tmp_path / "c.json", grace_s=0)
         assert not names["dead"].exists() and names["alive"].exists()
     finally:
         holders["alive"].kill()

@@ -37,13 +37,10 @@ True
 """
 from __future__ import annotations
 
-import fcntl
-import glob
 import hashlib
 import os
 import re
 import stat
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +48,7 @@ from typing import Callable
 
 from tfpart.core.errors import OutputError, TfpartError
 from tfpart.core.input_files import json_text, parse_json
-from tfpart.core.output_folders import (NO_LOCK_FILE, TEMPORARY_GRACE_S, TEMPORARY_TAG,
-                                        changed_within, take_lock, os_errors,
-                                        rename_exclusively)
+from tfpart.core.output_folders import write_file_atomically
 
 MARK_KEY = "written_by"
 PICTURE_MARK = b"written by tfpart"
@@ -299,32 +294,13 @@ def check_output_file(path, kind, force=False, force_flag="--force"):
 
 
 def write_output_file(path, content, kind, force=False, force_flag="--force"):
-    """Write ``content`` (bytes or str) to ``path`` atomically, once the rule allows it
-    (checked again at the rename, should another process have created the file
-    meanwhile), keeping the permissions of a file it replaces (a new one gets the
-    umask's). Returns ``path``."""
-    path = Path(path)
+    """Write ``content`` (bytes or str) to ``path`` atomically
+    (:func:`~tfpart.core.output_folders.write_file_atomically`), once the rule allows
+    it, and again at the rename, should another process have created the file
+    meanwhile. Returns ``path``."""
     check_output_file(path, kind, force, force_flag)
-    data = content.encode() if isinstance(content, str) else content
-    with os_errors(path):
-        path.absolute().parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temporaries_of(path)
-        handle = tempfile.NamedTemporaryFile(
-            "wb", dir=path.absolute().parent, delete=False,
-            prefix=f".{path.name}{TEMPORARY_TAG}{os.getpid()}-")
-        try:
-            with handle:  # locked while it lives: see _remove_dead_temporaries_of
-                _lock_if_possible(handle.fileno())
-                handle.write(data)
-                os.fchmod(handle.fileno(), _mode_for(path))  # not mkstemp's 0600
-                handle.flush()
-                if not rename_exclusively(handle.name, path):
-                    check_output_file(path, kind, force, force_flag)  # created meanwhile
-                    os.replace(handle.name, path)
-        except BaseException:
-            Path(handle.name).unlink(missing_ok=True)
-            raise
-    return path
+    return write_file_atomically(path, content, may_replace=lambda: check_output_file(
+        path, kind, force, force_flag))
 
 
 def write_json_output(path, value, kind, command, force=False, force_flag="--force",
@@ -334,53 +310,3 @@ def write_json_output(path, value, kind, command, force=False, force_flag="--for
     that is not). Returns ``path``."""
     text = json_text(marked(value, command, path, error), path, error, **dumps)
     return write_output_file(path, text, kind, force, force_flag)
-
-
-def _mode_for(path):
-    """The permissions of ``path`` where it exists (a file replaced keeps them), else
-    those a new file gets here (the umask's)."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return 0o666 & ~_umask()
-
-
-def _umask():
-    """This process's umask, read without changing it (``os.umask`` sets it: another
-    thread creating a file meanwhile would get the wrong permissions)."""
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1], 8) for line in status
-                        if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return 0o022
-
-
-def _lock_if_possible(descriptor):
-    """Take an exclusive ``flock`` on ``descriptor`` (nothing where the file system has
-    no locks)."""
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass
-
-
-def _remove_dead_temporaries_of(path, grace_s=TEMPORARY_GRACE_S):
-    """Remove the temporary files beside ``path`` that a writer killed before it could
-    remove them (``SIGKILL``) left behind: a writer holds an ``flock`` on its temporary
-    while it lives, in whatever PID namespace or host, so one whose lock this process
-    can take, unchanged for ``grace_s`` seconds (for the instant between its creation
-    and its lock), is dead. One whose lock cannot
-    be tried (a file system without locks) is kept."""
-    prefix = f".{path.name}{TEMPORARY_TAG}"
-    for item in path.absolute().parent.glob(glob.escape(prefix) + "*"):
-        if item.is_symlink() or not item.is_file():
-            continue
-        lock = take_lock(item)
-        if lock in (None, NO_LOCK_FILE):
-            continue
-        try:
-            if not changed_within(item, grace_s):
-                item.unlink(missing_ok=True)
-        finally:
-            os.close(lock)

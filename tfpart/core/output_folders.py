@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import glob
 import json
 import os
 import re
@@ -495,19 +496,87 @@ def removed_on_failure(folder):
         raise
 
 
-def write_file_atomically(path, text):
-    """Write ``text`` to ``path`` through a temporary file renamed over it, so a reader
-    (or a crash) never sees half a file; OS errors are one-line OutputErrors."""
+def write_file_atomically(path, content, may_replace=None):
+    """Write ``content`` (str or bytes) to ``path`` through a temporary file beside it,
+    renamed over it, so a reader (or a crash) never sees half a file; OS errors are
+    one-line OutputErrors. A file it replaces keeps its permissions (a new one gets
+    the umask's). With ``may_replace``, a ``path`` is taken only where none exists at
+    the rename, or after ``may_replace()`` returned (it raises to refuse).
+
+    The temporary holds an ``flock`` for as long as its writer lives, so that the
+    next writer beside it removes it only once its writer is dead (as for
+    temporary folders, :func:`remove_dead_temporaries`), wherever the writer ran.
+    """
     path = Path(path)
+    data = content.encode() if isinstance(content, str) else content
     with os_errors(path):
         path.absolute().parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_temporary_files(path)
         handle = tempfile.NamedTemporaryFile(
-            "w", dir=path.absolute().parent, delete=False,
+            "wb", dir=path.absolute().parent, delete=False,
             prefix=f".{path.name}{TEMPORARY_TAG}{os.getpid()}-")
         try:
             with handle:
-                handle.write(text)
-            os.replace(handle.name, path)
+                _lock_if_possible(handle.fileno())
+                handle.write(data)
+                os.fchmod(handle.fileno(), _mode_for(path))  # not mkstemp's 0600
+                handle.flush()
+                if may_replace is None:
+                    os.replace(handle.name, path)
+                elif not rename_exclusively(handle.name, path):
+                    may_replace()  # created meanwhile
+                    os.replace(handle.name, path)
         except BaseException:
-            os.unlink(handle.name)
+            Path(handle.name).unlink(missing_ok=True)
             raise
+    return path
+
+
+def remove_dead_temporary_files(path, grace_s=TEMPORARY_GRACE_S):
+    """Remove the temporary files beside ``path`` (:func:`write_file_atomically`'s)
+    whose writer died before it could (``SIGKILL``): those whose ``flock`` this process
+    can take, unchanged for ``grace_s`` seconds (for the instant between a temporary's
+    creation and its lock). One whose lock cannot be tried (a file system without
+    locks) is kept."""
+    path = Path(path)
+    prefix = f".{path.name}{TEMPORARY_TAG}"
+    for item in path.absolute().parent.glob(glob.escape(prefix) + "*"):
+        if item.is_symlink() or not item.is_file():
+            continue
+        lock = take_lock(item)
+        if lock in (None, NO_LOCK_FILE):
+            continue
+        try:
+            if not changed_within(item, grace_s):
+                item.unlink(missing_ok=True)
+        finally:
+            os.close(lock)
+
+
+def _lock_if_possible(descriptor):
+    """Take an exclusive ``flock`` on ``descriptor`` (nothing where the file system has
+    no locks)."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def _mode_for(path):
+    """The permissions of ``path`` where it exists (a file replaced keeps them), else
+    those a new file gets here (the umask's)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask():
+    """This process's umask, read without changing it (``os.umask`` sets it: another
+    thread creating a file meanwhile would get the wrong permissions)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1], 8) for line in status
+                        if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o022
