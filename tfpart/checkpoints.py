@@ -40,6 +40,7 @@ finds the old checkpoint, none, or the new one, never an index with another's da
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -48,6 +49,7 @@ import numpy as np
 
 from rewriters.captures import object_paths, variables_prefix
 from tfpart.core.errors import ModelError, OutputError, TfpartError, first_line
+from tfpart.core.input_files import check_regular_file
 from tfpart.core.output_folders import TEMPORARY_TAG, os_errors
 from tfpart.core.plan import Plan
 from tfpart.core.row_shards import first_rows, shard_name, shard_of
@@ -227,6 +229,8 @@ def checkpoint_values(prefix):
     index = Path(f"{prefix}.index")
     if not index.is_file():
         raise ModelError(index, f"no such file (no checkpoint has the prefix {prefix})")
+    for path in checkpoint_files(prefix):  # a FIFO would block TensorFlow's reader
+        check_regular_file(path, ModelError, max_bytes=math.inf)
     try:
         reader = tf.train.load_checkpoint(str(prefix))
     except (ValueError, IndexError, tf.errors.OpError) as exc:

@@ -407,7 +407,9 @@ def _raise_terminated(signum, frame):
 def entry(argv=None):
     """The ``tfpart`` command: :func:`main` with TensorFlow's logging kept out of the
     terminal (:mod:`tfpart.core.quiet`); after Ctrl-C, SIGTERM or SIGHUP, nothing follows
-    the one line that says so (:func:`_end_at_once`)."""
+    the one line that says so (:func:`_end_at_once`). Once the command is done, such a
+    signal only ends the teardown (TensorFlow's can take a second), with the command's
+    own exit code."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)
     try:
@@ -415,6 +417,8 @@ def entry(argv=None):
             code = main(argv)
             if code in [128 + signum for signum in STOP_SIGNALS]:
                 _end_at_once(code)
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, lambda number, frame: _end_at_once(code))
             return code
     except SystemExit as exc:  # argparse's --help and usage errors
         return exc.code

@@ -78,8 +78,12 @@ def _write_figures(path, figures):
 
 def use_bfc_allocator():
     """Make TensorFlow give CPUs its BFC allocator, whose statistics it keeps; effective
-    only before this process makes its CPU allocator (before a server or op runs)."""
+    only before this process makes its CPU allocator (before a server or op runs).
+    Until :func:`serve` answers them, :data:`REPORT` and :data:`RESET` are ignored (their
+    default action would end the task while it starts)."""
     os.environ[BFC_VARIABLE] = "true"
+    for number in (REPORT, RESET):
+        signal.signal(number, signal.SIG_IGN)
 
 
 def reserve_one_region(tf, nbytes):

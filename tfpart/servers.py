@@ -35,6 +35,7 @@ import ctypes
 import ipaddress
 import mmap
 import os
+import re
 import platform
 import signal
 import socket
@@ -50,6 +51,7 @@ from tfpart.core.quiet import to_library_log
 
 connected = False  # set once this process is a client of a cluster (see connect)
 STATUS_METHOD = "/tensorflow.WorkerService/GetStatus"  # answered on the task's inter-op pool
+MAX_HOST_CHARS = 253  # the longest DNS name
 CHECK_TIMEOUT_S = 3.0  # a task that answers no status request within this is not responding
 # During a run the task's inter-op threads are busy: answers took up to 1 s on a loaded
 # 2-core machine (load 16), and one op may hold a task's only inter-op thread longer.
@@ -88,8 +90,13 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
     if job not in cluster.tf_cluster or not 0 <= task < len(cluster.tf_cluster[job]):
         raise TfpartError(cluster.source, f"has no task {task} in job {job!r}")
     address = cluster.tf_cluster[job][task]
-    _check_port_free(cluster, job, task, address)
     host, port = _split_address(address)
+    if not 0 < port < 65536 or len(host) > MAX_HOST_CHARS:
+        raise TfpartError(cluster.source, f"{job} task {task}'s address "
+                          f"{address[:60]}{'…' if len(address) > 60 else ''} needs a port "
+                          f"from 1 to 65535 and a host of at most {MAX_HOST_CHARS} "
+                          "characters (port 0 would serve on a port nobody was told)")
+    _check_port_free(cluster, job, task, address)
     addresses, why_not = accepted_addresses(host)
     if addresses is not None and not sys.platform.startswith("linux"):
         addresses, why_not = None, "socket filters are Linux-only"
@@ -109,8 +116,14 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
     return server, exposure
 
 def _split_address(address):
+    """(host, port) of ``host:port``; port 0 where it gives none.
+
+    >>> _split_address("[::1]:2222"), _split_address("localhost")
+    (('::1', 2222), ('localhost', 0))
+    """
     host, _, port = address.rpartition(":")
-    return host.strip("[]") or "localhost", int(port)
+    number = int(port) if re.fullmatch("[0-9]{1,5}", port) else 0
+    return host.strip("[]") or "localhost", number
 
 def _check_port_free(cluster, job, task, address):
     """Refuse a port that something listens on: gRPC may share it with another server

@@ -239,6 +239,7 @@ def test_resuming_from_a_truncated_checkpoint_is_one_line(sync_run, tasks, tmp_p
     ("corrupt data", ".data-00000-of-00001", ": Checksum does not match"),
     ("truncated data", ".data-00000-of-00001", "the file is truncated (it ends before the "
                                                "value of "),
+    ("data a FIFO", ".data-00000-of-00001", "not a regular file (a FIFO)"),  # not a hang
 ])
 def test_what_is_wrong_with_a_checkpoint_names_its_file(fault, file, words, tmp_path):
     from tfpart.checkpoints import check_checkpoint_input
@@ -254,6 +255,9 @@ def test_what_is_wrong_with_a_checkpoint_names_its_file(fault, file, words, tmp_
         Path(f"{prefix}.data-00000-of-00001").unlink()
     elif fault == "truncated data":
         truncated(prefix)
+    elif fault == "data a FIFO":
+        Path(f"{prefix}.data-00000-of-00001").unlink()
+        os.mkfifo(f"{prefix}.data-00000-of-00001")
     else:
         corrupted(prefix, ".data-00000-of-00001")
     with pytest.raises(ModelError) as error:

@@ -190,6 +190,16 @@ def test_temporaries_without_a_lock_file(tmp_path, dead_pid):
     assert not old.exists() and not past_pid_max.exists()
 
 
+def test_a_folder_named_like_a_temporary_but_not_hidden_is_the_users(tmp_path, dead_pid):
+    """Only tfpart's own names, hidden (".<output>…"), are temporaries: a user's folder
+    that merely holds the tag is never removed, however old."""
+    mine = tmp_path / f"mybackup{TEMPORARY_TAG}{dead_pid}-keep"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    remove_dead_temporaries(tmp_path, grace_s=0)
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
 def test_a_lock_file_that_is_a_link_is_not_taken(tmp_path, dead_pid):
     """A lock file tfpart did not make (a symbolic link) keeps the temporary: the
     cleanup removes only what it understands."""

@@ -117,6 +117,19 @@ def stop(process, how):
     return out, time.monotonic() - start
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:0", "127.0.0.1", "a" * 300 + ":2222"])
+def test_an_address_without_a_port_or_with_a_host_no_dns_has_is_refused(address):
+    """Port 0 (or none) would serve on a port nobody was told, on every interface (no
+    filter can be put on an unknown port): refused before any server is made."""
+    from tfpart.core.cluster import cluster_from_dict
+    from tfpart.servers import start_server
+
+    cluster = cluster_from_dict({"cluster": {"worker": [address]}, "devices": [
+        {"name": "/job:worker/task:0/device:CPU:0", "kind": "cpu"}]}, source="c.json")
+    with pytest.raises(TfpartError, match="needs a port from 1 to 65535 and a host of at"):
+        start_server(cluster, 0)
+
+
 def test_a_worker_for_127_0_0_1_accepts_no_other_address_and_sigterm_stops_it(tmp_path):
     process, port, lines = start_worker(tmp_path, "127.0.0.1")
     try:

@@ -59,7 +59,8 @@ from tfpart.core.errors import OutputError
 MARKER = ".tfpart-output"
 TEMPORARY_TAG = ".tfpart-tmp-"
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
-_TEMPORARY = re.compile(re.escape(TEMPORARY_TAG) + r"(\d+)-")
+# tfpart's temporaries are hidden: ".<output>[.<purpose>].tfpart-tmp-<pid>-<random>"
+_TEMPORARY = re.compile(r"^\..+" + re.escape(TEMPORARY_TAG) + r"(\d+)-")
 LOCK_FILE = ".tfpart-lock"  # in a temporary folder: its creator holds an flock on it
 # A temporary without a lock file is left alone this long after it last changed: one
 # being made has none for an instant (between mkdtemp and its lock file).
