@@ -424,5 +424,16 @@ def entry(argv=None):
         return exc.code
 
 
+def console():
+    """The ``tfpart`` console script: :func:`entry`, then, once TensorFlow was
+    imported, the end of the process at once with its code (:func:`_end_at_once`):
+    TensorFlow's teardown takes about a second, and Python restores the default
+    handlers before it, so a Ctrl-C there would kill the process silently."""
+    code = entry()
+    if isinstance(code, int) and "tensorflow" in sys.modules:
+        _end_at_once(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(entry())
+    sys.exit(console())
