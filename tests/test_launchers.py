@@ -285,6 +285,23 @@ def test_a_rank_that_fails_ends_the_others_wait_at_once(tmp_path):
     assert not tasks_folder(cluster_file).exists()
 
 
+
+def test_a_rank_failing_after_rank_0_left_removes_its_own_note(tmp_path):
+    # ranks that fail at once: rank 0 may have removed every file before another
+    # rank's failed.json appears; that rank then removes it, and the folders go
+    cluster_file = tmp_path / "cluster.json"
+    environs = [{"PMIX_NAMESPACE": "9", "OMPI_COMM_WORLD_RANK": str(rank),
+                 "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
+                for rank in range(2)]
+    rank0 = join_launch(launched_task(environs[0]), cluster_file, environs[0], 5)
+    rank1 = join_launch(launched_task(environs[1]), cluster_file, environs[1], 5)
+    rank0.leave("ranks 0 and 1 would both serve on 127.0.0.1:7000")
+    # as when rank 0's rmdir met rank 1's temporary file, which became failed.json
+    rank0.folder.mkdir(parents=True)
+    rank1.leave("ranks 0 and 1 would both serve on 127.0.0.1:7000")
+    assert not tasks_folder(cluster_file).exists()
+
+
 def _fifo(path):
     os.mkfifo(path)
 

@@ -211,10 +211,15 @@ class Launch:
         so that the others stop waiting. Errors are ignored, as this runs while
         failing."""
         if problem and not self.owner:
+            failed = self.folder / FAILED_FILE
             try:  # only the first to fail says it
-                self.publish(self.folder / FAILED_FILE, {
+                self.publish(failed, {
                     "rank": self.task.rank, "pid": os.getpid(), "host": socket.gethostname(),
                     "problem": problem[:MAX_PROBLEM_CHARS]})
+                # rank 0 removes LAUNCH_FILE before FAILED_FILE: once LAUNCH_FILE is
+                # gone, rank 0 may have passed FAILED_FILE, and this task removes it
+                if not os.path.lexists(self.folder / LAUNCH_FILE):
+                    self.wrote.append(failed)
             except TfpartError:
                 pass
         names = [LAUNCH_FILE, FAILED_FILE] + [
