@@ -27,7 +27,15 @@ reduction), a loop that runs once per sample, a position in the batch that reach
 value (``tf.range`` over the batch added to the data), a random op. So is a signature
 output that is not ``rows`` along its first axis (micro-batches concatenate outputs
 along it). Loops and conditionals are judged by what they compute, bodies and
-predicates included, since their outputs are compared.
+predicates included, since their outputs are compared (the graph is run with its
+function library: branches, loop bodies).
+
+A ragged or sparse input gets a valid value of its spec
+(:mod:`rewriters.composite_inputs`; or the user's inputs, :mod:`rewriters.given_inputs`)
+whose first row is its shortest: the rows without it pad to the same length, so a
+``RaggedTensor``'s padding to its longest row, which ragged reductions do inside,
+compares as rows. A second pair of runs, the first row then the longest, names an
+output padded so (:func:`padded_outputs`).
 
 This is a test on one random input, not a proof: a mixing that leaves these values
 equal goes unseen (a batch sum of rows that happen to cancel). ``verify`` runs the
@@ -51,21 +59,24 @@ from __future__ import annotations
 import numpy as np
 
 from rewriters.captures import HANDLE_KINDS, load_captured, state_input_map, variable_values
-from rewriters.functions import split_input
+from rewriters.composite_inputs import MAX_ROW_LENGTH, composite_value, take_rows
+from rewriters.functions import private_library, split_input
 from rewriters.flatten import flat_at
 from rewriters.tf_import import tensorflow
-from tfpart.core.errors import ModelError
+from tfpart.core.errors import ModelError, first_line
 from tfpart.core.ops import LOOP_EXIT_OPS
 
 PROBE_ROWS = 3  # the longer run's rows; the shorter one has PROBE_ROWS - 1
+LONGEST_FIRST_ROW = MAX_ROW_LENGTH + 1  # values of the first row, longer than any other
 OPAQUE_DTYPES = ("resource", "variant")
 
 
-def batch_mixing_ops(proto, path, signature=None, like=None):
+def batch_mixing_ops(proto, path, signature=None, like=None, given=None):
     """Names of the ops of ``signature`` that mix the samples of a batch (see the
     module docstring), each with why: ``[(op, reason), ...]``, the first in the
     graph's order first. ``like``: an earlier flattening of the signature, to start
-    from (:func:`rewriters.flatten.flat_at`).
+    from (:func:`rewriters.flatten.flat_at`); ``given``: the user's inputs
+    (:class:`rewriters.given_inputs.GivenInputs`) to run it on instead of random ones.
 
     Raises
     ------
@@ -74,9 +85,18 @@ def batch_mixing_ops(proto, path, signature=None, like=None):
         replica can be shown exact).
     """
     flat = flat_at(proto, path, PROBE_ROWS, signature, like)
-    runs = _probe_runs(proto, path, flat)
-    roles = {name: tensor_role(*values) for name, values in runs.items()}
-    return mixing_ops(_ops(flat), roles, flat.outputs_by_key(proto))
+    batches = [_probe_feeds(flat, given)]
+    if given is None and any(c.kind == "ragged" for c in flat.composites):
+        batches.append(_probe_feeds(flat, None, LONGEST_FIRST_ROW))
+    runs = _probe_runs(proto, path, flat, batches)
+    roles = {name: tensor_role(*values) for name, values in runs[0].items()}
+    outputs = flat.outputs_by_key(proto)
+    found = mixing_ops(_ops(flat), roles, outputs)
+    for padded in runs[1:]:
+        found += padded_outputs(outputs, {name: tensor_role(*padded[name])
+                                          for name in outputs.values() if name in padded},
+                                {op for op, _ in found})
+    return found
 
 
 def tensor_role(full, part):
@@ -138,6 +158,24 @@ def mixing_ops(ops, roles, outputs):
     return found
 
 
+def padded_outputs(outputs, roles, flagged=()):
+    """The producers of ``outputs`` (signature key -> tensor) that are not rows along
+    axis 0 (by ``roles``) when the probe's first row is a ragged input's longest, as
+    ``(op, reason)``, but those ``flagged`` already: an output padded to the batch's
+    longest row, which the probe whose first row is the shortest cannot see.
+
+    >>> padded_outputs({"y": "pad:0"}, {"pad:0": ("mixed", None)})
+    [('pad', "output 'y' depends on the length of the batch's longest ragged row")]
+    """
+    found = []
+    for key, tensor in sorted(outputs.items()):
+        op = split_input(tensor)[0]
+        if roles.get(tensor, ("opaque", None)) != ("rows", 0) and op not in flagged:
+            found.append((op, f"output {key!r} depends on the length of the batch's "
+                              "longest ragged row"))
+    return found
+
+
 def _described(kind, axis):
     return {"static": "the same for every batch", "size": "the batch's size",
             "offsets": "positions in the batch", "opaque": "a handle",
@@ -166,33 +204,74 @@ def _ops(flat):
             for op in graph.get_operations()]
 
 
-def probe_inputs(flat, rows=PROBE_ROWS, seed=0):
+def probe_inputs(flat, rows=PROBE_ROWS, seed=0, first_length=1):
     """Random inputs of ``rows`` rows for the flat signature's inputs, by placeholder:
-    floats from a normal distribution, integers 0 or 1, distinct strings per row."""
+    floats from a normal distribution, integers 0 or 1, distinct strings per row; a
+    ragged or sparse input a valid value of its spec whose first row holds
+    ``first_length`` values (:func:`rewriters.composite_inputs.composite_value`: by
+    default the shortest row, so that the rows without it pad to the same length)."""
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for placeholder, shape, dtype in flat.inputs.values():
-        dims = [rows, *shape[1:]]
+
+    def draw(key, dims):
+        dtype = flat.inputs[key][2]
         kind = np.dtype(dtype).kind if dtype not in ("string", "bfloat16") else dtype
         if kind == "string":
             words = rng.integers(0, 5, size=dims)
-            value = np.vectorize(lambda w: f"w{w} w{(w * 7) % 5}".encode(),
-                                 otypes=[object])(words)
-        elif kind in ("f", "bfloat16"):
-            value = rng.standard_normal(dims).astype(np.float32)
-        elif kind == "b":
-            value = rng.integers(0, 2, size=dims).astype(bool)
-        else:
-            value = rng.integers(0, 2, size=dims).astype(dtype)
-        feeds[placeholder] = value
-    return feeds
+            return np.vectorize(lambda w: f"w{w} w{(w * 7) % 5}".encode(),
+                                otypes=[object])(words)
+        if kind in ("f", "bfloat16"):
+            return rng.standard_normal(dims).astype(np.float32)
+        if kind == "b":
+            return rng.integers(0, 2, size=dims).astype(bool)
+        return rng.integers(0, 2, size=dims).astype(dtype)
+
+    values = {}
+    for composite in flat.composites:
+        values.update(composite_value(composite, rows, rng, draw, first_length))
+    for key, (_, shape, _) in flat.inputs.items():
+        if key not in values:
+            values[key] = draw(key, [rows, *shape[1:]] if _batched(flat, key) else shape)
+    return {flat.inputs[key][0]: value for key, value in values.items()}
 
 
-def _probe_runs(proto, path, flat):
-    """Every fetchable tensor of the flat graph, by name, as ``(full, part)``: its value
-    on :func:`probe_inputs` and on the same rows but the first."""
+def _batched(flat, key):
+    """Whether the batch is the first axis of input ``key`` (of a TF1 signature, which
+    names no batch axes: every input's)."""
+    return 0 in flat.batch_axes.get(flat.inputs[key][0], (0,))
+
+
+def _probe_feeds(flat, given, first_length=1):
+    """The probe's two batches, by placeholder: :func:`probe_inputs` (or
+    :data:`PROBE_ROWS` rows of the ``given`` inputs from the one whose ragged inputs
+    are shortest, round again if they hold fewer), and the same rows but the first."""
+    from rewriters.given_inputs import cycled, given_rows
+
+    if given is not None:
+        full = given_rows(given, cycled(given, PROBE_ROWS, _shortest_row(given)))
+    else:
+        feeds = probe_inputs(flat, first_length=first_length)
+        full = {key: feeds[placeholder] for key, (placeholder, _, _) in flat.inputs.items()}
+    rest = list(range(1, PROBE_ROWS))
+    part = {key: value[1:] if _batched(flat, key) else value for key, value in full.items()}
+    for composite in flat.composites:
+        part.update(take_rows(composite, full, rest))
+    return ({flat.inputs[key][0]: value for key, value in full.items()},
+            {flat.inputs[key][0]: value for key, value in part.items()})
+
+
+def _shortest_row(given):
+    """The row of ``given`` whose ragged inputs hold fewest values in their first
+    dimension (the first row if none is ragged)."""
+    lengths = sum((np.diff(given.arrays[c.keys[1]]) for c in given.composites
+                   if c.kind == "ragged" and c.shape[0] is None), np.zeros(given.rows))
+    return int(np.argmin(lengths))
+
+
+def _probe_runs(proto, path, flat, batches):
+    """For each ``(feeds, fewer)`` of ``batches`` (:func:`_probe_feeds`), every
+    fetchable tensor of the flat graph, by name, as ``(full, part)``: its value on
+    ``feeds`` and on ``fewer``, the same rows but the first."""
     tf = tensorflow()
-    feeds = probe_inputs(flat)
     dtypes = {placeholder: dtype for placeholder, _, dtype in flat.inputs.values()}
     if flat.info.format == "tf1":
         run = _tf1_session_runner(proto, path, flat)
@@ -201,13 +280,14 @@ def _probe_runs(proto, path, flat):
     else:
         run = _session_runner(proto, path, flat)
     try:
-        full = run({p: tf.constant(v, dtype=dtypes[p]) for p, v in feeds.items()})
-        part = run({p: tf.constant(v[1:], dtype=dtypes[p]) for p, v in feeds.items()})
+        values = [[run({p: tf.constant(v, dtype=dtypes[p]) for p, v in feed.items()})
+                   for feed in pair] for pair in batches]
     except (tf.errors.OpError, ValueError, TypeError) as exc:
-        raise ModelError(path, "cannot run the signature on a few rows of random inputs to "
-                         f"check that micro-batches are exact: {str(exc).splitlines()[0]}"
-                         ) from None
-    return {name: (full[name], part[name]) for name in full if name in part}
+        raise ModelError(path, "tfpart's probe for ops that mix a batch's samples failed "
+                         f"running the signature on {PROBE_ROWS} rows of its own random "
+                         f"inputs: {first_line(exc)}") from None
+    return [{name: (full[name], part[name]) for name in full if name in part}
+            for full, part in values]
 
 
 def _session_runner(proto, path, flat):
@@ -254,11 +334,12 @@ def _function_runner(proto, path, flat):
     captured = load_captured(path, meta, flat.info.captures, path)
     graph_def = type(flat.graph_def)()
     graph_def.versions.CopyFrom(flat.graph_def.versions)
-    graph_def.library.CopyFrom(flat.graph_def.library)
     outside = flat.bound_outside()
     for node in flat.graph_def.node:
         if not outside(node.name):
             graph_def.node.add().CopyFrom(node)
+    graph_def.library.CopyFrom(private_library(graph_def.node, flat.graph_def.library))
+    _register_functions(graph_def.library)
 
     placeholders = sorted(p for p, _, _ in flat.inputs.values())
     specs = {p: tf.TensorSpec([None, *shape[1:]], dtype)
@@ -278,6 +359,19 @@ def _function_runner(proto, path, flat):
         return {name: value.numpy() for name, value in
                 probe([feeds[p] for p in placeholders]).items()}
     return run
+
+
+def _register_functions(library):
+    """Add ``library``'s functions to the eager context. A ``tf.function`` that imports a
+    graph holding control flow runs its branches and loop bodies as calls of functions
+    looked up there (``import_graph_def`` adds them to the traced graph only, and
+    running it then fails with ``Op type not registered 'cond_true_35'``). The names
+    are :func:`rewriters.functions.private_library`'s, so a function of the same name
+    and another definition (a model loaded in this process) is never replaced."""
+    from tensorflow.python.eager import context
+
+    for function in library.function:
+        context.context().add_function_def(function)
 
 
 def _tf1_session_runner(proto, path, flat):

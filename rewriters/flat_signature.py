@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from rewriters.functions import callee, library_index, split_input
 from rewriters.tf_import import tensorflow
-from tfpart.core.errors import ModelError
+from tfpart.core.errors import ModelError, first_line
 
 
 @dataclass
@@ -79,6 +79,8 @@ class FlatSignature:
     row_shards: dict = field(default_factory=dict)
     # each shard's variables with the ops that read or update its rows: placed as one
     row_shard_groups: list = field(default_factory=list)
+    # the ragged and sparse arguments (rewriters.composite_inputs.CompositeInput)
+    composites: tuple = ()
 
     def outputs_by_key(self, proto):
         """The flat tensor of each of the signature's outputs, by its key in ``proto``'s
@@ -111,7 +113,7 @@ def import_flat(flat, path=""):
             tf.graph_util.import_graph_def(flat.graph_def, name="")
         except (ValueError, tf.errors.OpError) as exc:
             raise ModelError(path, f"cannot rebuild signature {flat.info.signature!r}: "
-                             f"{str(exc).splitlines()[0]}") from None
+                             f"{first_line(exc)}") from None
     return graph
 
 

@@ -9,13 +9,15 @@ stay single ops, and so do calls of functions TensorFlow must compile whole with
 (:func:`rewriters.functions.inlined_callee`). The signature's captured variables become
 ``VarHandleOp`` ops named ``variables/<object id>/<variable name>``
 (:func:`rewriters.flat_signature.variable_op_name`); its inputs become placeholders
-fixed at the compile batch size.
+fixed at the compile batch size (a ragged input's row splits at one more,
+:mod:`rewriters.composite_inputs`).
 """
 from __future__ import annotations
 
 import dataclasses
 
 from rewriters.captures import add_capture
+from rewriters.composite_inputs import composite_inputs, row_splits_keys
 from rewriters.flat_signature import (FlatSignature, ModelInfo, choose_signature, import_flat,
                                       signature_batch, signature_call)
 from rewriters.functions import (callee, inlined_callee, library_index, split_input,
@@ -51,17 +53,19 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
     arg_sources, inputs, variable_ops, batch_axes = [], {}, {}, {}
     input_names = {split_input(t.name)[0]: k for k, t in
                    meta.signature_def[signature].inputs.items()}
+    composites = composite_inputs(meta, signature)
+    splits = row_splits_keys(composites)  # batch + 1 values
     for i in range(n_inputs):
         placeholder = top_nodes[split_input(call.input[i])[0]]
+        key = input_names.get(placeholder.name, placeholder.name)
         dims = placeholder.attr["shape"].shape.dim
-        shape = [batch_size if d.size < 0 else d.size for d in dims]
+        shape = [batch_size + (key in splits) if d.size < 0 else d.size for d in dims]
         batch_axes[placeholder.name] = tuple(i for i, d in enumerate(dims) if d.size < 0)
         node = flat.node.add(name=placeholder.name, op="Placeholder")
         node.attr["dtype"].type = placeholder.attr["dtype"].type
         node.attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
-        inputs[input_names.get(placeholder.name, placeholder.name)] = (
-            placeholder.name, tuple(shape),
-            tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
+        inputs[key] = (placeholder.name, tuple(shape),
+                       tf.dtypes.as_dtype(placeholder.attr["dtype"].type).name)
         arg_sources.append(f"{placeholder.name}:0")
     call_data = [t for t in call.input if not t.startswith("^")]
     captures = {}
@@ -80,7 +84,8 @@ def flatten_signature(proto, path="", batch_size=None, signature=None):
                      captures={i: c for i, c in captures.items() if c.kind != "variable"},
                      signatures=sorted(k for k in meta.signature_def if not k.startswith("__")))
     return FlatSignature(graph_def=flat, inputs=inputs, outputs=outputs,
-                         variable_ops=variable_ops, info=info, batch_axes=batch_axes)
+                         variable_ops=variable_ops, info=info, batch_axes=batch_axes,
+                         composites=composites)
 
 
 def flat_at(proto, path, batch_size, signature=None, like=None):
@@ -97,9 +102,9 @@ def flat_at(proto, path, batch_size, signature=None, like=None):
     graph_def = tf.compat.v1.GraphDef()
     graph_def.CopyFrom(like.graph_def)
     placeholders = {node.name: node for node in graph_def.node if node.name in like.batch_axes}
-    inputs = {}
+    inputs, splits = {}, row_splits_keys(like.composites)
     for key, (name, shape, dtype) in like.inputs.items():
-        shape = tuple(batch_size if i in like.batch_axes[name] else d
+        shape = tuple(batch_size + (key in splits) if i in like.batch_axes[name] else d
                       for i, d in enumerate(shape))
         placeholders[name].attr["shape"].shape.CopyFrom(tf.TensorShape(shape).as_proto())
         inputs[key] = (name, shape, dtype)

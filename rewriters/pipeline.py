@@ -42,6 +42,7 @@ from pathlib import Path
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
+from rewriters.composite_inputs import batch_rows, tensor_rows
 from rewriters.copies import stamp_op, stamped
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
@@ -52,7 +53,7 @@ from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
-from tfpart.core.errors import ModelError, PlacementError
+from tfpart.core.errors import ModelError, PlacementError, first_line
 from tfpart.core.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
 from tfpart.core.plan import all_reduces, device_stand_ins, replica_device, replica_of
 from tfpart.core.splits import SCOPE as SPLIT_SCOPE
@@ -214,7 +215,7 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
         concrete = module.tfpart_pipelined.get_concrete_function()
     except (ValueError, TypeError, tf.errors.OpError) as exc:
         raise ModelError(model_dir, "cannot build the pipelined signature: "
-                         f"{str(exc).splitlines()[0]}") from None
+                         f"{first_line(exc)}") from None
     # Custom gradients (Keras's swish) are not saved: in a process that exported the
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already.
@@ -384,8 +385,9 @@ class _PipelineBody:
         tf = tensorflow()
         m_count = self.plan.microbatches
         first_device = self.device[self.stages[0]]
+        inputs = dict(zip(keys, args))
         with tf.device(first_device):
-            rows = tf.shape(args[0])[0]
+            rows = batch_rows(self.flat.composites, inputs, keys)
             real, offsets = _split(rows, m_count, self.plan.replicas)
         envs, ops_of = [], []
         for m in range(m_count):
@@ -394,11 +396,13 @@ class _PipelineBody:
             with tf.device(first_device):
                 start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
                 stop = start + tf.maximum(real[m], 1)
+                composite_rows = tensor_rows(self.flat.composites, inputs, start, stop)
             env = dict(handles[self._replica(m) if self.tokens else 0])
             for key, value in zip(keys, args):
                 placeholder = self.flat.inputs[key][0]
                 with tf.device(self.plan.assignment.get(placeholder, first_device)):
-                    env[f"{placeholder}:0"] = value[start:stop]
+                    env[f"{placeholder}:0"] = composite_rows[key] if key in composite_rows \
+                        else value[start:stop]
             envs.append(env)
             ops_of.append({})
         with tf.device(first_device):

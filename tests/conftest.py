@@ -19,9 +19,11 @@ def local_cluster(n, memory="4GB"):
         {"name": f"/device:CPU:{i}", "kind": "cpu", "memory": memory} for i in range(n)]}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """Real models exported by TensorFlow/Keras (examples/models.py), once per module."""
+    """Real models exported by TensorFlow/Keras (examples/models.py), once per test
+    process. (Not shared between xdist's processes: models exported by separate
+    processes reuse function names, and one process may load several models.)"""
     from examples import models
 
     cache = {}

@@ -32,6 +32,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def add_op_library_option(parser):
+    """``--op-library``, on every command that loads a model (or runs one, a worker)."""
+    parser.add_argument("--op-library", action="append", metavar="NAME",
+                        help="what registers the model's custom ops, loaded before "
+                        "TensorFlow reads it: a Python module to import (tensorflow_text) "
+                        "or a .so file to load (tf.load_op_library); repeatable")
+
+
+def add_inputs_option(parser, runs):
+    """``--inputs``: the signature's inputs in an .npz file (rewriters.given_inputs)."""
+    parser.add_argument("--inputs", metavar="FILE.npz",
+                        help=f"inputs that {runs} run on instead of random ones, where "
+                        "random values are not valid (ids a model checks): numpy.savez's "
+                        "file, one array per signature input by its key; a ragged input "
+                        "NAME as NAME.values and NAME.row_splits (NAME.row_splits_1, ... "
+                        "for more ragged dimensions), a sparse one as NAME.indices, "
+                        "NAME.values and NAME.dense_shape; rows taken in turn for each "
+                        "batch size")
+
+
 def build_parser():
     parser = _Parser(prog="tfpart", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +102,9 @@ def build_parser():
     compile_.add_argument("--draw", metavar="FILE", help="also draw the placement in the "
                           "format of FILE's suffix (.svg, .png, .pdf with Graphviz's dot "
                           "installed, else its .dot beside it; .dot or .gv)")
+    add_op_library_option(compile_)
+    add_inputs_option(compile_, "the --verify runs and the probe for ops that mix a "
+                      "batch's samples")
     compile_.set_defaults(run=cmd_compile)
     diff = commands.add_parser("diff", help="what changed between two plan.json files")
     diff.add_argument("before")
@@ -98,6 +121,7 @@ def build_parser():
     profile.add_argument("--warmup", type=int, default=5)
     profile.add_argument("--intra-threads", type=int, default=1,
                          help="intra-op threads (1: one core per device)")
+    add_op_library_option(profile)
     profile.set_defaults(run=cmd_profile)
     calibrate = commands.add_parser("calibrate", help="fit a device kind to measured "
                                     "kernel (and copy) times")
@@ -119,6 +143,7 @@ def build_parser():
                           "schedule, in the format of FILE's suffix: .png, .svg or .pdf")
     simulate.add_argument("--force", action="store_true", help="replace a --gantt picture "
                           "of the same format tfpart did not write")
+    add_op_library_option(simulate)
     simulate.set_defaults(run=cmd_simulate)
     worker = commands.add_parser("worker", help="run one task's TensorFlow server")
     worker.add_argument("--cluster", help="cluster.json with a 'cluster' block "
@@ -141,6 +166,7 @@ def build_parser():
                         help="on SIGUSR1 write the CPU allocator's bytes in use and peak "
                         "to FILE as JSON, on SIGUSR2 reset the peak first (BFC allocator; "
                         "see tfpart/memory_stats.py)")
+    add_op_library_option(worker)
     worker.set_defaults(run=cmd_worker)
     train_ = commands.add_parser("train", help="train a model's weights on a cluster "
                                  "(sync, async, dc-asgd, ddc-asgd)")
@@ -178,6 +204,7 @@ def build_parser():
     train_.add_argument("--restart", "--force", action="store_true",
                         help="start over: empty the output (a tfpart train output) instead "
                         "of resuming from its latest checkpoint (--force: the same)")
+    add_op_library_option(train_)
     train_.set_defaults(run=cmd_train)
     verify_ = commands.add_parser("verify", help="compare a compiled model with its source")
     verify_.add_argument("model")
@@ -186,6 +213,8 @@ def build_parser():
                          "tasks run the compiled model (default: local logical CPUs)")
     verify_.add_argument("--batch-size", type=int, help="batch size of the random inputs "
                          "(default: the compile batch size)")
+    add_op_library_option(verify_)
+    add_inputs_option(verify_, "both models")
     verify_.set_defaults(run=cmd_verify)
     run = commands.add_parser("run", help="time a compiled model (here or on a cluster)")
     run.add_argument("compiled")
@@ -195,6 +224,7 @@ def build_parser():
     run.add_argument("--repeats", type=int, default=20)
     run.add_argument("--warmup", type=int, default=3)
     run.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    add_op_library_option(run)
     run.set_defaults(run=cmd_run)
     cluster_ = commands.add_parser("cluster", help="describe this machine's devices")
     cluster_commands = cluster_.add_subparsers(dest="cluster_command", required=True)

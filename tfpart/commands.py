@@ -3,6 +3,7 @@ each checks its input files before TensorFlow is imported, runs, and prints thro
 :mod:`tfpart.cli_output`."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,18 +15,32 @@ from rich.table import Table
 from profiles import DEFAULT_CLUSTER_FILE, DEFAULT_MODEL_DIR, DEVICE_KINDS_FILE
 from tfpart.cli_output import (byte_text, console, efficiency_text, print_plan, print_verify,
                                progress_display, run_line)
-from tfpart.core.errors import OutputError, TfpartError, VerificationError
+from tfpart.core.errors import OutputError, TfpartError, VerificationError, model_errors
 from tfpart.core.output_files import CLUSTER_FILE, PROFILE, check_output_file
 from tfpart.core.output_folders import check_inputs_outside, check_replaceable
 from tfpart.core.quiet import user_stderr
+from tfpart.op_libraries import check_op_libraries, load_op_libraries, naming_op_libraries
 from tfpart.strategy_lines import seconds
 
 
+def _with_op_library_hints(command):
+    """``command``, its errors of an op type no library registered saying which
+    ``--op-library`` registers it (:func:`tfpart.op_libraries.naming_op_libraries`)."""
+    @functools.wraps(command)
+    def run(args):
+        with naming_op_libraries():
+            return command(args)
+    return run
+
+
+@_with_op_library_hints
 def cmd_compile(args):
     model = args.model or str(DEFAULT_MODEL_DIR)
     cluster = args.cluster or str(DEFAULT_CLUSTER_FILE)
-    _check_inputs(models=[model], cluster=cluster, profiles=args.profile)
-    inputs = [model, cluster, *(args.profile or ())]
+    given = [args.inputs] if args.inputs else []
+    _check_inputs(models=[model], cluster=cluster, profiles=args.profile, files=given)
+    check_op_libraries(args.op_library)
+    inputs = [model, cluster, *(args.profile or ()), *given]
     check_inputs_outside(args.output, inputs)
     check_replaceable(args.output, "compile", args.force)
     if args.draw:
@@ -44,7 +59,8 @@ def cmd_compile(args):
                                signature=args.signature, strategy=request,
                                profiles=args.profile, force=args.force, progress=progress,
                                verify=args.verify, tf32=False if args.no_tf32 else None,
-                               whole_tables=args.whole_tables)
+                               whole_tables=args.whole_tables,
+                               op_libraries=args.op_library or (), inputs=args.inputs)
     for note in result.notes:
         console.print(f"Note: {note}")
     print_plan(result, default_cluster=args.cluster is None)
@@ -103,13 +119,15 @@ def physical_memory():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+@_with_op_library_hints
 def cmd_profile(args):
     _check_inputs(models=[args.model])
     check_inputs_outside(args.output, [args.model])
     check_output_file(args.output, PROFILE, args.force)
+    load_op_libraries(args.op_library)
     from tfpart.profiling import profile_model
 
-    with progress_display() as progress:
+    with progress_display() as progress, model_errors(args.model, "profile it"):
         profile = profile_model(args.model, args.batch_size, signature=args.signature,
                                 repeats=args.repeats, warmup=args.warmup,
                                 intra_threads=args.intra_threads, progress=progress)
@@ -155,9 +173,11 @@ def cmd_calibrate(args):
     return 0
 
 
+@_with_op_library_hints
 def cmd_simulate(args):
     _check_inputs(models=[args.model], cluster=args.cluster, profiles=args.profile,
                   files=[args.plan])
+    check_op_libraries(args.op_library)
     if args.gantt:
         from costmodel.gantt import check_gantt_path
 
@@ -166,10 +186,10 @@ def cmd_simulate(args):
         check_gantt_path(args.gantt, args.force)
     from tfpart.compile import simulate_model
 
-    with progress_display() as progress:
+    with progress_display() as progress, model_errors(args.model, "read it"):
         progress("reading the model and simulating the plan")
         run, plan = simulate_model(args.model, args.plan, cluster_file=args.cluster,
-                                   profiles=args.profile)
+                                   profiles=args.profile, op_libraries=args.op_library or ())
     schedule, names = run.schedule, run.cost.cluster.device_names
     table = Table(title="Simulated step per device")
     for column in ("device", "ops", "busy", "idle", "peak memory"):
@@ -221,6 +241,8 @@ def cmd_worker(args):
 
         memory_stats.check_output(args.memory_stats)
     launched = launched_task(os.environ) if args.cluster and args.task is None else None
+    with _naming_the_rank(launched):
+        check_op_libraries(args.op_library)
     launch = None  # this task's part in the launch (tfpart.rendezvous), if launched
     if launched:
         from tfpart.device_detect import detect_devices
@@ -250,6 +272,7 @@ def cmd_worker(args):
     if args.memory_stats:  # before the server makes its CPU allocator
         memory_stats.use_bfc_allocator()
     with _naming_the_rank(launched), leaving_on_failure(launch):
+        load_op_libraries(args.op_library)  # the graphs clients send run its kernels
         server, exposure = start_server(cluster, task, job, args.intra_threads,
                                         args.inter_threads)
         if args.memory_stats:
@@ -351,9 +374,11 @@ def _run_cluster(args):
     return cluster
 
 
+@_with_op_library_hints
 def cmd_verify(args):
     _check_inputs(models=[args.model, args.compiled], files=[
-        os.path.join(args.compiled, "plan.json")])
+        os.path.join(args.compiled, "plan.json"), *([args.inputs] if args.inputs else [])])
+    check_op_libraries(args.op_library)
     from tfpart.verification import verify
 
     cluster = _run_cluster(args)
@@ -361,7 +386,8 @@ def cmd_verify(args):
         progress("running original and compiled models" +
                  (f" (compiled across {cluster.source})" if cluster else ""))
         report = verify(args.model, args.compiled, cluster=cluster, watch=True,
-                        batch_size=args.batch_size)
+                        batch_size=args.batch_size, op_libraries=args.op_library or (),
+                        inputs=args.inputs)
     print_verify(report)
     if not report.ok:
         raise VerificationError(args.compiled, report.problem)
@@ -492,8 +518,10 @@ def cmd_checkpoint(args):
     return 0
 
 
+@_with_op_library_hints
 def cmd_run(args):
     _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
+    load_op_libraries(args.op_library)  # and the plan's (tfpart.runtime.runnable)
     from tfpart.timing import time_model
 
     cluster = _run_cluster(args)
@@ -512,11 +540,13 @@ def cmd_run(args):
     return 0
 
 
+@_with_op_library_hints
 def cmd_train(args):
     _check_inputs(models=[args.model], cluster=args.cluster, files=[args.data])
     from tfpart.trainer.loop import check_output
 
     check_output(args.output, [args.model, args.data, args.cluster])  # before TensorFlow
+    load_op_libraries(args.op_library)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 

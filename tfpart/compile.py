@@ -121,21 +121,27 @@ def _check_fits(graph, cluster, source, batch_size=None):
                              f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
 
 
-def _samples_mixed_by(proto, model_dir, info, microbatches, cache):
+def _samples_mixed_by(proto, model_dir, info, microbatches, cache, given=None):
     """Ops that mix a batch's samples, which forbid micro-batches and replicas, each
-    with why (see :mod:`rewriters.batch_check`; in a training step, only reductions
+    with why (loops and branches the batch steers, :mod:`rewriters.batch_flow`, then
+    :mod:`rewriters.batch_check`'s probe; in a training step, only reductions
     over the batch that feed back into per-sample ops,
     :mod:`rewriters.training_regions`): an error if micro-batches were asked for, else
     the pipeline keeps whole batches. ``cache`` (a dict) keeps the answer for the
-    other strategies."""
+    other strategies. ``given``: the user's inputs for the probe
+    (:class:`rewriters.given_inputs.GivenInputs`), else random ones."""
     from rewriters.batch_check import batch_mixing_ops
+    from rewriters.batch_flow import signature_mixing
 
     if microbatches == 1:
         return []
     if "mixing" not in cache:
+        # loops and branches steered by the batch, proven from the graph before any
+        # probe runs; the probe then looks for what else mixes
         cache["mixing"] = [(op, "it reduces over the batch and feeds per-sample ops")
                            for op in info.nonlinear] if info.training else \
-            batch_mixing_ops(proto, model_dir, info.signature, info.flat)
+            (signature_mixing(info.flat, model_dir) if info.flat is not None else []) or \
+            batch_mixing_ops(proto, model_dir, info.signature, info.flat, given)
     mixing = cache["mixing"]
     if mixing and microbatches is not None:
         raise ModelError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
@@ -177,7 +183,8 @@ def _request(strategy, algorithm, pipeline, microbatches, schedule, options):
 
 def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm=None,
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
-               schedule=None, tf32=None, strategy=None, whole_tables=False):
+               schedule=None, tf32=None, strategy=None, whole_tables=False, op_libraries=(),
+               inputs=None):
     """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
 
     What is planned is :func:`tfpart.strategy_request.resolve_strategy` of ``strategy``,
@@ -198,21 +205,32 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
     A table that fits no device is cut into row shards
     (:func:`tfpart.table_cuts.cut_tables`); one that fits is cut too when that plans
     where nothing else does or predicts a faster step
-    (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``."""
+    (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``.
+
+    ``op_libraries`` (modules, shared objects) register the model's custom ops before
+    it is read (:func:`tfpart.op_libraries.load_op_libraries`); the plan records them.
+    ``inputs``: an ``.npz`` file of the signature's inputs
+    (:mod:`rewriters.given_inputs`) that the probe for ops mixing a batch's samples
+    runs on, instead of random ones."""
+    from rewriters.given_inputs import read_given_inputs
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
+    from tfpart.op_libraries import load_op_libraries, naming_op_libraries, recorded
 
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     check_planned_devices(cluster)
+    load_op_libraries(op_libraries)
     step = progress or (lambda name: None)
     timings = {"read": 0.0, "analyse": 0.0}
     step("reading the SavedModel")
-    with timed(timings, "read"), model_errors(model_dir, "read it"):
+    with timed(timings, "read"), naming_op_libraries(), model_errors(model_dir, "read it"):
         proto = read_saved_model(model_dir)
         check_variables(model_dir)
         graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
                                  timings=timings)
     timings["read"] -= timings["analyse"]
+    given = read_given_inputs(inputs, proto.meta_graphs[0], info.signature) if inputs \
+        else None
     if request.microbatches is not None:  # before any planning, the model's ops known
         check_microbatches(request.microbatches, info.batch_size, len(graph), model_dir,
                            MAX_COMPILED_OPS, "to compile")
@@ -257,7 +275,7 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
             try:
                 table_cuts.check_combines(get_algorithm(name), row_shards, info, model_dir)
                 tried[name] = _partition(get_algorithm(name), request, cost, proto,
-                                         model_dir, info, mixing_cache)
+                                         model_dir, info, mixing_cache, given)
             except (PlacementError, ModelError) as exc:
                 tried.pop(name, None)
                 failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
@@ -307,6 +325,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                     "batch_size": info.batch_size, "tf32": cost.tf32,
                     "profiles": [str(p) for p in profiles or ()], "inputs": {
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
+    if op_libraries:
+        plan.context["op_libraries"] = recorded(op_libraries)
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
     if plan.reimported:
@@ -370,7 +390,7 @@ TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are
                "for inference signatures (a training step gets an op placement)")
 
 
-def _partition(chosen, request, cost, proto, model_dir, info, cache):
+def _partition(chosen, request, cost, proto, model_dir, info, cache, given=None):
     """``chosen``'s plan for ``request`` (and the ops that mix a batch's samples, if it
     uses micro-batches and some do: then it keeps whole batches). Replicas of a batch
     that some op mixes are refused, naming the op."""
@@ -383,7 +403,7 @@ def _partition(chosen, request, cost, proto, model_dir, info, cache):
         microbatches, schedule = request.microbatches, request.schedule
         if "microbatches" in fields:
             microbatches = settings.microbatches if microbatches is None else microbatches
-        mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache)
+        mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache, given)
         if mixing and chosen.replicates:
             raise PlacementError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
                                  f"({mixing[0][1]}), so replicas of it would change the "
@@ -426,19 +446,23 @@ def _check_batch_option(settings, batch_size):
 def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
                   algorithm=None, options=None, profiles=(), force=False, progress=None,
                   pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None,
-                  strategy=None, whole_tables=False):
+                  strategy=None, whole_tables=False, op_libraries=(), inputs=None):
     """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
 
     What is planned is as in :func:`plan_model` (by default an op placement by the
-    greedy; ``strategy="auto"``: the fastest strategy), resolved before any work.
+    greedy; ``strategy="auto"``: the fastest strategy), resolved before any work;
+    ``op_libraries`` register the model's custom ops first, and plan.json records them.
 
     With ``verify`` the compiled model is run against the original
     (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
     or a failed verification (:class:`~tfpart.core.errors.VerificationError`), leaves no
-    output behind; the report is ``result.verification``."""
+    output behind; the report is ``result.verification``. ``inputs`` (an ``.npz``
+    file): the signature's inputs that verification and the batch-mixing probe run on
+    (:mod:`rewriters.given_inputs`)."""
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     cluster = load_cluster(cluster_file)
-    check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ())])
+    check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ()),
+                               *([inputs] if inputs else [])])
     # twice the model: the rewriters' working copy and the output
     check_free_space(out, 2 * folder_bytes(model_dir))
     staging = new_staging_folder(out, force)  # fails on an unwritable output before any work
@@ -450,12 +474,12 @@ def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=No
         return _compile_into(staging, model_dir, cluster, out, plan_model(
             model_dir, cluster, batch_size=batch_size, signature=signature,
             profiles=profiles, progress=progress, tf32=tf32, strategy=request,
-            whole_tables=whole_tables),
-            profiles=profiles, force=force, progress=progress, verify=verify)
+            whole_tables=whole_tables, op_libraries=op_libraries, inputs=inputs),
+            profiles=profiles, force=force, progress=progress, verify=verify, inputs=inputs)
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,
-                  verify):
+                  verify, inputs=None):
     """Rewrite ``model_dir`` by the plan of :func:`plan_model`'s ``planned`` into
     ``staging``, verify it if asked and move it to ``out``."""
     from rewriters.passes import run_rewriters
@@ -474,7 +498,7 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
 
             step("running the original and compiled models")
             with timed(inner, "verify"):
-                reports.append(run_and_compare(model_dir, staging))
+                reports.append(run_and_compare(model_dir, staging, inputs=inputs))
             if not reports[-1].ok:
                 raise VerificationError(out, f"not written: {reports[-1].problem}")
         step("drawing the placement")
@@ -507,10 +531,12 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
                          verification=reports[0] if reports else None)
 
 
-def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
+def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None,
+                   op_libraries=()):
     """Read a model and a plan.json and simulate the plan; (run, plan): ``run`` is the
     :class:`~costmodel.execution.PlanRun` of its execution graph, whatever strategy
-    made it. The plan is checked against the
+    made it. The op libraries the plan names and ``op_libraries`` are loaded before the
+    model is read. The plan is checked against the
     cluster before the model is read (:func:`check_plan_devices`, its batch size and
     micro-batches within :mod:`tfpart.core.limits`) and against the model after
     (:func:`check_plan_ops`): PlacementError naming the plan file otherwise."""
@@ -519,8 +545,10 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     from rewriters.savedmodel_io import read_saved_model
     from tfpart.core.limits import check_batch_size
     from tfpart.core.plan import Plan
+    from tfpart.op_libraries import check_op_libraries, load_op_libraries
 
     plan = Plan.load(plan_file)
+    check_op_libraries(plan.op_libraries, plan_file)
     batch_size = plan.context.get("batch_size")
     if batch_size is not None:
         check_batch_size(batch_size, plan_file, "context.batch_size")
@@ -533,6 +561,8 @@ def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None):
     check_plan_devices(plan, cluster, plan_file)
     profiles = plan.context.get("profiles", []) if profiles is None else profiles
     measured = load_profiles(profiles, cluster)
+    load_op_libraries(plan.op_libraries, plan_file)
+    load_op_libraries(op_libraries)
     proto = read_saved_model(model_dir)
     graph, info = read_model(proto, model_dir, batch_size=batch_size,
                              signature=plan.context.get("signature"))

@@ -54,6 +54,7 @@ import sys
 import time
 from pathlib import Path
 
+from tfpart.core.errors import first_line
 from tfpart.core.output_files import MARK_KEY, check_output_file, json_kind, write_json_output
 
 REPORT = signal.SIGUSR1
@@ -124,7 +125,7 @@ def serve(path):
         reserve_one_region(tf, RESERVED_BYTES)
     except tf.errors.ResourceExhaustedError as exc:  # measured as the allocator grows
         print(f"tfpart worker: no {RESERVED_BYTES >> 20} MiB region reserved: "
-              f"{str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+              f"{first_line(exc)}", file=sys.stderr, flush=True)
     start = tf.config.experimental.get_memory_info("CPU:0")["current"]
 
     def answer(number, frame):

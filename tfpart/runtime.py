@@ -108,35 +108,47 @@ def add_local_cpus(count):
     except RuntimeError:
         pass  # already initialised: use what exists
 
-def random_inputs(signature_fn, batch_size, seed=0, domains=None):
+def random_inputs(signature_fn, batch_size, seed=0, domains=None, composites=()):
     """Random tensors matching a signature's inputs, unknown dims set to batch_size.
 
     An input named in ``domains`` (key -> :class:`rewriters.input_ranges.InputDomain`)
     takes ids over all its table's rows, the last one included, or keys of its lookup
     table (sentences of 1 to 4 of them for ``words``), the first value out of the
-    vocabulary; other integers are 0 or 1, other strings ``b"tfpart"``.
+    vocabulary; other integers are 0 or 1, other strings ``b"tfpart"``. The components
+    of a ragged or sparse input (``composites``:
+    :func:`rewriters.composite_inputs.composite_inputs`) are a valid value of its spec
+    with ``batch_size`` rows, its values drawn so.
     """
+    from rewriters.composite_inputs import composite_value
+
     tf = tensorflow()
     rng = np.random.default_rng(seed)
-    inputs = {}
-    for name, spec in signature_fn.structured_input_signature[1].items():
-        shape = [batch_size if d is None else d for d in spec.shape.as_list()]
-        domain = (domains or {}).get(name)
+    specs = signature_fn.structured_input_signature[1]
+
+    def draw(name, shape):
+        spec, domain = specs[name], (domains or {}).get(name)
         if domain is not None and domain.keys:
-            value = _drawn_keys(rng, domain, shape)
-        elif spec.dtype.is_floating:
-            value = rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
-        elif spec.dtype.is_integer:
+            return _drawn_keys(rng, domain, shape)
+        if spec.dtype.is_floating:
+            return rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
+        if spec.dtype.is_integer:
             high = domain.rows if domain is not None else 2
             value = rng.integers(0, high, size=shape).astype(spec.dtype.as_numpy_dtype)
             if value.size and high > 2:
                 value.flat[0] = high - 1
-        elif spec.dtype == tf.bool:
-            value = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            value = np.full(shape, b"tfpart", dtype=object)
-        inputs[name] = tf.constant(value, dtype=spec.dtype)
-    return inputs
+            return value
+        if spec.dtype == tf.bool:
+            return rng.integers(0, 2, size=shape).astype(bool)
+        return np.full(shape, b"tfpart", dtype=object)
+
+    values = {}
+    for composite in composites:
+        values.update(composite_value(composite, batch_size, rng, draw))
+    for name, spec in specs.items():
+        if name not in values:
+            values[name] = draw(name, [batch_size if d is None else d
+                                       for d in spec.shape.as_list()])
+    return {name: tf.constant(values[name], dtype=spec.dtype) for name, spec in specs.items()}
 
 def _drawn_keys(rng, domain, shape):
     """An array of ``shape`` of keys of ``domain`` (or sentences of them), its first
@@ -158,19 +170,24 @@ def _drawn_keys(rng, domain, shape):
     return value
 
 @contextmanager
-def runnable(compiled_dir, cluster, watch):
+def runnable(compiled_dir, cluster, watch, op_libraries=()):
     """``(plan, proto, directory to load, device map)`` of a compiled model, made
     runnable here. With ``cluster``, this process connects to its tasks and the model
     runs as it is; without, its devices are mapped onto local logical CPUs in a
-    temporary copy (removed on exit)."""
+    temporary copy (removed on exit). The op libraries its plan names
+    (:attr:`~tfpart.core.plan.Plan.op_libraries`) and ``op_libraries`` are loaded
+    first (:func:`tfpart.op_libraries.load_op_libraries`)."""
     from rewriters.remap import local_device_map, remap_devices
     from rewriters.savedmodel_io import read_saved_model, write_saved_model
+    from tfpart.op_libraries import load_op_libraries
 
     compiled_dir = Path(compiled_dir)
     plan_file = compiled_dir / "plan.json"
     if not plan_file.is_file():
         raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
     plan = Plan.load(plan_file)
+    load_op_libraries(plan.op_libraries, plan_file)
+    load_op_libraries(op_libraries)
     devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
     if cluster is not None:
         _check_plan_devices(plan, cluster, plan_file)

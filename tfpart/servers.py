@@ -110,7 +110,7 @@ def start_server(cluster, task, job=None, intra_threads=None, inter_threads=None
                                           config=config, start=False)
     except (tf.errors.OpError, ValueError) as exc:
         raise TfpartError(cluster.source, f"cannot start {job} task {task} at "
-                          f"{address}: {str(exc).splitlines()[0]}") from None
+                          f"{address}: {first_line(exc)}") from None
     exposure = listen_only_on(port, addresses, why_not, filtered)
     server.start()
     return server, exposure

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rewriters.composite_inputs import composite_inputs
+from rewriters.given_inputs import cycled, given_rows, read_given_inputs
 from rewriters.input_ranges import input_domains
 from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
@@ -123,27 +125,36 @@ def verify_batch_sizes(batch):
 
 
 def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_size=None,
-           cluster=None, watch=False):
+           cluster=None, watch=False, op_libraries=(), inputs=None):
     """Run both models on the same random inputs, at each of
     :func:`verify_batch_sizes` (of ``batch_size``, default the compile's); compare the
-    outputs, and the placement of the first run against the plan.
+    outputs, and the placement of the first run against the plan. A ragged or sparse
+    input gets a valid value of its spec (:mod:`rewriters.composite_inputs`). With
+    ``inputs`` (an ``.npz`` file, :mod:`rewriters.given_inputs`) the compiled
+    signature's batches are rows of those instead, taken in turn.
 
     Without ``cluster`` the compiled model's devices are mapped onto local logical CPUs
     (one per cluster device). With a :class:`~tfpart.core.cluster.Cluster` whose ``cluster``
     block names running ``tfpart worker`` tasks, this process connects to them and runs
     the compiled model as it is, across the tasks (the original runs here).
+
+    The op libraries the plan names and ``op_libraries`` (modules, shared objects that
+    register the models' custom ops) are loaded first.
     """
     from rewriters.copies import OpCopy, copies_in, copy_of
 
     tf = tensorflow()
-    with runnable(compiled_dir, cluster, watch) as (plan, proto, local_dir, device_map):
+    with runnable(compiled_dir, cluster, watch, op_libraries) as (plan, proto, local_dir,
+                                                                  device_map):
         signature = plan.context["signature"]
         sizes = verify_batch_sizes(batch_size or plan.context["batch_size"])
         with model_errors(original_dir, "load and run it"):
+            original_proto = read_saved_model(original_dir)
+            meta = original_proto.meta_graphs[0]
+            given = read_given_inputs(inputs, meta, signature) if inputs else None
             root = tf.saved_model.load(str(original_dir))
             signatures = root.signatures
             original = signatures[signature]
-            original_proto = read_saved_model(original_dir)
 
             def domains(name):
                 try:
@@ -152,9 +163,9 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                     if name == signature:
                         raise
                     return {}  # a signature tfpart cannot read: plain random inputs
-            inputs = [random_inputs(original, size, seed + k, domains(signature))
-                      for k, size in enumerate(sizes)]
-            expected = [_as_arrays(original(**feed)) for feed in inputs]
+            feeds = _batches(original, sizes, seed, given, lambda: domains(signature),
+                             composite_inputs(meta, signature))
+            expected = [_as_arrays(original(**feed)) for feed in feeds]
         with cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
@@ -162,18 +173,19 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                 def signature_of(name):
                     return SessionSignature(local_dir, name, len(device_map))
                 compiled = signature_of(signature)
-                outputs, placed, op_types = compiled.run_with_placement(inputs[0])
+                outputs, placed, op_types = compiled.run_with_placement(feeds[0])
                 variables = []
             else:
                 loaded = load(local_dir)
                 signature_of = loaded.signatures.get
                 compiled = loaded.signatures[signature]
-                outputs, placed, op_types = run_with_placement(compiled, inputs[0])
+                outputs, placed, op_types = run_with_placement(compiled, feeds[0])
                 variables = _variable_devices(loaded)
             actual = [_as_arrays(outputs)] + [_as_arrays(compiled(**feed))
-                                              for feed in inputs[1:]]
+                                              for feed in feeds[1:]]
             other_results = {name: _other_signature(signature_of, name, fn, sizes[0], seed,
-                                                    domains(name), rtol, atol)
+                                                    domains(name), rtol, atol,
+                                                    composite_inputs(meta, name))
                              for name, fn in signatures.items()
                              if name != signature}
     batches = [(size, *_compare(a, e, rtol, atol))
@@ -209,11 +221,28 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
                         placement=placed, copies={name: copy for name, copy, _, _ in runs
                                                   if copy is not None})
 
-def _other_signature(signature_of, name, original, batch, seed, domains, rtol, atol):
+def _batches(original, sizes, seed, given, domains, composites):
+    """The inputs of the ``original`` signature at each of ``sizes``: random
+    (:func:`tfpart.runtime.random_inputs`, with the ``domains()`` of its inputs and
+    its ``composites``), or the rows of the ``given`` inputs in turn."""
+    tf = tensorflow()
+    if given is None:
+        return [random_inputs(original, size, seed + k, domains(), composites)
+                for k, size in enumerate(sizes)]
+    specs = original.structured_input_signature[1]
+    starts = np.cumsum([0, *sizes[:-1]])
+    return [{key: tf.constant(value, dtype=specs[key].dtype) for key, value in
+             given_rows(given, cycled(given, size, int(start))).items()}
+            for size, start in zip(sizes, starts)]
+
+
+def _other_signature(signature_of, name, original, batch, seed, domains, rtol, atol,
+                     composites=()):
     """How signature ``name`` of the compiled model compares with the ``original``'s:
     its inputs' names, shapes and dtypes and its outputs' structure, then its outputs
     on the same random inputs ("equal", "missing", "other inputs or outputs", or
-    "other values (max abs difference …)")."""
+    "other values (max abs difference …)"); ``composites``: its ragged and sparse
+    inputs."""
     tf = tensorflow()
     try:
         compiled = signature_of(name)
@@ -228,7 +257,7 @@ def _other_signature(signature_of, name, original, batch, seed, domains, rtol, a
                                       function.structured_outputs))
     if structure(compiled) != structure(original):
         return "other inputs or outputs"
-    feed = random_inputs(original, batch, seed, domains)
+    feed = random_inputs(original, batch, seed, domains, composites)
     diff, equal = _compare(_as_arrays(compiled(**feed)), _as_arrays(original(**feed)),
                            rtol, atol)
     return "equal" if equal else f"other values (max abs difference {diff:.3g})"

@@ -204,6 +204,17 @@ class Plan:
         return self.stages.schedule if self.stages is not None else None
 
     @property
+    def op_libraries(self):
+        """What registers the model's custom ops (``context.op_libraries``: modules to
+        import, shared objects to load), for whoever loads the model; plans written
+        before it have none.
+
+        >>> Plan(assignment={}, context={"op_libraries": ["tensorflow_text"]}).op_libraries
+        ['tensorflow_text']
+        """
+        return list(self.context.get("op_libraries", ()))
+
+    @property
     def step_time(self):
         return self.predicted.step_time if self.predicted is not None else None
 
@@ -308,7 +319,8 @@ class Replicas:
     instead, ``devices[r]`` leading it. ``reduce`` ``"all_reduce"`` gives every replica
     a copy of the variables on its devices and all-reduces the gradients (no pinned
     ops); ``"one_device"`` or None (hybrid plans, plans written before the choice) keeps
-    one copy and reduces the gradients there. Its JSON form (plan.json's ``replicas``)
+    one copy and reduces the gradients there. ``why_one_replica`` says why a
+    data-parallel plan has only one replica. Its JSON form (plan.json's ``replicas``)
     is :meth:`to_dict`.
 
     >>> replicas = Replicas(devices=["a", "b"], fractions=[0.75, 0.25])
@@ -322,6 +334,7 @@ class Replicas:
     reduce: str | None = None
     microbatches: int | None = None
     placements: tuple | None = None
+    why_one_replica: str | None = None
 
     def __post_init__(self):
         for name in ("devices", "fractions", "pinned"):
@@ -343,6 +356,8 @@ class Replicas:
             data["microbatches"] = self.microbatches
         if self.placements is not None:
             data["placements"] = [dict(placement) for placement in self.placements]
+        if self.why_one_replica is not None:
+            data["why_one_replica"] = self.why_one_replica
         return data
 
 

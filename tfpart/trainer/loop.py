@@ -81,7 +81,7 @@ from partitioner.ps_shards import MIN_SHARD_BYTES
 from rewriters.tf_import import tensorflow
 from tfpart.core.cluster import load_cluster
 from tfpart.trainer.delay_compensation import ASYNC_MODES, Hyper
-from tfpart.core.errors import ModelError, OutputError, TfpartError
+from tfpart.core.errors import ModelError, OutputError, TfpartError, first_line
 from tfpart.core.output_folders import MARKER, check_inputs_outside, create_output_folder, \
     empty_output_folder, is_tfpart_output, os_errors, write_file_atomically, write_marker
 
@@ -209,7 +209,7 @@ def _load_model(model_dir, mode):
     try:
         model = tf.saved_model.load(str(model_dir))
     except (ValueError, OSError, tf.errors.OpError) as exc:
-        raise ModelError(model_dir, f"cannot be loaded: {str(exc).splitlines()[0]}") \
+        raise ModelError(model_dir, f"cannot be loaded: {first_line(exc)}") \
             from None
     needed = SIGNATURES + (("train_step",) if mode == "sync" else ())
     missing = [name for name in needed if name not in model.signatures]
