@@ -2,7 +2,8 @@
 indexes, or keys of the lookup table it is looked up in.
 
 An input whose values are row ids (an embedding's ``GatherV2`` or ``ResourceGather``,
-reached through ops that keep values as they are: casts, reshapes, slices, identities)
+reached through ops that keep values as they are: casts, reshapes, slices, identities,
+either branch of a select, as in the negative-id wrap of Keras 3's ``ops.take``)
 takes values ``0 … rows - 1`` of the smallest table it indexes; drawing test inputs
 over that whole range reaches a table's last row, which ids of 0 and 1 never do.
 
@@ -36,6 +37,8 @@ from rewriters.tf_import import tensorflow
 VALUE_PRESERVING_OPS = {"Identity", "Cast", "Reshape", "ExpandDims", "Squeeze",
                         "StridedSlice", "Slice", "Transpose", "ConcatV2", "Pack",
                         "Unpack", "Split", "SplitV", "GatherV2", "Tile"}
+# Ops whose output holds the values of their second or third input (a select's branches).
+SELECT_OPS = {"Select", "SelectV2"}
 GATHER_OPS = {"GatherV2", "ResourceGather", "Gather", "GatherNd", "ResourceGatherNd"}
 LOOKUP_OPS = {"LookupTableFindV2", "LookupTableFind"}
 # Ops that cut a string into words (a sentence in, its words' strings out).
@@ -56,7 +59,20 @@ class InputDomain:
 
 def index_consumers(graph_def, placeholder):
     """The gathers whose indices input (``(op, input index)``) carries the values of
-    ``placeholder``, through :data:`VALUE_PRESERVING_OPS`."""
+    ``placeholder``, through :data:`VALUE_PRESERVING_OPS` and :data:`SELECT_OPS`.
+
+    Keras 3's ``Embedding`` (``ops.take``) wraps negative ids before its gather:
+
+    >>> from tensorflow.core.framework import graph_pb2
+    >>> graph = graph_pb2.GraphDef()
+    >>> _ = graph.node.add(name="ids", op="Placeholder")
+    >>> _ = graph.node.add(name="negative", op="Less", input=["ids", "zero"])
+    >>> _ = graph.node.add(name="wrapped", op="AddV2", input=["ids", "count"])
+    >>> _ = graph.node.add(name="kept", op="SelectV2", input=["negative", "wrapped", "ids"])
+    >>> _ = graph.node.add(name="rows", op="GatherV2", input=["table", "kept", "axis"])
+    >>> index_consumers(graph, "ids")
+    [('rows', 1)]
+    """
     consumers = _data_consumers(graph_def)
     found, stack, seen = [], [placeholder], set()
     while stack:
@@ -67,7 +83,8 @@ def index_consumers(graph_def, placeholder):
         for node, position in consumers.get(name, []):
             if node.op in GATHER_OPS and position == 1:
                 found.append((node.name, position))
-            elif node.op in VALUE_PRESERVING_OPS and position == 0:
+            elif (node.op in VALUE_PRESERVING_OPS and position == 0
+                  or node.op in SELECT_OPS and position in (1, 2)):
                 stack.append(node.name)
     return sorted(found)
 
@@ -184,5 +201,5 @@ def _rows(op):
     return params[0] if params.rank and params[0] else None
 
 
-__all__ = ["GATHER_OPS", "InputDomain", "LOOKUP_OPS", "SPLIT_OPS", "VALUE_PRESERVING_OPS",
-           "index_consumers", "input_domains", "key_consumers"]
+__all__ = ["GATHER_OPS", "InputDomain", "LOOKUP_OPS", "SELECT_OPS", "SPLIT_OPS",
+           "VALUE_PRESERVING_OPS", "index_consumers", "input_domains", "key_consumers"]
