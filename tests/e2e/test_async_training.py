@@ -320,7 +320,9 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
 @pytest.mark.any_onednn
 @pytest.mark.parametrize("problem", ["no data", "no labels", "no ps", "bad mode",
                                      "negative shard size", "nothing held out"])
-def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
+def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem, capsys):
+    from tfpart.cli import main
+
     model, data = model_and_data
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps({
@@ -337,10 +339,15 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem):
     extra = {"negative shard size": ["--min-shard-bytes", -1],
              "nothing held out": ["--eval-fraction", 0]}.get(problem, [])
     out = tmp_path / "out"
-    run = tfpart_train(model, cluster, data, out, "--mode", mode, *extra)
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfpart: error:"), run.stderr
+    try:  # in this process: no second TensorFlow import
+        code = main(["train", str(model), "--cluster", str(cluster), "--data", str(data),
+                     "-o", str(out), "--mode", mode, *map(str, extra)])
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfpart: error:"), stderr
     expected = {"no data": "missing.npz: no such file", "no labels": "has no array 'y'",
                 "no ps": "needs a 'ps' job", "bad mode": "invalid choice",
                 "negative shard size": "--min-shard-bytes must be at least 0, not -1",
