@@ -4,6 +4,8 @@ condition or predicate is reported with the op that reduces over the batch; fixe
 counts, other dimensions, weights and ``tf.map_fn``'s per-sample work are not, nor are
 branches that only assert, nor what an op the role table does not list decides (no
 proof: the random probe's to judge)."""
+from contextlib import contextmanager
+
 import pytest
 
 from rewriters.batch_flow import batch_flow_mixing
@@ -15,6 +17,22 @@ def _graph_def(function):
     traced = tf.function(function, input_signature=[tf.TensorSpec([None, 8], tf.float32)])
     return traced.get_concrete_function().graph.as_graph_def()
 
+
+
+@contextmanager
+def _control_flow_v1():
+    """A new graph, built with ``tf.compat.v1``'s Switch/Merge control flow."""
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            yield graph
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was_v2
 
 def _weights():
     import numpy as np
@@ -173,25 +191,18 @@ def test_control_flow_v1_conds_and_loops(statistic, reported):
     (one cond, a ``Switch`` per tensor it takes), a ``LoopCond`` on the batch's max
     too; a fixed loop and a cond on a weight are not."""
     import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
 
-    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
-    try:
-        graph = tf.Graph()
-        with graph.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="x")
-            w = _weights()
-            gated = tf.compat.v1.cond(
-                tf.reduce_sum(x if statistic == "batch" else w) > 0,
-                lambda: x * 2.0, lambda: x - 1.0)
-            tf.compat.v1.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h @ w)),
-                                    [tf.constant(0), gated])
-            if statistic == "batch":
-                tf.compat.v1.while_loop(lambda h: tf.reduce_max(h) < 10.0,
-                                        lambda h: h * 2.0, [x])
-    finally:
-        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was_v2
+    with _control_flow_v1() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="x")
+        w = _weights()
+        gated = tf.compat.v1.cond(
+            tf.reduce_sum(x if statistic == "batch" else w) > 0,
+            lambda: x * 2.0, lambda: x - 1.0)
+        tf.compat.v1.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h @ w)),
+                                [tf.constant(0), gated])
+        if statistic == "batch":
+            tf.compat.v1.while_loop(lambda h: tf.reduce_max(h) < 10.0,
+                                    lambda h: h * 2.0, [x])
     found = batch_flow_mixing(graph.as_graph_def(), ["x"])
     if not reported:
         assert found == []
@@ -269,18 +280,11 @@ def test_control_flow_v1_assertions_are_no_proof_of_mixing():
     """A ``tf.compat.v1`` ``AssertGuard``: ``Switch``es on the batch's ``All`` that feed
     only an ``Assert`` and a ``Merge`` read by control edges."""
     import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
 
-    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
-    try:
-        graph = tf.Graph()
-        with graph.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="x")
-            with tf.control_dependencies([tf.debugging.assert_non_negative(x)]):
-                tf.identity(x * 2.0, name="y")
-    finally:
-        control_flow_util.ENABLE_CONTROL_FLOW_V2 = was_v2
+    with _control_flow_v1() as graph:
+        x = tf.compat.v1.placeholder(tf.float32, [None, 8], name="x")
+        with tf.control_dependencies([tf.debugging.assert_non_negative(x)]):
+            tf.identity(x * 2.0, name="y")
     assert batch_flow_mixing(graph.as_graph_def(), ["x"]) == []
 
 
