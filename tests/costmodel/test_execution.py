@@ -54,13 +54,13 @@ def assert_priced_as_predicted(graph, cluster):
     assert checked >= 9  # the placements at least
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(random_dags(), random_clusters(min_devices=2, max_devices=4))
 def test_every_strategys_plan_simulates_to_its_prediction(graph, cluster):
     assert_priced_as_predicted(graph, cluster)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(training_steps(), random_clusters(min_devices=4, max_devices=4))
 def test_every_strategys_training_plan_simulates_to_its_prediction(graph, cluster):
     for attrs in graph.ops.values():  # the ops before the update are its forward pass

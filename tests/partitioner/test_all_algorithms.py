@@ -12,7 +12,7 @@ from tfpart.core.cluster import cluster_of_devices
 from tfpart.core.graph import OpGraph
 from partitioner.validate import check_plan
 
-PROPERTY = settings(max_examples=25, deadline=None)
+PROPERTY = settings(max_examples=15, deadline=None)
 # each example runs every heuristic twice: 45-50 s at 25 examples on two cores
 TWICE_EACH = settings(max_examples=10, deadline=None)
 EXACT = ILPOptions(time_limit=60, mip_gap=0.0)
@@ -28,7 +28,7 @@ def test_every_heuristic_gives_a_valid_plan_above_the_lower_bound(graph, cluster
         assert plan.step_time >= plan.lower_bound * (1 - 1e-9), name
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(random_dags(min_ops=3, max_ops=8), random_clusters(min_devices=2, max_devices=3))
 def test_the_ilp_optimum_is_at_most_every_heuristic(graph, cluster):
     cost = CostModel(graph, cluster)
@@ -106,7 +106,7 @@ def graphs_with_host_ops(draw):
     return graph
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(graphs_with_host_ops(), random_clusters(min_devices=1, max_devices=5),
        st.integers(1, 8))
 def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, cluster, batch):

@@ -43,7 +43,7 @@ def matmul_chains(draw):
     return graph
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(matmul_chains(), st.data())
 def test_the_split_graph_conserves_work_and_bytes(graph, data):
     ops = [op for op in graph.ops if graph.ops[op].get("sliced")]

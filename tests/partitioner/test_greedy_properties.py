@@ -13,7 +13,7 @@ from tfpart.core.graph import OpGraph
 from tfpart.core.plan import Plan
 from partitioner.validate import check_plan
 
-PROPERTY = settings(max_examples=40, deadline=None)
+PROPERTY = settings(max_examples=20, deadline=None)
 
 
 @PROPERTY

@@ -59,7 +59,7 @@ def test_the_optimum_bounds_the_simulated_step_of_any_placement(graph, cluster):
     assert solver["objective"] <= solver["own_step_time"] * (1 + 1e-6) + 1e-12
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(random_dags(min_ops=2, max_ops=14, control=True, restricted=True),
        random_clusters(min_devices=2, max_devices=4, slow_links=True))
 def test_every_simulated_schedule_satisfies_the_model(graph, cluster):

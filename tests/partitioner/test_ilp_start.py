@@ -8,7 +8,7 @@ from tests.random_graphs import random_clusters, random_dags
 from tfpart.core.errors import PlacementError
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(random_dags(min_ops=3, max_ops=14, control=True),
        random_clusters(min_devices=2, max_devices=3, slow_links=True))
 def test_the_ilp_started_from_the_greedy_is_at_least_as_good_by_simulation(graph, cluster):
