@@ -88,7 +88,7 @@ def batch_mixing_ops(proto, path, signature=None, like=None, given=None):
     batches = [_probe_feeds(flat, given)]
     if given is None and any(c.kind == "ragged" for c in flat.composites):
         batches.append(_probe_feeds(flat, None, LONGEST_FIRST_ROW))
-    runs = _probe_runs(proto, path, flat, batches)
+    runs = _probe_runs(proto, path, flat, batches, given)
     roles = {name: tensor_role(*values) for name, values in runs[0].items()}
     outputs = flat.outputs_by_key(proto)
     found = mixing_ops(_ops(flat), roles, outputs)
@@ -267,10 +267,11 @@ def _shortest_row(given):
     return int(np.argmin(lengths))
 
 
-def _probe_runs(proto, path, flat, batches):
-    """For each ``(feeds, fewer)`` of ``batches`` (:func:`_probe_feeds`), every
-    fetchable tensor of the flat graph, by name, as ``(full, part)``: its value on
-    ``feeds`` and on ``fewer``, the same rows but the first."""
+def _probe_runs(proto, path, flat, batches, given=None):
+    """For each ``(feeds, fewer)`` of ``batches`` (:func:`_probe_feeds`, of the user's
+    inputs ``given`` if not None), every fetchable tensor of the flat graph, by name, as
+    ``(full, part)``: its value on ``feeds`` and on ``fewer``, the same rows but the
+    first."""
     tf = tensorflow()
     dtypes = {placeholder: dtype for placeholder, _, dtype in flat.inputs.values()}
     if flat.info.format == "tf1":
@@ -283,9 +284,11 @@ def _probe_runs(proto, path, flat, batches):
         values = [[run({p: tf.constant(v, dtype=dtypes[p]) for p, v in feed.items()})
                    for feed in pair] for pair in batches]
     except (tf.errors.OpError, ValueError, TypeError) as exc:
+        inputs = f"the inputs of {given.source}" if given is not None else \
+            "its own random inputs"
         raise ModelError(path, "tfpart's probe for ops that mix a batch's samples failed "
-                         f"running the signature on {PROBE_ROWS} rows of its own random "
-                         f"inputs: {first_line(exc)}") from None
+                         f"running the signature on {PROBE_ROWS} rows of {inputs}: "
+                         f"{first_line(exc)}") from None
     return [{name: (full[name], part[name]) for name in full if name in part}
             for full, part in values]
 

@@ -151,6 +151,19 @@ def _composite(spec, keys):
     return None
 
 
+def recorded_composites(records):
+    """The :class:`CompositeInput` of each of ``records`` (plan.json's
+    ``context.composite_inputs``: each one's fields, lists for tuples).
+
+    >>> recorded_composites([{"kind": "ragged", "keys": ["t", "t_1"], "shape": [None, None],
+    ...                       "dtype": "int64", "ragged_rank": 1}])[0].keys
+    ('t', 't_1')
+    """
+    return tuple(CompositeInput(**{field: tuple(value) if isinstance(value, list) else value
+                                   for field, value in record.items()})
+                 for record in records or ())
+
+
 def row_splits_keys(composites):
     """The inputs whose first dimension holds one more than the rows (row splits).
 
@@ -160,14 +173,15 @@ def row_splits_keys(composites):
     return {key for composite in composites for key in composite.splits_keys()}
 
 
-def composite_value(composite, rows, rng, draw, first_length=None):
+def composite_value(composite, rows, rng, draw, first_length=None, length=None):
     """A valid value of ``composite`` with ``rows`` rows (see the module docstring), as
     arrays by component key; ``draw(key, shape)`` gives the values (an array of
     ``shape``) of the values component ``key``. ``first_length``: the values of the
     first row at every ragged level, the entries of a sparse input's first row (at
     most its cells), instead of 1 to :data:`MAX_ROW_LENGTH`: 1 keeps the batch's
     longest row (the width a ``RaggedTensor.to_tensor`` pads to) without it, more than
-    :data:`MAX_ROW_LENGTH` makes it the longest.
+    :data:`MAX_ROW_LENGTH` makes it the longest. ``length``: the same for every row (1:
+    the shapes the flattened signature has, one value per row).
 
     >>> features = CompositeInput("sparse", ("f", "f_1", "f_2"), (None, 10), "float32")
     >>> value = composite_value(features, 2, np.random.default_rng(1),
@@ -177,10 +191,10 @@ def composite_value(composite, rows, rng, draw, first_length=None):
     """
     rows = composite.shape[0] if composite.shape[0] is not None else rows
     if composite.kind == "sparse":
-        return _sparse_value(composite, rows, rng, draw, first_length)
+        return _sparse_value(composite, rows, rng, draw, first_length, length)
     splits, count, first = [], rows, min(rows, 1)  # ``first``: the first row's rows
     for level in range(1, composite.ragged_rank + 1):
-        fixed = composite.shape[level]
+        fixed = composite.shape[level] if composite.shape[level] is not None else length
         lengths = np.full(count, fixed) if fixed is not None else \
             rng.integers(1, MAX_ROW_LENGTH + 1, size=count)
         if fixed is None and first_length is not None:
@@ -194,12 +208,13 @@ def composite_value(composite, rows, rng, draw, first_length=None):
     return dict(zip(composite.keys, [values, *splits]))
 
 
-def _sparse_value(composite, rows, rng, draw, first_length):
+def _sparse_value(composite, rows, rng, draw, first_length, length):
     cells = [UNKNOWN_DIM if d is None else d for d in composite.shape[1:]]
     per_row = int(np.prod(cells))
     indices = []
     for row in range(rows):
-        count = int(rng.integers(1, min(MAX_ROW_LENGTH, per_row) + 1)) if per_row else 0
+        count = min(length, per_row) if length is not None else \
+            int(rng.integers(1, min(MAX_ROW_LENGTH, per_row) + 1)) if per_row else 0
         if row == 0 and first_length is not None:
             count = min(first_length, per_row)
         chosen = np.sort(rng.choice(per_row, size=count, replace=False))
@@ -320,5 +335,5 @@ def tensor_rows(composites, inputs, start, stop):
 
 
 __all__ = ["CompositeInput", "MAX_ROW_LENGTH", "batch_rows", "composite_inputs",
-           "composite_value", "row_splits_keys", "take_rows", "tensor_rows",
-           "value_problem", "value_rows"]
+           "composite_value", "recorded_composites", "row_splits_keys", "take_rows",
+           "tensor_rows", "value_problem", "value_rows"]

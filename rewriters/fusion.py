@@ -16,6 +16,13 @@ remapper's patterns (CPU with oneDNN on and off, GPU), which the tests hold agai
 Grappler's own output in whichever oneDNN mode they run. :func:`fusion_groups` joins
 both, so a plan keeps together whatever any of those runtimes fuses.
 
+Grappler's shape optimizer makes one kernel too: it rewrites ``Prod(Shape(x))`` (the
+elements of ``x``; ``tf.boolean_mask`` computes one, so every ragged reduction does) as
+``Size(x)``, under the Prod's name but on the Shape's device, once constant folding has
+removed a slice between them that keeps the whole shape. Neither pass runs on the
+reader's graph, whose batch size is fixed, so :func:`shape_size_groups` finds these
+from the graph: each Prod of a Shape, through slices or not, with the ops between.
+
 Examples
 --------
 >>> from tfpart.core.graph import OpGraph
@@ -47,6 +54,9 @@ FUSED_INTO = {
     **{act: BATCH_NORMS | ADDS | {"BiasAdd"} for act in ACTIVATIONS},
 }
 FUSION_ROOTS = CONTRACTIONS | BATCH_NORMS
+# Ops between a Shape and the Prod that Grappler's shape optimizer may read it through
+# (a slice constant folding finds keeps the whole shape becomes an Identity, then goes).
+SHAPE_PASSING = {"StridedSlice", "Slice", "Identity"}
 # Readers of a static shape, which Grappler folds into constants before the remapper
 # runs (a training step's gradient of an add reads its inputs' shapes).
 SHAPE_READERS = {"Shape", "ShapeN", "Size", "Rank"}
@@ -96,6 +106,50 @@ def table_fusion_groups(graph):
                 if op_type not in ADDS:
                     break  # one pattern per op, but see the docstring for adds
     return _as_lists(groups)
+
+
+def shape_size_groups(graph):
+    """Each ``Prod`` of an OpGraph that reads a ``Shape`` (directly or through
+    :data:`SHAPE_PASSING` ops) with that Shape and the ops between: Grappler's shape
+    optimizer may run it as ``Size`` on the Shape's device (see the module docstring).
+    Whether it does depends on shapes known only at run time, so every such Prod is
+    grouped; they are a few integers each.
+
+    >>> from tfpart.core.graph import OpGraph
+    >>> g = OpGraph()
+    >>> for name, op in [("x", "Placeholder"), ("shape", "Shape"), ("begin", "Const"),
+    ...                  ("slice", "StridedSlice"), ("axes", "Const"), ("prod", "Prod"),
+    ...                  ("other", "Prod")]:
+    ...     g.add_op(name, op_type=op)
+    >>> for a, b in [("x", "shape"), ("shape", "slice"), ("begin", "slice"),
+    ...              ("slice", "prod"), ("axes", "prod"), ("x", "other")]:
+    ...     g.add_edge(a, b, bytes=4)
+    >>> shape_size_groups(g)
+    [['prod', 'shape', 'slice']]
+    """
+    groups = []
+    for op, attrs in graph.ops.items():
+        if attrs["op_type"] == "Prod":
+            path = _path_from_shape(graph, op)
+            if path:
+                groups.append(sorted([*path, op]))
+    return sorted(groups)
+
+
+def _path_from_shape(graph, op):
+    """The ops from a Shape to ``op``'s input through :data:`SHAPE_PASSING` ops, the
+    Shape first, or [] if ``op`` reads no Shape so."""
+    for source, edge in graph.in_edges(op).items():
+        op_type = graph.ops[source]["op_type"]
+        if edge["control"]:
+            continue
+        if op_type == "Shape":
+            return [source]
+        if op_type in SHAPE_PASSING:
+            path = _path_from_shape(graph, source)
+            if path:
+                return [*path, source]
+    return []
 
 
 def grappler_fusion_groups(graph_def, outputs, device="/job:localhost/replica:0/task:0"
@@ -155,10 +209,10 @@ def fused_groups_of(original, optimised):
 
 def fusion_groups(graph, graph_def=None, outputs=()):
     """Fusion groups of an OpGraph: Grappler's own on this process's CPU (when
-    ``graph_def`` is given), joined with the table's for every other runtime.
-    Overlapping groups merge."""
+    ``graph_def`` is given), joined with the table's for every other runtime and the
+    shape optimizer's (:func:`shape_size_groups`). Overlapping groups merge."""
     groups = UnionFind()
-    found = table_fusion_groups(graph)
+    found = table_fusion_groups(graph) + shape_size_groups(graph)
     if graph_def is not None:
         found += grappler_fusion_groups(graph_def, outputs)
     for members in found:

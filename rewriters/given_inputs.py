@@ -70,9 +70,12 @@ def signature_specs(meta, signature):
             for key, info in meta.signature_def[signature].inputs.items()}
 
 
-def read_given_inputs(path, meta, signature=None):
+def read_given_inputs(path, meta, signature=None, composites=None):
     """The :class:`GivenInputs` in the ``.npz`` file ``path`` for ``signature`` (default
-    ``serving_default``) of the MetaGraphDef ``meta``.
+    ``serving_default``) of the MetaGraphDef ``meta``, whose ragged and sparse inputs are
+    ``composites`` (default: as ``meta`` says,
+    :func:`rewriters.composite_inputs.composite_inputs`; a model the pipeline pass
+    rebuilt takes their components as plain tensors, and plan.json records them).
 
     Raises
     ------
@@ -83,7 +86,8 @@ def read_given_inputs(path, meta, signature=None):
     """
     signature = choose_signature(meta, signature, path)
     specs = signature_specs(meta, signature)
-    composites = composite_inputs(meta, signature)
+    if composites is None:
+        composites = composite_inputs(meta, signature)
     arrays = _read_npz(path)
     names = {}  # name in the file -> signature key
     for composite in composites:

@@ -159,3 +159,15 @@ def test_plan_json_keeps_the_libraries_as_a_list_of_names(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(data))
     with pytest.raises(PlacementError, match="context.op_libraries"):
         Plan.load(tmp_path / "plan.json")
+
+
+def test_local_workers_refuse_a_library_that_is_not_there_before_starting_any(tmp_path):
+    """``LocalWorkers(op_libraries=...)`` passes them to every ``tfpart worker``; one
+    that is not there is one line before any task starts (not a task that never
+    answers)."""
+    from tfpart.core.errors import TfpartError
+    from tfpart.local_workers import LocalWorkers
+
+    with pytest.raises(TfpartError, match="op library tensorflow_textt: no Python module"):
+        LocalWorkers(1, tmp_path, op_libraries=["tensorflow_textt"])
+    assert not (tmp_path / "workers.json").exists()

@@ -13,7 +13,10 @@ synchronously or asynchronously on parameter servers), ``trained_weights``, ``dr
 original, a table's row shards included); ``CostModel``, ``simulate_execution`` and
 ``write_gantt`` (price a plan, whatever its strategy, and chart its simulated
 schedule), ``simulate_plan`` (an op placement's schedule); ``runnable`` (a
-compiled model made runnable on this machine's logical CPUs); ``ensure_local_cpus``;
+compiled model made runnable on this machine's logical CPUs) and ``compiled_inputs``
+(inputs to run it on: random, its ragged and sparse inputs valid, or an ``.npz``'s
+rows); ``load_op_libraries`` (register a model's custom ops, as ``op_libraries=`` does
+for the functions above, before loading it yourself); ``ensure_local_cpus``;
 ``resolve_strategy`` (what a compile's flags ask for); ``load_moirai`` and
 ``load_tarnawski_stages`` (published cost-annotated graphs); the shipped examples
 ``DEFAULT_MODEL_DIR``, ``DEFAULT_CLUSTER_FILE`` and ``CLUSTERS_DIR``.
@@ -38,6 +41,7 @@ _API = {"Cluster": "tfpart.core.cluster", "load_cluster": "tfpart.core.cluster",
         "CostModel": "costmodel", "simulate_plan": "costmodel.simulate",
         "simulate_execution": "costmodel.execution",
         "write_gantt": "costmodel.gantt", "runnable": "tfpart.runtime",
+        "compiled_inputs": "tfpart.runtime", "load_op_libraries": "tfpart.op_libraries",
         "ensure_local_cpus": "tfpart.runtime", "resolve_strategy": "tfpart.strategy_request",
         "load_moirai": "tfpart.importers", "load_tarnawski_stages": "tfpart.importers",
         "DEFAULT_MODEL_DIR": "profiles", "DEFAULT_CLUSTER_FILE": "profiles",

@@ -225,6 +225,7 @@ def build_parser():
     run.add_argument("--warmup", type=int, default=3)
     run.add_argument("--json", action="store_true", help="also print the figures as JSON")
     add_op_library_option(run)
+    add_inputs_option(run, "the timed calls")
     run.set_defaults(run=cmd_run)
     cluster_ = commands.add_parser("cluster", help="describe this machine's devices")
     cluster_commands = cluster_.add_subparsers(dest="cluster_command", required=True)

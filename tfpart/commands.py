@@ -520,15 +520,17 @@ def cmd_checkpoint(args):
 
 @_with_op_library_hints
 def cmd_run(args):
-    _check_inputs(models=[args.compiled], files=[os.path.join(args.compiled, "plan.json")])
-    load_op_libraries(args.op_library)  # and the plan's (tfpart.runtime.runnable)
+    _check_inputs(models=[args.compiled], files=[
+        os.path.join(args.compiled, "plan.json"), *([args.inputs] if args.inputs else [])])
+    check_op_libraries(args.op_library)
     from tfpart.timing import time_model
 
     cluster = _run_cluster(args)
     with progress_display() as progress:
         progress(f"timing {args.compiled}" + (f" across {cluster.source}" if cluster else ""))
         result = time_model(args.compiled, cluster=cluster, batch_size=args.batch_size,
-                            repeats=args.repeats, warmup=args.warmup, watch=True)
+                            repeats=args.repeats, warmup=args.warmup, watch=True,
+                            op_libraries=args.op_library or (), inputs=args.inputs)
     predicted = result["predicted_s"]
     console.print(f"{args.compiled}: batch {result['batch_size']} in "
                   f"{seconds(result['median_s'])} (median of {result['repeats']}; predicted "
@@ -546,7 +548,7 @@ def cmd_train(args):
     from tfpart.trainer.loop import check_output
 
     check_output(args.output, [args.model, args.data, args.cluster])  # before TensorFlow
-    load_op_libraries(args.op_library)
+    check_op_libraries(args.op_library)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
         TimeElapsedColumn
 
@@ -564,7 +566,8 @@ def cmd_train(args):
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"{args.mode} updates", total=args.steps, text="starting")
         result = train(args.model, args.cluster, args.data, args.output, options,
-                       restart=args.restart, progress=lambda done, total, text: bar.update(
+                       restart=args.restart, op_libraries=args.op_library or (),
+                       progress=lambda done, total, text: bar.update(
                            task, completed=done, text=text))
     summary = result.summary
     accuracy = summary["final_accuracy"]

@@ -327,6 +327,9 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                         k: [list(s), d] for k, (s, d) in info.inputs.items()}}
     if op_libraries:
         plan.context["op_libraries"] = recorded(op_libraries)
+    composites = getattr(info.flat, "composites", ())
+    if composites:  # a model the pipeline pass rebuilds takes their parts as tensors
+        plan.context["composite_inputs"] = [dataclasses.asdict(c) for c in composites]
     if mixing:
         plan.context["samples_mixed_by"] = mixing[:10]
     if plan.reimported:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from tfpart.memory_stats import ALLOCATION_LOG, tensor_peak
+from tfpart.op_libraries import check_op_libraries, recorded
 
 
 PS_TASK_THREADS = 2  # intra-op and inter-op threads of each task of a cluster with ps tasks
@@ -36,16 +37,24 @@ def free_port():
         return s.getsockname()[1]
 
 
-def worker_command(cluster_file, task, *, threads=1, job="worker", memory_stats=None):
+def worker_command(cluster_file, task, *, threads=1, job="worker", memory_stats=None,
+                   op_libraries=()):
     """The command line that starts ``task`` of ``job`` in ``cluster_file`` (with
     ``threads`` intra-op and inter-op threads, TensorFlow's default when None; serving
-    its allocator's figures to the file ``memory_stats`` when given)."""
+    its allocator's figures to the file ``memory_stats`` when given; registering the
+    custom ops of ``op_libraries``, :mod:`tfpart.op_libraries`).
+
+    >>> worker_command("c.json", 1, op_libraries=["tensorflow_text"])[-2:]
+    ['--op-library', 'tensorflow_text']
+    """
     command = [sys.executable, "-m", "tfpart.cli", "worker", "--cluster", str(cluster_file),
                "--job", job, "--task", str(task)]
     if threads:
         command += ["--intra-threads", str(threads), "--inter-threads", str(threads)]
     if memory_stats:
         command += ["--memory-stats", str(memory_stats)]
+    for library in recorded(op_libraries):
+        command += ["--op-library", library]
     return command
 
 
@@ -76,11 +85,17 @@ class LocalWorkers:
     allocation_log : bool
         Start every task with TensorFlow's allocation log on (every tensor allocated
         and freed, in its log), so that :meth:`tensor_peaks` can replay it.
+    op_libraries : list of str
+        What registers a model's custom ops in every task (``tfpart worker
+        --op-library``): Python modules, shared objects (:mod:`tfpart.op_libraries`);
+        a TfpartError before any task starts if one is not there.
     """
 
     def __init__(self, count, directory, *, links=None, pin=True, extra=None, timeout=120,
-                 ps=0, memory_stats=False, allocation_log=False):
+                 ps=0, memory_stats=False, allocation_log=False, op_libraries=()):
+        check_op_libraries(op_libraries)  # one line here, not a task that never starts
         self.ps, self.memory_stats, self.allocation_log = ps, memory_stats, allocation_log
+        self.op_libraries = op_libraries
         self.memory_files = {}  # task's CPU:0 device name -> its --memory-stats file
         self.ports = [free_port() for _ in range(count + ps)]
         jobs = {"worker": [f"localhost:{p}" for p in self.ports[:count]]}
@@ -128,7 +143,7 @@ class LocalWorkers:
             self.memory_files[f"/job:{job}/task:{task}/device:CPU:0"] = memory_file
         command = worker_command(self.path, task, job=job,
                                  threads=PS_TASK_THREADS if self.ps else 1,
-                                 memory_stats=memory_file)
+                                 memory_stats=memory_file, op_libraries=self.op_libraries)
         if pin:
             command = ["taskset", "-c", str(task % os.cpu_count()), *command]
         with open(self._log(job, task), "ab") as log:

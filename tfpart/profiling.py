@@ -139,19 +139,52 @@ def _initialise_variables(tf, graph, rng):
     return tf.group(*assigns)
 
 
-def random_feeds(graph, inputs, rng):
-    """Random values for the flattened signature's placeholders."""
-    feeds = {}
-    for placeholder, shape, _ in inputs.values():
-        tensor = graph.get_tensor_by_name(f"{placeholder}:0")
-        if tensor.dtype.is_floating:
+def random_feeds(graph, inputs, rng, composites=(), rows=1):
+    """Random values for the flattened signature's placeholders (``inputs``: key ->
+    (placeholder, shape, dtype)); the components of a ragged or sparse input
+    (``composites``) a valid value of its spec with ``rows`` rows, one value per row
+    where the spec leaves a row's length open, as the flattened signature has them
+    (:func:`rewriters.composite_inputs.composite_value`)."""
+    from rewriters.composite_inputs import composite_value
+
+    def tensor(key):
+        return graph.get_tensor_by_name(f"{inputs[key][0]}:0")
+
+    def draw(key, shape):
+        dtype = tensor(key).dtype
+        if dtype.is_floating:
             value = rng.standard_normal(shape)
-        elif tensor.dtype.is_integer or tensor.dtype.is_bool:
+        elif dtype.is_integer or dtype.is_bool:
             value = rng.integers(0, 2, size=shape)
         else:
             value = np.full(shape, b"tfpart", dtype=object)
-        feeds[tensor] = np.asarray(value).astype(tensor.dtype.as_numpy_dtype)
-    return feeds
+        return np.asarray(value).astype(dtype.as_numpy_dtype)
+
+    values = {}
+    for composite in composites:
+        values.update(composite_value(composite, rows, rng, draw, length=1))
+    for key, (_, shape, _) in inputs.items():
+        if key not in values:
+            values[key] = draw(key, shape)
+    return {tensor(key): value for key, value in values.items()}
+
+
+def with_open_composites(flat):
+    """``flat`` (a :class:`rewriters.flat_signature.FlatSignature`) with the batch
+    dimensions of its ragged and sparse inputs' placeholders left open: flattened, they
+    hold one value per row, which a ragged dimension of fixed length contradicts."""
+    import dataclasses
+
+    if not flat.composites:
+        return flat
+    placeholders = {flat.inputs[key][0] for composite in flat.composites
+                    for key in composite.keys}
+    graph_def = type(flat.graph_def)()
+    graph_def.CopyFrom(flat.graph_def)
+    for node in graph_def.node:
+        for axis in flat.batch_axes.get(node.name, ()) if node.name in placeholders else ():
+            node.attr["shape"].shape.dim[axis].size = -1
+    return dataclasses.replace(flat, graph_def=graph_def)
 
 
 def claim_threads(intra_threads):
@@ -192,7 +225,7 @@ def measure_ops(flat, graph, *, repeats, warmup, intra_threads, seed=0):
     with graph.as_default():
         init = _initialise_variables(tf, graph, rng)
     fetches = [graph.get_tensor_by_name(t) for t in flat.outputs]
-    feeds = random_feeds(graph, flat.inputs, rng)
+    feeds = random_feeds(graph, flat.inputs, rng, flat.composites, flat.info.batch_size)
     with tf.compat.v1.Session(graph=graph, config=session_config(intra_threads)) as session:
         session.run(init)
         for _ in range(warmup):
@@ -262,8 +295,8 @@ def profile_model(model_dir, batch_size=None, *, signature=None, repeats=20, war
     flat = flat_at(proto, model_dir, info.batch_size, info.signature, info.flat)
     step(f"running {len(opgraph)} ops {warmup + 2 * repeats} times")
     t0 = time.perf_counter()
-    per_op, step_time, dispatch = measure_ops(flat, import_flat(flat, model_dir),
-                                              repeats=repeats, warmup=warmup,
+    graph = import_flat(with_open_composites(flat), model_dir)
+    per_op, step_time, dispatch = measure_ops(flat, graph, repeats=repeats, warmup=warmup,
                                               intra_threads=intra_threads)
     kind = load_device_kinds()[device_kind]
     per_op = attribute_fused_times(per_op, info.fusion_groups, opgraph, kind)

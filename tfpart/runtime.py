@@ -150,6 +150,37 @@ def random_inputs(signature_fn, batch_size, seed=0, domains=None, composites=())
                                        for d in spec.shape.as_list()])
     return {name: tf.constant(values[name], dtype=spec.dtype) for name, spec in specs.items()}
 
+
+def given_feed(signature_fn, given, batch_size, start=0):
+    """``batch_size`` rows of the user's inputs ``given``
+    (:class:`rewriters.given_inputs.GivenInputs`), from row ``start`` on and round
+    again, as tensors of ``signature_fn``'s inputs."""
+    from rewriters.given_inputs import cycled, given_rows
+
+    tf = tensorflow()
+    specs = signature_fn.structured_input_signature[1]
+    return {key: tf.constant(value, dtype=specs[key].dtype)
+            for key, value in given_rows(given, cycled(given, batch_size, start)).items()}
+
+
+def compiled_inputs(plan, proto, signature_fn, batch_size, seed=0, inputs=None):
+    """Inputs of ``batch_size`` rows for ``signature_fn``, the signature of a compiled
+    model (its ``plan`` and SavedModel ``proto``, as :func:`runnable` gives them): the
+    rows of the ``.npz`` file ``inputs`` taken in turn (:mod:`rewriters.given_inputs`),
+    else :func:`random_inputs`. A ragged or sparse input gets a valid value of its spec,
+    as plan.json records it (a model the pipeline pass rebuilt takes its components as
+    plain tensors), else as ``proto`` says."""
+    from rewriters.composite_inputs import composite_inputs, recorded_composites
+    from rewriters.given_inputs import read_given_inputs
+
+    meta, signature = proto.meta_graphs[0], plan.context["signature"]
+    composites = recorded_composites(plan.context.get("composite_inputs")) or \
+        composite_inputs(meta, signature)
+    if inputs is None:
+        return random_inputs(signature_fn, batch_size, seed, composites=composites)
+    return given_feed(signature_fn, read_given_inputs(inputs, meta, signature, composites),
+                      batch_size)
+
 def _drawn_keys(rng, domain, shape):
     """An array of ``shape`` of keys of ``domain`` (or sentences of them), its first
     value a key the table does not hold.

@@ -8,32 +8,35 @@ import numpy as np
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import model_errors
 from tfpart.core.phases import timed_calls
-from tfpart.runtime import SessionSignature, load, random_inputs, runnable
+from tfpart.runtime import SessionSignature, compiled_inputs, load, runnable
 from tfpart.servers import cluster_errors
 
 def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmup=3,
-               watch=False, seed=0):
+               watch=False, seed=0, op_libraries=(), inputs=None):
     """Median wall time of calls to a compiled model's signature, samples/s, and each
     timed call (``times_s``).
 
     Runs on ``cluster``'s servers when given (see :func:`verify`), else on local
-    logical CPUs standing in for the plan's devices.
+    logical CPUs standing in for the plan's devices, on random inputs (a ragged or
+    sparse input a valid value of its spec) or on the rows of ``inputs``, an ``.npz``
+    file (:func:`tfpart.runtime.compiled_inputs`). The op libraries the plan names and
+    ``op_libraries`` are loaded first.
     """
     import statistics
 
     tf = tensorflow()
-    with runnable(compiled_dir, cluster, watch) as (plan, _, local_dir, _), \
-            cluster_errors(cluster), model_errors(
+    with runnable(compiled_dir, cluster, watch, op_libraries) as (
+            plan, proto, local_dir, _), cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
         signature = SessionSignature(local_dir, plan.context["signature"], len(
             plan.context.get("devices") or ())) if plan.context.get("format") == "tf1" \
             else load(local_dir).signatures[plan.context["signature"]]
         batch = batch_size or plan.context["batch_size"]
-        inputs = random_inputs(signature, batch, seed)
+        feed = compiled_inputs(plan, proto, signature, batch, seed, inputs)
 
         times = timed_calls(
-            lambda: [np.asarray(t) for t in tensorflow().nest.flatten(signature(**inputs))],
+            lambda: [np.asarray(t) for t in tensorflow().nest.flatten(signature(**feed))],
             repeats, warmup)
     median = statistics.median(times)
     return {"batch_size": batch, "median_s": median, "samples_per_s": batch / median,

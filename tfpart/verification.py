@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rewriters.composite_inputs import composite_inputs
-from rewriters.given_inputs import cycled, given_rows, read_given_inputs
+from rewriters.given_inputs import read_given_inputs
 from rewriters.input_ranges import input_domains
 from rewriters.savedmodel_io import read_saved_model
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import TfpartError, model_errors
 from tfpart.core.plan import copy_devices
-from tfpart.runtime import (SessionSignature, canonical_device, load, random_inputs,
-                            runnable, same_device)
+from tfpart.runtime import (SessionSignature, canonical_device, given_feed, load,
+                            random_inputs, runnable, same_device)
 from tfpart.servers import cluster_errors
 
 RUNTIME_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval",
@@ -225,15 +225,11 @@ def _batches(original, sizes, seed, given, domains, composites):
     """The inputs of the ``original`` signature at each of ``sizes``: random
     (:func:`tfpart.runtime.random_inputs`, with the ``domains()`` of its inputs and
     its ``composites``), or the rows of the ``given`` inputs in turn."""
-    tf = tensorflow()
     if given is None:
         return [random_inputs(original, size, seed + k, domains(), composites)
                 for k, size in enumerate(sizes)]
-    specs = original.structured_input_signature[1]
     starts = np.cumsum([0, *sizes[:-1]])
-    return [{key: tf.constant(value, dtype=specs[key].dtype) for key, value in
-             given_rows(given, cycled(given, size, int(start))).items()}
-            for size, start in zip(sizes, starts)]
+    return [given_feed(original, given, size, int(start)) for size, start in zip(sizes, starts)]
 
 
 def _other_signature(signature_of, name, original, batch, seed, domains, rtol, atol,

@@ -100,7 +100,7 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
     variables by size, as plan.json records; with ``--min-shard-bytes 0`` (DDC-ASGD
     here) every weight of two rows or more is cut into a piece on each server, and the
     checkpoint still holds it whole. A scheduled call makes 1, 3 (the last call 2) or 4
-    updates."""
+    updates. plan.json records the op library given (any module: ``json``)."""
     from tfpart.core.plan import Plan
 
     model, data = model_and_data
@@ -111,7 +111,7 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
             cut = mode == "ddc-asgd"
             calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
             assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
-                                   "--updates-per-call", calls,
+                                   "--updates-per-call", calls, "--op-library", "json",
                                    *(["--min-shard-bytes", 0] if cut else []))
             updates = rows(out / "updates.csv")
             assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
@@ -121,7 +121,7 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
             assert evaluated == sorted(set(evaluated)) and all(
                 count >= 10 for count in evaluated[1:])
             plan = Plan.load(out / "plan.json")
-            assert plan.algorithm == "ps_shards"
+            assert plan.algorithm == "ps_shards" and plan.op_libraries == ["json"]
             assert set(plan.assignment.values()) == {
                 "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
             pieces = plan.context["pieces"]
@@ -143,16 +143,22 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
 def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path):
     """Sync on one worker runs the compiled ``train_step`` (the export's SGD, learning
     rate 0.05, no momentum) on the batches plain SGD draws: the weights equal it after
-    20 steps, so the warm-up step before the clock left no trace."""
+    20 steps, so the warm-up step before the clock left no trace. The op library
+    given (any module: ``json``) is loaded by the workers and recorded in plan.json."""
+    from tfpart.core.plan import Plan
     from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.05, 0.0, seed=3)
     out = tmp_path / "sync"
-    with LocalWorkers(1, tmp_path, pin=False, timeout=START_S) as workers:
+    with LocalWorkers(1, tmp_path, pin=False, timeout=START_S,
+                      op_libraries=["json"]) as workers:
+        assert "--op-library json" in " ".join(workers.processes[0].args)
         run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 20,
-                           "--batch-size", 8, "--seed", 3, "--eval-every", 10)
+                           "--batch-size", 8, "--seed", 3, "--eval-every", 10,
+                           "--op-library", "json")
     assert run.returncode == 0, failure(run.stderr, out.parent)
+    assert Plan.load(out / "plan.json").op_libraries == ["json"]
     got = trained_weights(out)
     assert sorted(got) == sorted(expected)
     for name in expected:

@@ -80,12 +80,29 @@ def export_padded(path):
     return path
 
 
+def export_ragged_rank_2(path):
+    """A ``tf.Module`` summing each sample of a ragged-rank-2 input whose middle
+    dimension is uniform (3 lists of any length per sample) into one number."""
+    import tensorflow as tf
+
+    class RaggedRank2(tf.Module):
+        @tf.function(input_signature=[
+            tf.RaggedTensorSpec([None, 3, None], tf.float32, ragged_rank=2)])
+        def __call__(self, lists):
+            return {"y": tf.reduce_sum(lists, axis=[1, 2])}
+
+    module = RaggedRank2()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.__call__})
+    return path
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("composite")
     return {"ragged_sparse": export_ragged_and_sparse(folder / "ragged_sparse"),
             "table_cond": export_table_cond(folder / "table_cond"),
-            "padded": export_padded(folder / "padded")}
+            "padded": export_padded(folder / "padded"),
+            "ragged_rank_2": export_ragged_rank_2(folder / "ragged_rank_2")}
 
 
 def compile_verified(model, cluster, out, *strategy):
@@ -109,6 +126,9 @@ def test_ragged_and_sparse_inputs_compile_as_data_parallel(models, write_cluster
     assert compile_verified(model, cluster, out, "--strategy", "data_parallel",
                             "--option", "replicas=2") == 0
     assert len(Plan.load(out / "plan.json").replicas.devices) == 2
+    # ``run``: the rebuilt model takes the components as tensors; plan.json says what
+    # they make up
+    assert main(["run", str(out), "--repeats", "1", "--warmup", "0"]) == 0
 
     rows = {"tokens.values": np.array([19, 2, 3, 0, 5, 6, 7]),
             "tokens.row_splits": np.array([0, 2, 3, 7]),
@@ -120,6 +140,8 @@ def test_ragged_and_sparse_inputs_compile_as_data_parallel(models, write_cluster
     report = verify(model, out, inputs=given)
     assert report.ok and [(size, equal) for size, _, equal in report.batches] == [
         (4, True), (1, True), (5, True)]
+    assert main(["run", str(out), "--repeats", "1", "--warmup", "0", "--inputs",
+                 str(given)]) == 0
 
     lacking = tmp_path / "lacking.npz"
     np.savez(lacking, **{k: v for k, v in rows.items() if k != "features.dense_shape"})
@@ -158,3 +180,50 @@ def test_the_probe_refuses_only_an_output_padded_to_the_longest_row(models):
         path = models[name]
         found = batch_mixing_ops(read_saved_model(path), path)
         assert [why.split()[1] for _, why in found] == refused, found
+
+
+def test_a_ragged_rank_2_input_runs_where_the_placement_says(models, write_cluster,
+                                                              tmp_path):
+    """Regression: a ragged reduction's ``boolean_mask`` takes ``Prod(Shape(x))``, which
+    Grappler runs as ``Size(x)`` on the Shape's device (``--verify``: 2 ops on another
+    CPU than planned). A random placement splits them unless the reader groups them."""
+    cluster = write_cluster(local_cluster(2))
+    assert compile_verified(models["ragged_rank_2"], cluster, tmp_path / "out",
+                            "--algorithm", "random", "--option", "seed=0") == 0
+
+
+def test_profiled_ragged_and_sparse_inputs_are_valid(models):
+    """``tfpart profile``'s inputs: a valid value of each ragged and sparse input's spec
+    (a uniform ragged dimension of 3 lists per sample included), so every op runs."""
+    from rewriters.flat_signature import import_flat
+    from rewriters.flatten import flatten_signature
+    from rewriters.savedmodel_io import read_saved_model
+    from tfpart.profiling import measure_ops, with_open_composites
+
+    for name, op_type in [("ragged_sparse", "SparseTensorDenseMatMul"),
+                          ("ragged_rank_2", "UnsortedSegmentSum")]:
+        flat = flatten_signature(read_saved_model(models[name]), models[name], 4)
+        per_op, _, _ = measure_ops(flat, import_flat(with_open_composites(flat)), repeats=1,
+                                   warmup=0, intra_threads=1)
+        types = {op.name: op.type for op in import_flat(flat).get_operations()}
+        assert op_type in {types.get(op) for op in per_op}, (name, sorted(per_op))
+
+
+def test_the_probe_names_the_users_inputs_it_failed_on(models, tmp_path):
+    """A probe on ``--inputs`` that cannot run says it ran on that file, not on random
+    inputs of its own (an id past the embedding's 20 rows)."""
+    from rewriters.batch_check import batch_mixing_ops
+    from rewriters.given_inputs import read_given_inputs
+    from rewriters.savedmodel_io import read_saved_model
+    from tfpart.core.errors import ModelError
+
+    path = models["ragged_sparse"]
+    given = tmp_path / "past.npz"
+    np.savez(given, **{"tokens.values": np.array([25, 2, 3]),
+                       "tokens.row_splits": np.array([0, 1, 2, 3]),
+                       "features.indices": np.array([[0, 1], [1, 3], [2, 0]]),
+                       "features.values": np.ones(3), "features.dense_shape": np.array([3, 10]),
+                       "dense": np.ones((3, 4))})
+    proto = read_saved_model(path)
+    with pytest.raises(ModelError, match=f"3 rows of the inputs of {given}: "):
+        batch_mixing_ops(proto, path, given=read_given_inputs(given, proto.meta_graphs[0]))

@@ -222,7 +222,7 @@ def _load_model(model_dir, mode):
 class _SyncRun:
     """The data-parallel compile of ``train_step``, one step per global batch."""
 
-    def __init__(self, model_dir, cluster, out, train_data, options, stack):
+    def __init__(self, model_dir, cluster, out, train_data, options, stack, op_libraries=()):
         from tfpart.compile import compile_model
         from tfpart.runtime import load, runnable
         from tfpart.training import weight_variable_ops
@@ -235,7 +235,7 @@ class _SyncRun:
         result = compile_model(model_dir, cluster.source, out / "compiled",
                                batch_size=self.batch, signature="train_step",
                                algorithm="data_parallel", options={"replicas": workers},
-                               force=True)
+                               force=True, op_libraries=op_libraries)
         shutil.copy(out / "compiled" / "plan.json", out / "plan.json")
         self.plan = result.plan
         _, _, directory, _ = stack.enter_context(runnable(out / "compiled", cluster, True))
@@ -298,9 +298,11 @@ class _SyncRun:
 
 
 class _AsyncRun:
-    def __init__(self, model_dir, initial, cluster, out, train_data, options, start):
+    def __init__(self, model_dir, initial, cluster, out, train_data, options, start,
+                 op_libraries=()):
         from tfpart.trainer.asynchronous import AsyncTrainer
         from tfpart.core.plan import Plan
+        from tfpart.op_libraries import recorded
 
         self.trainer = AsyncTrainer(cluster, model_dir, *initial, train_data, options.mode,
                                     options.hyper(), options.batch_size, options.seed,
@@ -314,6 +316,8 @@ class _AsyncRun:
                                   "pieces": {name: [shard.rows for shard in shards]
                                              for name, shards in placement.items()
                                              if len(shards) > 1}})
+        if op_libraries:
+            self.plan.context["op_libraries"] = recorded(op_libraries)
         self.plan.save(out / "plan.json")
 
     def prepare(self, start):
@@ -674,13 +678,16 @@ def _check_options(options):
 
 
 def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, restart=False,
-          force=False, progress=None):
+          force=False, progress=None, op_libraries=()):
     """Train ``model_dir``'s weights on ``cluster_file``'s tasks; see the module doc.
 
     An existing output of ``tfpart train`` is resumed from its latest checkpoint, or
     emptied first with ``restart`` (``force`` is the same). ``progress(done, total,
     text)`` is called after every update, when given, and once at the start.
+    ``op_libraries`` register the model's custom ops first (the workers' own are
+    ``tfpart worker --op-library``); plan.json records them.
     """
+    from tfpart.op_libraries import load_op_libraries
     from tfpart.servers import cluster_errors
 
     tf = tensorflow()
@@ -688,6 +695,7 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
     out = Path(out)
     check_output(out, [model_dir, data_file, cluster_file])
     cluster = load_cluster(cluster_file)
+    load_op_libraries(op_libraries)
     model = _load_model(model_dir, options.mode)  # checked here; loaded again once connected
     train_data, held = load_data(data_file, model.signatures["gradients"],
                                  options.eval_fraction, options.seed)
@@ -718,9 +726,10 @@ def train(model_dir, cluster_file, data_file, out, options=TrainOptions(), *, re
                                   "--restart to train again")
             return _finish(result, _plan_of(out))
         with ExitStack() as stack, cluster_errors(cluster):
-            run = _SyncRun(model_dir, cluster, out, train_data, options, stack) \
-                if options.mode == "sync" else \
-                _AsyncRun(model_dir, initial, cluster, out, train_data, options, start)
+            run = _SyncRun(model_dir, cluster, out, train_data, options, stack,
+                           op_libraries) if options.mode == "sync" else \
+                _AsyncRun(model_dir, initial, cluster, out, train_data, options, start,
+                          op_libraries)
             snapshot = Snapshot(*run.saved())
             manager = tf.train.CheckpointManager(snapshot.checkpoint, str(out / "checkpoint"),
                                                  max_to_keep=1)
