@@ -167,6 +167,7 @@ class PipelineRun:
     busy: dict  # device name -> busy seconds over the batch
     links: dict = field(default_factory=dict)  # "src -> dst" -> bytes over the batch
     transfers: int = 0  # tensors copied between devices over the batch
+    cross_host_transfers: int = 0  # of which between hosts
     peak_memory: dict | None = None  # device name -> live-range peak bytes, if asked
 
     @property
@@ -226,6 +227,9 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                        links={f"{names[a]} -> {names[b]}": float(n)
                               for (a, b), n in sorted(schedule.link_bytes.items())},
                        transfers=len(schedule.transfers),
+                       cross_host_transfers=sum(
+                           cluster.devices[src].host != cluster.devices[dst].host
+                           for _, src, dst, _, _ in schedule.transfers),
                        peak_memory=dict(zip(names, map(float, schedule.peak_memory)))
                        if memory else None)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from tfpart.core.dtypes import tensor_bytes
+from tfpart.core.errors import PlacementError
 from tfpart.core.graph import OpGraph
 from tfpart.core.splits import SCOPE, part_name
 
@@ -60,7 +61,18 @@ def split_graph(graph, splits, device_of):
     -------
     (tfpart.core.graph.OpGraph, dict)
         The split graph and the device index of each of its ops.
+
+    Raises
+    ------
+    tfpart.core.errors.PlacementError
+        If an op of ``splits`` has no output channels to split (a plan made for
+        another model, or edited by hand).
     """
+    for op in splits:
+        attrs = graph.ops[op]
+        if not attrs.get("sliced") or not attrs["outputs"]:
+            raise PlacementError("", f"splits op {op} ({attrs['op_type']}), which has no "
+                                 "output channels to split")
     split, where = OpGraph(), dict(device_of)
     for op, attrs in graph.ops.items():
         if op not in splits:

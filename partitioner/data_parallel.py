@@ -48,10 +48,12 @@ batch; beside an A100 the T4 would only slow the step and takes no part.
 ...                  DataParallelOptions(batch_size=6))
 >>> plan.replicas.fractions
 (1.0,)
+>>> print(plan.replicas.why_one_replica)
+the next fastest device, /job:localhost/replica:0/task:0/device:CPU:1, is too slow to get a sample of the batch of 6
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -107,19 +109,85 @@ def partition(cost, options=DataParallelOptions()):
         raise PlacementError("", f"reduce must be one of {', '.join(REDUCTIONS)}, not "
                              f"{options.reduce!r}")
 
+    outcomes = {}  # replica count -> the least step of its plans, or why it has none
+
     def attempts():
         for k in counts:
             devices = eligible[:k]
             shares = proportional_shares(options.batch_size, 1.0 / time_on[devices])
             if min(shares) == 0 and not wanted:
-                return  # the slowest would get no sample, and slower ones after it neither
+                # the slowest would get no sample, and slower ones after it neither
+                slowest = cost.cluster.device_names[devices[-1]]
+                outcomes[k] = (f"the next fastest device, {slowest}, is too slow to get a "
+                               f"sample of the batch of {options.batch_size}")
+                return
             shares = [max(share, 1) for share in shares]  # asked for: each gets a sample
             for reduce in [options.reduce] if options.reduce else REDUCTIONS:
                 if k > 1 or reduce == "one_device":
-                    yield lambda devices=devices, shares=shares, reduce=reduce: _plan(
-                        cost, devices, shares, pinned, shared, options, reduce)
+                    yield _noting(outcomes, k, lambda devices=devices, shares=shares,
+                                  reduce=reduce: _plan(cost, devices, shares, pinned, shared,
+                                                       options, reduce))
 
-    return fastest_plan(attempts(), PlacementError("", "no replica fits in memory"))
+    plan = fastest_plan(attempts(), PlacementError("", "no replica fits in memory"))
+    if len(plan.replicas.devices) == 1:
+        plan.replicas = replace(plan.replicas, why_one_replica=why_one_replica(
+            cost, eligible, options, outcomes.get(2), plan.step_time))
+    return plan
+
+
+def _noting(outcomes, count, attempt):
+    """``attempt`` (a plan of ``count`` replicas), noting in ``outcomes[count]`` the
+    least step of the plans made, or while none was made why the first failed."""
+    def run():
+        try:
+            plan = attempt()
+        except PlacementError as exc:
+            outcomes.setdefault(count, f"{count} replicas cannot be placed: {exc.problem}")
+            raise
+        if not isinstance(outcomes.get(count), float) or plan.step_time < outcomes[count]:
+            outcomes[count] = plan.step_time
+        return plan
+    return run
+
+
+def why_one_replica(cost, eligible, options, two, step):
+    """Why a data-parallel plan of ``cost`` has one replica. ``eligible``: the devices
+    that can run every op, fastest first; ``two``: the predicted step of two replicas,
+    or why they have no plan (None: not tried); ``step``: the plan's step.
+
+    >>> g = OpGraph()
+    >>> g.add_op("x", op_type="Placeholder")
+    >>> g.add_op("y", op_type="MatMul", flops=3e12, input_shapes=[(6, 10)])
+    >>> cost = CostModel(g, cluster_of_devices(["V100", "T4"]))
+    >>> why_one_replica(cost, [0, 1], DataParallelOptions(batch_size=1), None, 0.1)
+    'the batch has one sample'
+    >>> why_one_replica(cost, [0, 1], DataParallelOptions(batch_size=8), 0.2, 0.1)
+    '2 replicas are predicted slower (200.000 ms a step against 100.000 ms)'
+    """
+    names = cost.cluster.device_names
+    if options.replicas == 1:
+        return "one was asked for (replicas=1)"
+    if len(names) == 1:
+        return "the cluster has one device"
+    if len(eligible) == 1:
+        return _no_other_device(cost, eligible[0])
+    if options.batch_size == 1:
+        return "the batch has one sample"
+    if isinstance(two, str):
+        return two
+    if two is not None:
+        return f"2 replicas are predicted slower ({two * 1e3:.3f} ms a step against " \
+               f"{step * 1e3:.3f} ms)"
+    return "no second replica was tried"
+
+
+def _no_other_device(cost, only):
+    """Why no device but ``only`` can hold a replica: an op another device cannot run."""
+    graph, names = cost.graph, cost.cluster.device_names
+    other = next(d for d in range(len(names)) if d != only)
+    op = next(op for op in cost.ops if not np.isfinite(cost.compute[cost.index[op], other]))
+    return (f"no other device can run every op ({names[other]} has no kernel for {op}, "
+            f"{graph.ops[op]['op_type']})")
 
 
 def _plan(cost, devices, shares, pinned, shared, options, reduce):

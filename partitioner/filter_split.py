@@ -112,8 +112,7 @@ def _split_search(cost, device_of, options):
 def _candidates(cost, device_of, count):
     """The splittable ops (two channels or more, some time) of longest time where
     placed."""
-    splittable = [op for op, attrs in cost.graph.ops.items()
-                  if attrs.get("sliced") and attrs["outputs"][0][0][-1:] > (1,)]
+    splittable = [op for op, attrs in cost.graph.ops.items() if _channels(attrs) > 1]
     time = {op: cost.compute[cost.index[op], device_of[cost.index[op]]] for op in splittable}
     return sorted((op for op in splittable if time[op] > 0), key=lambda op: -time[op])[:count]
 
@@ -124,7 +123,7 @@ def _device_choices(cost, op, max_devices):
     times = cost.compute[cost.index[op]]
     fastest = [int(d) for d in np.argsort(times, kind="stable")
                if np.isfinite(times[d]) and times[d] > 0]
-    channels = cost.graph.ops[op]["outputs"][0][0][-1]
+    channels = _channels(cost.graph.ops[op])
     seen = set()
     for k in range(2, min(len(fastest), max_devices or len(fastest)) + 1):
         devices = fastest[:k]
@@ -134,6 +133,22 @@ def _device_choices(cost, op, max_devices):
             continue
         seen.add(kept)
         yield tuple(d for d, _ in kept), tuple(s for _, s in kept)
+
+
+def _channels(attrs):
+    """The output channels an op's slices share: 0 if it does not split, which is also
+    the case of an op whose output nothing reads (the reader leaves it no outputs).
+
+    >>> _channels({"sliced": {"input": 1, "axis": 1, "producer": "w"},
+    ...            "outputs": [((8, 64), "float32")]})
+    64
+    >>> _channels({"sliced": {"input": 1, "axis": 1, "producer": "w"}, "outputs": []})
+    0
+    """
+    if not attrs.get("sliced") or not attrs["outputs"]:
+        return 0
+    shape = attrs["outputs"][0][0]
+    return shape[-1] if shape else 0
 
 
 def _simulated_step(cost, splits, device_of):

@@ -106,6 +106,7 @@ def pipeline_plan(cost, options=PipelineOptions()):
         predicted=Predicted(
             step_time=float(best.batch_time), links=best.links,
             bytes_moved=float(sum(best.links.values())), transfers=best.transfers,
+            cross_host_transfers=best.cross_host_transfers,
             devices={name: DeviceFigures(
                 kind=cluster.devices[d].kind.name, busy_s=float(best.busy[name]),
                 ops=sum(1 for device in device_of.values() if device == d),

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
-from tfpart.strategy_lines import seconds, strategy_lines
+from tfpart.strategy_lines import byte_text, seconds, strategy_lines, transfers_line
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 
@@ -31,13 +31,6 @@ def strategy_line(strategy):
                for name, t in sorted(strategy.get(key, {}).items())]
     return (f"Strategy {chosen}: the least predicted step ({seconds(times[chosen])}"
             + "".join(f"; {text}" for text in others) + ")")
-
-def byte_text(n):
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
 
 
 def plan_table(plan):
@@ -105,9 +98,8 @@ def print_plan(result, default_cluster):
     for line in strategy_lines(plan):
         console.print(line)
     if plan.predicted.transfers is not None:
-        console.print(f"{plan.predicted.transfers} tensor copies between devices per step "
-                      f"({plan.predicted.cross_host_transfers} between hosts, "
-                      f"{byte_text(plan.predicted.bytes_moved)})")
+        console.print(transfers_line(plan.predicted,
+                                     len({device.host for device in result.cluster.devices})))
     console.print(f"Predicted step time {seconds(plan.step_time)}; lower bound "
                   f"{seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))

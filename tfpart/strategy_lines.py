@@ -34,6 +34,47 @@ def seconds(s):
     return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} µs"
 
 
+def counted(n, noun):
+    """``n`` and ``noun``, plural unless ``n`` is 1.
+
+    >>> counted(1, "replica"), counted(3, "tensor copy")
+    ('1 replica', '3 tensor copies')
+    """
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
+
+
+def transfers_line(predicted, hosts):
+    """One line on the tensor copies of a step between devices (``predicted``, a
+    :class:`~tfpart.core.plan.Predicted`) on a cluster of ``hosts`` hosts: how many
+    cross between hosts where there are several and the plan counted them.
+
+    >>> from tfpart.core.plan import Predicted
+    >>> transfers_line(Predicted(1.0, {}, bytes_moved=2450.0, transfers=11), 1)
+    '11 tensor copies between devices per step (2.45 KB)'
+    >>> transfers_line(Predicted(1.0, {}, bytes_moved=5e6, transfers=1,
+    ...                          cross_host_transfers=1), 2)
+    '1 tensor copy between devices per step (1 between hosts, 5.00 MB)'
+    """
+    between_hosts = f"{predicted.cross_host_transfers} between hosts, " \
+        if hosts > 1 and predicted.cross_host_transfers is not None else ""
+    return (f"{counted(predicted.transfers, 'tensor copy')} between devices per step "
+            f"({between_hosts}{byte_text(predicted.bytes_moved)})")
+
+
+def byte_text(n):
+    """A size in bytes for people.
+
+    >>> byte_text(2450), byte_text(12)
+    ('2.45 KB', '12 B')
+    """
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def pipeline_line(plan):
     """One line on a pipelined plan: stages, micro-batches, schedule and the predicted
     bubble, throughput and latency."""
@@ -84,13 +125,17 @@ def replicas_line(plan):
     ...     "fractions": [0.5, 0.5], "pinned": [], "placements": [{"x": "A", "y": "C"}, {"x": "B", "y": "D"}],
     ...     "microbatches": 2}))
     'Data parallel: 2 replicas (A+C 4 samples, B+D 4 samples of 8), each a pipeline of 2 stages over 2 micro-batches; variables on A+C'
+    >>> replicas_line(Plan(assignment={}, context={"batch_size": 1}, replicas={
+    ...     "devices": ["A"], "fractions": [1.0], "pinned": [],
+    ...     "why_one_replica": "the batch has one sample"}))
+    'Data parallel: 1 replica (A 1 sample of 1); variables on A; only one: the batch has one sample'
     """
     batch = plan.context.get("batch_size") or 1
     replicas = plan.replicas
     placements = replicas.placements or [{}] * len(replicas.devices)
     shares = ", ".join(
         "+".join([device, *sorted(set(placement.values()) - {device})])
-        + f" {round(f * batch)} samples"
+        + f" {counted(round(f * batch), 'sample')}"
         for device, f, placement in zip(replicas.devices, replicas.fractions, placements))
     if all_reduces(replicas):
         where = ("a copy of the variables on each, gradients all-reduced"
@@ -103,8 +148,9 @@ def replicas_line(plan):
     pipelines = (f", each a pipeline of {len(set(plan.stages.values()))} stages over "
                  f"{replicas.microbatches} micro-batches") \
         if replicas.microbatches else ""
-    return (f"Data parallel: {len(replicas.devices)} replicas ({shares} of {batch})"
-            f"{pipelines}; {where}")
+    alone = f"; only one: {replicas.why_one_replica}" if replicas.why_one_replica else ""
+    return (f"Data parallel: {counted(len(replicas.devices), 'replica')} ({shares} of {batch})"
+            f"{pipelines}; {where}{alone}")
 
 
 def row_shards_line(plan):
