@@ -22,7 +22,8 @@ from benchmarks.memory_fit import fit_and_measure
 FRACTION = 0.6
 # (exporter in examples.models, its arguments, batch size, the fraction of the peak each
 # worker holds, whether the measured peak is held to the memory, the strategies measured:
-# MobileNetV2's placement, like the other applications', by the benchmark). The LSTM gets 0.8: its
+# MobileNetV2's placement, like the other applications', by the benchmark; the LSTM's
+# placement, which fits from 0.7, by hand). The LSTM gets 0.8: its
 # second loop alone, with its 33.3 KB of variables and the input projections of the 12
 # trips TensorFlow runs ahead, needs 59.0 KB, more than a worker's 55.0 KB at 0.6; its
 # placement fits from 0.7, its pipeline's stages from 0.8. Its measured peaks are not
@@ -33,7 +34,7 @@ FRACTION = 0.6
 MODELS = {
     "MobileNetV2": ("export_keras_application", ("MobileNetV2", 32, 10), 2, FRACTION, True,
                     ("pipeline",)),
-    "stacked_lstm": ("export_stacked_lstm", (), 2, 0.8, False, ("placement", "pipeline")),
+    "stacked_lstm": ("export_stacked_lstm", (), 2, 0.8, False, ("pipeline",)),
 }
 
 

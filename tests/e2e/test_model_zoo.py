@@ -1,7 +1,7 @@
 """Models users bring that an earlier reader refused (issue 35), compiled with
-verification: a Keras application whose ``Normalization`` layer is a captured constant
-(ConvNeXtTiny, whose grouped convolutions Keras compiles with XLA; all 40 applications
-are compiled and verified by ``benchmarks/model_zoo.py``),
+verification (the Keras applications, ConvNeXtTiny's ``Normalization`` constant and
+its grouped convolutions that Keras compiles with XLA among them, by
+``benchmarks/model_zoo.py``; XLA-compiled signatures by tests/e2e/test_drop_in.py):
 Keras preprocessing layers (hash tables, an asset, ragged splits, strings), a
 ``tf.Module`` with a captured ``tf.constant``, and TF1 SavedModels with resource and
 with legacy ref variables (placed, pipelined over micro-batches and replicated, their
@@ -199,17 +199,6 @@ def test_a_tf1_training_step_is_placed_but_not_pipelined(tmp_path):
     strategy = result.plan.context["strategy"]
     assert strategy["chosen"] == "greedy"
     assert "writes a variable" in strategy["refused"]["pipeline"]
-
-
-@pytest.mark.parametrize("name, cluster", [("convnext_tiny", "gpu")])
-def test_keras_application(name, cluster, exported, tmp_path):
-    result = compiled(exported(name), cluster, tmp_path / "out", batch_size=2)
-    assert any(op.startswith("constants/") for op in result.graph.ops)  # Normalization
-    if result.plan.reimported:  # Keras's serve, which compiles grouped convolutions with
-        kept = result.plan.context["kept"]  # XLA, runs the rebuilt signature (XLA kept)
-        assert kept["compiled_endpoints"] == ["serve"] and kept["without_xla"] == {}
-        assert result.verification.other_signatures == {"serve": "equal"}
-    assert len(result.graph) > 1000
 
 
 def test_a_cluster_without_a_cpu_names_the_op_that_needs_the_host(exported, tmp_path):

@@ -212,7 +212,7 @@ def old_output(inputs, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-@settings(max_examples=8, deadline=None, derandomize=True,
+@settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(moment=st.floats(0.0, 1.2),
        signum=st.sampled_from([signal.SIGINT, signal.SIGTERM, signal.SIGKILL]))
