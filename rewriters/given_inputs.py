@@ -163,6 +163,11 @@ def _read_npz(path):
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise TfpartError(path, "not an .npz file (one array per input, as numpy.savez "
                           "writes)")
+    unpacked = sum(info.file_size for info in archive.zip.infolist())
+    if unpacked > MAX_INPUT_FILE_BYTES:  # a compressed file may unpack to far more
+        archive.close()
+        raise TfpartError(path, f"its arrays unpack to {unpacked:,} bytes, more than "
+                          f"{MAX_INPUT_FILE_BYTES:,}")
     arrays = {}
     with archive:
         for name in archive.files:

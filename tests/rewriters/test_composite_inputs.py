@@ -160,3 +160,17 @@ def test_an_inputs_file_that_is_no_npz_is_named(tmp_path, content, problem):
     np.save(tmp_path / "one.npy", np.ones(3))  # one array, not an archive of them
     with pytest.raises(TfpartError, match="not an .npz file"):
         read_given_inputs(tmp_path / "one.npy", META)
+
+
+def test_an_inputs_file_that_unpacks_past_the_bound_is_refused_before_it_is_read(
+        tmp_path, monkeypatch):
+    import rewriters.given_inputs as given_inputs
+
+    path = tmp_path / "data.npz"
+    np.savez_compressed(path, **{**GOOD, "x": np.zeros((3, 4), np.float32)},
+                        padding=np.zeros(2**20, np.uint8))  # 1 MiB of zeros: about 1 KB
+    assert path.stat().st_size < 20_000
+    monkeypatch.setattr(given_inputs, "MAX_INPUT_FILE_BYTES", 2**19)
+    with pytest.raises(TfpartError, match=r"its arrays unpack to 1,04\d,\d{3} bytes, more "
+                                          r"than 524,288"):
+        read_given_inputs(path, META)
