@@ -88,7 +88,7 @@ def read_given_inputs(path, meta, signature=None, composites=None):
     specs = signature_specs(meta, signature)
     if composites is None:
         composites = composite_inputs(meta, signature)
-    arrays = _read_npz(path)
+    arrays = read_npz(path)
     names = {}  # name in the file -> signature key
     for composite in composites:
         names.update(zip(composite.file_names, composite.keys))
@@ -154,7 +154,10 @@ def cycled(given, size, start=0):
     return [(start + i) % given.rows for i in range(size)]
 
 
-def _read_npz(path):
+def read_npz(path):
+    """The arrays of the ``.npz`` file ``path`` by name: a regular file of at most
+    :data:`MAX_INPUT_FILE_BYTES`, packed or unpacked, no pickled objects; TfpartError
+    naming the file otherwise."""
     check_regular_file(path, TfpartError, MAX_INPUT_FILE_BYTES)
     try:
         archive = np.load(path, allow_pickle=False)

@@ -325,7 +325,8 @@ def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_pat
 @pytest.mark.slow
 @pytest.mark.any_onednn
 @pytest.mark.parametrize("problem", ["no data", "no labels", "no ps", "bad mode",
-                                     "negative shard size", "nothing held out"])
+                                     "negative shard size", "nothing held out", "an .npy",
+                                     "a damaged zip"])
 def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem, capsys):
     from tfpart.cli import main
 
@@ -342,6 +343,12 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem, 
         data = tmp_path / "x_only.npz"
     elif problem == "bad mode":
         mode = "hogwild"
+    elif problem == "an .npy":  # numpy.load gives an array: was a TypeError's traceback
+        np.save(tmp_path / "x.npy", np.zeros((4, 16), np.float32))
+        data = tmp_path / "x.npy"
+    elif problem == "a damaged zip":  # was zipfile.BadZipFile's traceback
+        data = tmp_path / "damaged.npz"
+        data.write_bytes(b"PK\x03\x04" + bytes(60))
     extra = {"negative shard size": ["--min-shard-bytes", -1],
              "nothing held out": ["--eval-fraction", 0]}.get(problem, [])
     out = tmp_path / "out"
@@ -357,7 +364,9 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem, 
     expected = {"no data": "missing.npz: no such file", "no labels": "has no array 'y'",
                 "no ps": "needs a 'ps' job", "bad mode": "invalid choice",
                 "negative shard size": "--min-shard-bytes must be at least 0, not -1",
-                "nothing held out": "--eval-fraction must be between 0 and 1"}[problem]
+                "nothing held out": "--eval-fraction must be between 0 and 1",
+                "an .npy": "x.npy: not an .npz file",
+                "a damaged zip": "damaged.npz: not an .npz file"}[problem]
     assert expected in lines[0]
     assert not out.exists()
 

@@ -134,14 +134,10 @@ class TrainResult:
 def load_data(path, signature, fraction, seed):
     """``((x, y) training, (x, y) held out)`` from an ``.npz`` with the signature's
     inputs; one-line errors name the file."""
+    from rewriters.given_inputs import read_npz
+
     path = Path(path)
-    if not path.is_file():
-        raise TfpartError(path, "no such data file")
-    try:
-        with np.load(path) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError) as exc:
-        raise TfpartError(path, f"not a readable .npz file ({exc})") from None
+    arrays = read_npz(path)
     specs = {name: spec for name, spec in signature.structured_input_signature[1].items()
              if name in ("x", "y")}
     missing = sorted(set(specs) - set(arrays))
