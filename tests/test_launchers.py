@@ -302,6 +302,20 @@ def test_a_rank_failing_after_rank_0_left_removes_its_own_note(tmp_path):
     assert not tasks_folder(cluster_file).exists()
 
 
+def test_a_rank_reporting_after_rank_0_left_says_rank_0_ended_the_launch(tmp_path):
+    # rank 0 failed and removed the folder before rank 1 wrote its address
+    cluster_file = tmp_path / "cluster.json"
+    environs = [{"PMIX_NAMESPACE": "9", "OMPI_COMM_WORLD_RANK": str(rank),
+                 "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
+                for rank in range(2)]
+    rank0 = join_launch(launched_task(environs[0]), cluster_file, environs[0], 5)
+    rank1 = join_launch(launched_task(environs[1]), cluster_file, environs[1], 5)
+    rank0.leave("no device")
+    with pytest.raises(TfpartError, match=r"launch-9: rank 0 of the Open MPI launch 9 "
+                       r"ended it \(this folder is gone\)"):
+        agree_on_cluster(rank1, [], {}, "127.0.0.1", timeout=5)
+
+
 def _fifo(path):
     os.mkfifo(path)
 

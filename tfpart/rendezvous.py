@@ -200,8 +200,12 @@ class Launch:
     def report(self, stage, data):
         """Publish this task's report for ``stage`` (see :data:`STAGES`)."""
         path = self.path(stage)
-        self.publish(path, {"rank": self.task.rank, "pid": os.getpid(),
-                            "host": socket.gethostname(), **data})
+        try:
+            self.publish(path, {"rank": self.task.rank, "pid": os.getpid(),
+                                "host": socket.gethostname(), **data})
+        except TfpartError:
+            check_launch_goes_on(self)  # the folder is gone: say why, not the write
+            raise
         self.wrote.append(path)
 
     def leave(self, problem=None):
