@@ -100,6 +100,10 @@ def print_plan(result, default_cluster):
     if plan.predicted.transfers is not None:
         console.print(transfers_line(plan.predicted,
                                      len({device.host for device in result.cluster.devices})))
+    if plan.figures:
+        from costmodel.figures_basis import figures_line  # costmodel takes a second to import
+
+        console.print(figures_line(plan.figures), markup=False)
     console.print(f"Predicted step time {seconds(plan.step_time)}; lower bound "
                   f"{seconds(plan.lower_bound)}" + (f" (gap {100 * gap:.1f}%)" if gap is not None else ""))
     console.print("Time: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.timings.items()))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import CostModel
+from costmodel.figures_basis import cluster_links, figures_basis
 from partitioner.registry import get as get_algorithm
 from partitioner.validate import check_kernels
 from tfpart import table_cuts
@@ -324,7 +325,8 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
                     "signature": info.signature, "format": info.format,
                     "batch_size": info.batch_size, "tf32": cost.tf32,
                     "profiles": [str(p) for p in profiles or ()], "inputs": {
-                        k: [list(s), d] for k, (s, d) in info.inputs.items()}}
+                        k: [list(s), d] for k, (s, d) in info.inputs.items()},
+                    "figures": figures_basis(cost, links=cluster_links(cluster))}
     if op_libraries:
         plan.context["op_libraries"] = recorded(op_libraries)
     composites = getattr(info.flat, "composites", ())

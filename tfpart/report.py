@@ -1,8 +1,9 @@
 """``out/report.html``: one self-contained page (no network) that explains a compiled
 plan: the model, the cluster, the algorithm and its options, each device's load and
-memory, the lower bound and the gap to it, the placement picture, the simulated
-schedule as a Gantt chart, the traffic per link, the pipeline stages and micro-batch
-candidates of a pipelined plan, and the verification when ``--verify`` ran.
+memory and what its figures came from, the lower bound and the gap to it, the placement
+picture, the simulated schedule as a Gantt chart, the traffic per link, the pipeline
+stages and micro-batch candidates of a pipelined plan, and the verification when
+``--verify`` ran.
 
 Examples
 --------
@@ -129,7 +130,25 @@ def _devices(plan):
                      f"{d.busy_s * 1e3:.3f}", f"{d.idle_s * 1e3:.3f}",
                      f"{d.peak_memory_bytes / 1e6:.1f}", f"{d.memory_bytes / 1e6:.0f}"))
     return _table(("device", "kind", "ops", "variables MB", "busy ms", "idle ms",
-                   "peak MB", "capacity MB"), rows)
+                   "peak MB", "capacity MB"), rows) + _figures_basis(plan.figures)
+
+
+def _figures_basis(figures):
+    """What each device's figures came from (plan.json's ``context.figures``; nothing
+    for plans written before it): a table, and a line on the links."""
+    if not figures:
+        return ""
+    from costmodel.figures_basis import dispatch_text, links_text, op_time_text
+
+    rows = [(name, op_time_text(record), dispatch_text(record))
+            for name, record in figures["devices"].items()]
+    links = figures.get("links")
+    said = links_text(links) if links and sum(links.values()) else ""
+    text = f"<p>{_e(said[:1].upper() + said[1:])}.</p>" if said else ""
+    return ("<p>Where these figures come from (profile a device with <code>tfpart "
+            "profile</code> for measured op times, probe the links with <code>tfpart cluster "
+            "probe</code>):</p>" + _table(("device", "op times", "host dispatch cost"), rows)
+            + text)
 
 
 def _bound(plan):

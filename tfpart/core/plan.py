@@ -215,6 +215,17 @@ class Plan:
         return list(self.context.get("op_libraries", ()))
 
     @property
+    def figures(self):
+        """What each device's predicted figures came from (``context.figures``, as
+        :func:`costmodel.figures_basis.figures_basis` records it: a measured profile, a
+        calibrated kind or a datasheet), or None for plans written before it.
+
+        >>> Plan(assignment={}).figures is None
+        True
+        """
+        return self.context.get("figures")
+
+    @property
     def step_time(self):
         return self.predicted.step_time if self.predicted is not None else None
 
