@@ -73,8 +73,8 @@ def build_parser():
                           "devices, and replicas of an op placement or of a pipeline "
                           "(hybrid); or force "
                           "one")
-    compile_.add_argument("--algorithm", help="placement algorithm (see the README's "
-                          "table; default greedy; `pipeline` is --pipeline)")
+    compile_.add_argument("--algorithm", help="placement algorithm (docs/concepts/strategies.md "
+                          "lists them; default greedy; `pipeline` is --pipeline)")
     compile_.add_argument("--option", action="append", metavar="KEY=VALUE",
                           help="set a field of the algorithm's options, e.g. "
                           "time_limit=30 or coarsen.target_units=20; repeatable")
