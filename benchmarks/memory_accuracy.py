@@ -254,8 +254,9 @@ def run_client(cluster_file, out, steps):
     from tfpart.runtime import load, random_inputs, runnable
 
     tf = tensorflow()
-    with runnable(out, load_cluster(cluster_file), False) as (plan, _, local_dir, _):
-        step = load(local_dir).signatures[plan.context["signature"]]
+    with runnable(out, load_cluster(cluster_file)) as compiled:
+        plan = compiled.plan
+        step = load(compiled.directory).signatures[plan.context["signature"]]
         inputs = random_inputs(step, plan.context["batch_size"], 0)
 
         def run():

@@ -50,7 +50,7 @@ def single_device_peak(model, batch):
     from tfpart.core.cluster import load_cluster
 
     plan = plan_model(model, load_cluster(DEFAULT_CLUSTER_FILE), batch_size=batch,
-                      algorithm="single")[0]
+                      algorithm="single").plan
     unread = plan.context["unread_variables"]["bytes"]
     return sum(d.peak_memory_bytes for d in plan.predicted.devices.values()) - unread, unread
 

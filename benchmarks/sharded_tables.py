@@ -125,6 +125,7 @@ def home_plan(model, cluster_file, batch, links, work, workers, profiles=(), sig
     shards and their gathers: its predicted and measured step (a check on the
     simulator's view of spreading ops over tasks), priced with ``profiles``."""
     import copy
+    import dataclasses
 
     from costmodel import CostModel
     from costmodel.simulate import simulate_plan
@@ -134,9 +135,9 @@ def home_plan(model, cluster_file, batch, links, work, workers, profiles=(), sig
     from tfpart.core.row_shards import SCOPE, SHARD
 
     cluster = load_cluster(cluster_file)
-    plan, graph, info, proto, timings = plan_model(model, cluster, batch_size=batch,
-                                                   strategy="placement", profiles=profiles,
-                                                   signature=signature)
+    planned = plan_model(model, cluster, batch_size=batch, strategy="placement",
+                         profiles=profiles, signature=signature)
+    plan, graph = planned.plan, planned.graph
     pinned = {op: device for op, device in plan.assignment.items()
               if f"/{SHARD}" in op or f"/{SCOPE}/rows" in op}
     first = pinned[next(op for op in pinned if op.endswith(f"/{SHARD}0"))]
@@ -148,8 +149,9 @@ def home_plan(model, cluster_file, batch, links, work, workers, profiles=(), sig
     out = work / "home"
     staging = new_staging_folder(out, False)
     with removed_on_failure(staging):
-        _compile_into(staging, model, cluster, out, (home, graph, info, proto, timings),
-                      profiles=profiles, force=False, progress=None, verify=False)
+        _compile_into(staging, model, cluster, out, dataclasses.replace(
+            planned, plan=home, step_time=home.predicted.step_time), profiles=profiles,
+            force=False, progress=None, verify=False)
     return home.predicted.step_time, timed_on_fresh_workers(out, links, batch,
                                                             work / "home_run", workers)
 

@@ -47,7 +47,7 @@ def choices(batch_size=32):
             for cluster_file in CLUSTERS:
                 cluster = load_cluster(CLUSTERS_DIR / cluster_file)
                 plan = plan_model(path, cluster, batch_size=batch_size, signature=signature,
-                                  strategy="auto")[0]
+                                  strategy="auto").plan
                 strategy = plan.context["strategy"]
                 shares = ""
                 if plan.replicas:

@@ -37,19 +37,17 @@ for width in (32, 64, 64, 128):
     x = keras.layers.MaxPooling2D()(x)
 x = keras.layers.GlobalAveragePooling2D()(x)
 outputs = keras.layers.Dense(10)(x)
-model = keras.Model(inputs, outputs, name="small_cnn")
-model.export(str(WORK / "model"), verbose=False)
-MODEL = WORK / "model"'''
+model = keras.Model(inputs, outputs, name="small_cnn")'''
 
 NOTEBOOKS = {
     "01_quickstart.ipynb": [
-        ("markdown", "# Quickstart\n\nExport a Keras model, compile it for a "
-                     "heterogeneous cluster (2×V100 + 2×T4 on two hosts), look at the plan, "
-                     "verify it, and load the result with plain TensorFlow."),
+        ("markdown", "# Quickstart\n\nCompile a Keras model for a heterogeneous "
+                     "cluster (2×V100 + 2×T4 on two hosts), look at the plan, verify it, "
+                     "and load the result with plain TensorFlow."),
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
-result = tfpart.compile_model(MODEL, tfpart.CLUSTERS_DIR / "hetero_2v100_2t4.json", WORK / "out",
+result = tfpart.compile_model(model, tfpart.clusters.load("hetero_2v100_2t4"), WORK / "out",
                               batch_size=16, verify=True)
 per_device(result.plan)
 print("verified:", result.verification.ok,
@@ -69,13 +67,11 @@ display(Image(filename=str(tfpart.write_gantt(run.schedule, run.cost, WORK / "ga
                      "machine its GPUs and hosts are stood in for by logical CPUs."),
         ("code", '''\
 import numpy as np
-import tensorflow as tf
 x = np.random.default_rng(0).standard_normal((16, 32, 32, 3)).astype(np.float32)
-original = tf.saved_model.load(str(MODEL)).signatures["serving_default"]
-with tfpart.runnable(WORK / "out", None, False) as (plan, _, local_dir, _):
-    compiled = tf.saved_model.load(str(local_dir)).signatures["serving_default"]
-    got, want = compiled(image=x), original(image=x)
-difference = max(float(np.abs(got[k].numpy() - want[k].numpy()).max()) for k in want)
+with tfpart.runnable(result.out) as here:  # a copy whose devices are this machine's CPUs
+    compiled = tf.saved_model.load(str(here.directory)).signatures["serving_default"]
+    (got,) = compiled(image=x).values()
+difference = float(np.abs(got.numpy() - model(x).numpy()).max())
 print(f"largest difference between original and compiled outputs: {difference:.2e}")'''),
     ],
     "02_what_if.ipynb": [
@@ -85,15 +81,17 @@ print(f"largest difference between original and compiled outputs: {difference:.2
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
+saved = WORK / "model"  # 23 plans of one model below: exported once, not at each plan
+model.export(str(saved), verbose=False)
 CLUSTERS = ["4xT4_one_host", "hetero_2v100_2t4", "a100_l4_one_host"]
 ALGORITHMS = ["greedy", "m_etf", "m_topo", "topo_split", "round_robin", "single", "ilp"]
 rows = {}
 for name in CLUSTERS:
-    cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / f"{name}.json")
+    cluster = tfpart.clusters.load(name)
     for algorithm in ALGORITHMS:
         options = {"time_limit": 10} if algorithm == "ilp" else None
-        plan, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32,
-                                            algorithm=algorithm, options=options)
+        plan = tfpart.plan_model(saved, cluster, batch_size=32, algorithm=algorithm,
+                                 options=options).plan
         rows[(name, algorithm)] = plan
         print(f"{name:18s} {algorithm:12s} step {plan.step_time * 1e3:8.3f} ms  "
               f"bound {plan.lower_bound * 1e3:8.3f} ms  devices {len(plan.devices_used())}")'''),
@@ -124,16 +122,18 @@ fig.tight_layout()'''),
         ("code", '''\
 import subprocess, sys
 profile_file = WORK / "cpu_profile.json"  # profiled in a fresh process: its own threads
-subprocess.run([str(Path(sys.executable).parent / "tfpart"), "profile", str(MODEL),
+subprocess.run([str(Path(sys.executable).parent / "tfpart"), "profile", str(saved),
                 "--batch-size", "32", "--repeats", "5", "-o", str(profile_file)],
                check=True, capture_output=True)
-cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / "local_3cpu.json")
-roofline, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32)
-measured, *_ = tfpart.plan_model(MODEL, cluster, batch_size=32, profiles=[profile_file])
-moved = sum(roofline.assignment[op] != measured.assignment[op] for op in graph.ops)
-print(f"roofline: step {roofline.step_time * 1e3:.2f} ms on {len(roofline.devices_used())} devices")
-print(f"measured: step {measured.step_time * 1e3:.2f} ms on {len(measured.devices_used())} devices")
-print(f"{moved} of {len(graph)} ops placed differently with the measured profile")'''),
+cluster = tfpart.clusters.load("local_3cpu")
+roofline = tfpart.plan_model(saved, cluster, batch_size=32)
+measured = tfpart.plan_model(saved, cluster, batch_size=32, profiles=[profile_file])
+moved = sum(roofline.plan.assignment[op] != measured.plan.assignment[op]
+            for op in roofline.graph.ops)
+for name, planned in (("roofline", roofline), ("measured", measured)):
+    print(f"{name}: step {planned.step_time * 1e3:.2f} ms on "
+          f"{len(planned.plan.devices_used())} devices")
+print(f"{moved} of {len(roofline.graph)} ops placed differently with the measured profile")'''),
     ],
     "03_pipelining.ipynb": [
         ("markdown", "# Pipelining\n\nThroughput and bubble against the number of "
@@ -143,11 +143,11 @@ print(f"{moved} of {len(graph)} ops placed differently with the measured profile
         ("code", SETUP),
         ("code", KERAS_CNN),
         ("code", '''\
-cluster = tfpart.load_cluster(tfpart.CLUSTERS_DIR / "4xT4_one_host.json")
+cluster = tfpart.clusters.load("4xT4_one_host")
 figures = {}
 for m in (1, 2, 4, 8, 16):
-    plan, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=64, microbatches=m)
-    p = plan.predicted.pipeline
+    planned = tfpart.plan_model(model, cluster, batch_size=64, microbatches=m)
+    p = planned.plan.predicted.pipeline
     figures[m] = (p.throughput, p.bubble_fraction, len(p.stages))
     print(f"M={m:2d}: {p.throughput:9.0f} samples/s, bubble {p.bubble_fraction:5.1%}, "
           f"{len(p.stages)} stages")'''),
@@ -161,8 +161,8 @@ ax2 = ax.twinx(); ax2.plot(ms, [figures[m][1] for m in ms], "s--", color="#e1575
 ax2.set_ylabel("bubble fraction"); fig.legend(loc="lower right"); fig.tight_layout()'''),
         ("code", '''\
 from IPython.display import SVG, display
-plan, graph, *_ = tfpart.plan_model(MODEL, cluster, batch_size=64, microbatches=4)
-path, note, picture = tfpart.draw(plan, graph, WORK / "stages.svg")
+staged = tfpart.plan_model(model, cluster, batch_size=64, microbatches=4)
+path, note, picture = tfpart.draw(staged.plan, staged.graph, WORK / "stages.svg")
 print(note)
 display(SVG(filename=str(path)) if path.suffix == ".svg" else note)'''),
         ("markdown", "A training step (forward, backward, Adam update) pipelined with "
@@ -171,20 +171,18 @@ display(SVG(filename=str(path)) if path.suffix == ".svg" else note)'''),
 step_dir = tfpart.export_train_step(model, keras.optimizers.Adam(1e-3), "mse",
                                     WORK / "train_step")
 for schedule in ("gpipe", "1f1b"):
-    plan, graph, *_ = tfpart.plan_model(step_dir, cluster, batch_size=64,
-                                        signature="train_step", microbatches=8,
-                                        schedule=schedule)
-    peak = max(d.peak_memory_bytes or 0 for d in plan.predicted.devices.values())
-    print(f"{schedule:6s}: step {plan.step_time * 1e3:8.3f} ms, "
+    planned = tfpart.plan_model(step_dir, cluster, batch_size=64, signature="train_step",
+                                microbatches=8, schedule=schedule)
+    peak = max(d.peak_memory_bytes or 0 for d in planned.plan.predicted.devices.values())
+    print(f"{schedule:6s}: step {planned.step_time * 1e3:8.3f} ms, "
           f"largest device peak {peak / 1e6:7.1f} MB")'''),
         ("markdown", "Two `tfpart worker` processes on this machine (TensorFlow servers on "
                      "loopback), the pipelined model run across them."),
         ("code", '''\
 with tfpart.LocalWorkers(2, WORK) as workers:
     two = tfpart.load_cluster(workers.path)
-    result = tfpart.compile_model(MODEL, workers.path, WORK / "piped", batch_size=64,
-                                  microbatches=4)
-    timed = tfpart.time_model(WORK / "piped", cluster=two, repeats=10)
+    result = tfpart.compile_model(model, two, WORK / "piped", batch_size=64, microbatches=4)
+    timed = tfpart.time_model(result.out, cluster=two, repeats=10)
 predicted = result.plan.predicted.pipeline.throughput
 print(f"predicted {predicted:.0f} samples/s, measured {timed['samples_per_s']:.0f} samples/s")'''),
     ],

@@ -18,8 +18,9 @@ def main(out, steps):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     from tfpart.runtime import load, random_inputs, runnable
 
-    with runnable(out, None, False) as (plan, _, local_dir, _):
-        step = load(local_dir).signatures[plan.context["signature"]]
+    with runnable(out) as compiled:
+        plan = compiled.plan
+        step = load(compiled.directory).signatures[plan.context["signature"]]
         inputs = random_inputs(step, plan.context["batch_size"], 0)
         for _ in range(2):
             step(**inputs)["loss"].numpy()

@@ -44,7 +44,7 @@ def test_compile_without_tf32_predicts_a_slower_step_and_says_so(tmp_path, write
 
     cluster = load_cluster(write_cluster({"devices": [
         {"name": "/device:GPU:0", "kind": "A100"}, {"name": "/device:GPU:1", "kind": "L4"}]}))
-    plans = {tf32: plan_model(DEFAULT_MODEL_DIR, cluster, batch_size=64, tf32=tf32)[0]
+    plans = {tf32: plan_model(DEFAULT_MODEL_DIR, cluster, batch_size=64, tf32=tf32).plan
              for tf32 in (None, False)}
     assert plans[None].context["tf32"] is True and plans[False].context["tf32"] is False
     assert plans[False].step_time > plans[None].step_time

@@ -54,7 +54,8 @@ def test_resnet50_picture_is_readable_and_shows_every_device_and_crossing(export
     from tfpart.compile import plan_model
 
     cluster = load_cluster(CLUSTERS_DIR / "hetero_2v100_2t4.json")
-    plan, graph, *_ = plan_model(exported("resnet50"), cluster, batch_size=32)
+    planned = plan_model(exported("resnet50"), cluster, batch_size=32)
+    plan, graph = planned.plan, planned.graph
     picture = placement_picture(plan, graph)
     used = set(plan.assignment.values())
     assert picture.nodes <= 60 and set(picture.devices) == used
@@ -106,9 +107,9 @@ def test_a_data_parallel_picture_says_every_replica_runs_every_op():
     from tfpart.compile import plan_model
     from tfpart.picture import placement_picture
 
-    plan, graph, *_ = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
-                                 batch_size=8, algorithm="data_parallel",
-                                 options={"replicas": 3})
+    planned = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
+                         batch_size=8, algorithm="data_parallel", options={"replicas": 3})
+    plan, graph = planned.plan, planned.graph
     title = placement_picture(plan, graph).dot.graph_attr["label"]
     assert title.startswith(f"data parallel: all {len(graph)} ops on each of 3 replicas")
     assert "nothing crosses" not in title

@@ -471,9 +471,9 @@ def test_microbatches_a_compile_chooses_keep_to_the_same_bound():
     from tfpart.core.cluster import load_cluster
     from tfpart.core.limits import largest_microbatches
 
-    plan, graph, _, _, _ = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
-                                      batch_size=1024, pipeline=True,
-                                      options={"max_microbatches": 1024})
+    planned = plan_model(DEFAULT_MODEL_DIR, load_cluster(DEFAULT_CLUSTER_FILE),
+                         batch_size=1024, pipeline=True, options={"max_microbatches": 1024})
+    plan, graph = planned.plan, planned.graph
     tried = sorted(int(m) for m in plan.predicted.pipeline.microbatch_choices)
     most = largest_microbatches(len(graph))
     assert most == MAX_COMPILED_OPS // len(graph) < 1024

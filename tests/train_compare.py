@@ -139,9 +139,9 @@ def compare(source, out, cluster_file, cluster, args):
     data = batches(original.signatures["train_step"])
     initial = weights_of(original)
     expected_losses, expected_weights = train(original, data)
-    with runnable(out, cluster, False) as (_, _, local_dir, _):
+    with runnable(out, cluster) as here:
         by_op = weight_variable_ops(source)
-        compiled = load(local_dir)
+        compiled = load(here.directory)
         losses, weights = train(compiled, data, (lambda m: [
             m.variables_by_op[name].numpy() for name in by_op]) if pipelined else weights_of)
         copies_apart = [float(np.max(np.abs(copy[name].numpy() - weight)))

@@ -1,14 +1,6 @@
-"""The whole pipeline as one function: read, cost, partition, rewrite, write.
-
-Examples
---------
->>> from profiles import DEFAULT_MODEL_DIR, DEFAULT_CLUSTER_FILE
->>> import tempfile, os
->>> out = os.path.join(tempfile.mkdtemp(), "compiled")
->>> result = compile_model(DEFAULT_MODEL_DIR, DEFAULT_CLUSTER_FILE, out)
->>> len(result.plan.devices_used()) > 1, os.path.exists(os.path.join(out, "plan.json"))
-(True, True)
-"""
+"""The whole pipeline as one function: read, cost, partition, rewrite, write
+(:func:`compile_model`), or read and plan only (:func:`plan_model`); each gives a
+result object (:class:`CompileResult`, :class:`PlanResult`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +13,7 @@ from costmodel.figures_basis import cluster_links, figures_basis
 from partitioner.registry import get as get_algorithm
 from partitioner.validate import check_kernels
 from tfpart import table_cuts
-from tfpart.core.cluster import load_cluster
+from tfpart.core.cluster import Cluster, load_cluster
 from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
 from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_MICROBATCHES, check_microbatches,
                                 check_planned_devices, check_tensors_fit,
@@ -32,22 +24,72 @@ from tfpart.core.output_folders import check_free_space, check_inputs_outside, f
 from tfpart.core.phases import timed
 from tfpart.core.plan import RowShards
 from tfpart.core.row_shards import shard_name
+from tfpart.model_export import is_folder, saved_model_folder
 from tfpart.report import placement_section, write_report
 from tfpart.strategy_request import StrategyRequest, algorithm_options, resolve_strategy
 
 REPORT_FILE = "report.html"
 
 
-@dataclass
-class CompileResult:
-    plan: object
-    graph: object
-    cluster: object
-    info: object
-    out: Path | None
-    timings: dict = field(default_factory=dict)  # step -> seconds
-    notes: list = field(default_factory=list)  # one-line remarks for the user
-    verification: object = None  # VerifyReport of the output, when asked for
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`plan_model` decided, and what it read to decide it.
+
+    Attributes
+    ----------
+    plan : tfpart.core.plan.Plan
+        The plan (what plan.json holds).
+    step_time : float
+        Its predicted step, in seconds (``plan.step_time``).
+    strategy : str
+        The strategy planned (a name of :mod:`partitioner.registry`): the one asked for,
+        or the fastest of those ``strategy="auto"`` compared.
+    compared : dict
+        The predicted step, in seconds, of each strategy planned: every one ``auto``
+        could plan, else the one asked for.
+    refused : dict
+        Why each strategy ``auto`` tried has no plan, by name (empty otherwise).
+    graph : tfpart.core.graph.OpGraph
+        The model's ops as planned (its tables cut into row shards if the plan cuts them).
+    cluster : tfpart.core.cluster.Cluster
+        The cluster planned for.
+    info : rewriters.flat_signature.ModelInfo
+        What the reader found: the signature, its inputs, the batch size.
+    proto : tensorflow SavedModel proto
+        The SavedModel read.
+    timings : dict
+        Seconds of each phase (read, analyse, cost, partition, ...).
+    """
+
+    plan: object = field(repr=False)
+    step_time: float
+    strategy: str
+    compared: dict
+    refused: dict
+    graph: object = field(repr=False)
+    cluster: object = field(repr=False)
+    info: object = field(repr=False)
+    proto: object = field(repr=False)
+    timings: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CompileResult(PlanResult):
+    """What :func:`compile_model` wrote: a :class:`PlanResult`, and
+
+    Attributes
+    ----------
+    out : pathlib.Path
+        The compiled SavedModel's folder (with plan.json and report.html).
+    notes : list
+        One-line remarks for the user (a profile measured on other hardware).
+    verification : tfpart.verification.VerifyReport or None
+        The comparison of the compiled model with the original, when asked for.
+    """
+
+    out: Path = None
+    notes: list = field(default_factory=list)
+    verification: object = field(default=None, repr=False)
 
 
 def unread_variables(info, cluster, kept=True):
@@ -182,37 +224,103 @@ def _request(strategy, algorithm, pipeline, microbatches, schedule, options):
                             schedule=schedule, options=options, default="placement")
 
 
-def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm=None,
+def plan_model(model, cluster, *, batch_size=None, signature=None, algorithm=None,
                options=None, profiles=(), progress=None, pipeline=False, microbatches=None,
                schedule=None, tf32=None, strategy=None, whole_tables=False, op_libraries=(),
                inputs=None):
-    """Read a SavedModel and partition it; returns (plan, graph, info, proto, timings).
+    """Read a model and plan how to spread it over a cluster, writing nothing.
 
-    What is planned is :func:`tfpart.strategy_request.resolve_strategy` of ``strategy``,
-    ``algorithm``, ``options``, ``pipeline``, ``microbatches`` and ``schedule`` (with
-    none of them, an op placement by the greedy), or ``strategy`` itself if it is a
-    :class:`~tfpart.strategy_request.StrategyRequest`. ``algorithm`` names an entry of
-    :mod:`partitioner.registry`, ``options`` its options. With ``pipeline`` (implied by
-    ``microbatches`` and ``schedule``) stages run over micro-batches, for throughput,
-    instead of a placement for the latency of one batch; ``schedule`` ("gpipe" or
-    "1f1b") fixes a training step's pipeline schedule, else the faster one within
-    memory. ``tf32`` (default: the cluster's) says whether float32 matmuls run on TF32
-    units (:mod:`costmodel.roofline`). ``strategy="auto"`` plans an op placement
-    (greedy), a pipeline, data-parallel replicas, a placement with filter splits and
-    replicas of a placement or of a pipeline (hybrid), each with default options, and
-    keeps the one of least predicted step time; ``plan.context["strategy"]`` records
-    each one's step time and why any was impossible.
+    Parameters
+    ----------
+    model : str, pathlib.Path, keras.Model or tf.Module
+        A SavedModel folder, or a model object exported into a temporary folder that is
+        removed before this returns (:func:`tfpart.model_export.saved_model_folder`): a
+        Keras model once built, a ``tf.Module`` whose one ``tf.function`` with an
+        ``input_signature`` is its signature. An object is exported at every call (a
+        second or more for a small CNN, often more than planning it): to plan one model
+        many times, export it once (``model.export(folder)``) and pass the folder.
+    cluster : tfpart.core.cluster.Cluster, str or pathlib.Path
+        The cluster or its cluster.json (the shipped ones: :func:`tfpart.clusters.load`).
+    batch_size : int, optional
+        The batch planned for: unknown leading dimensions take it (default: the
+        signature's, else 1).
+    signature : str, optional
+        The signature planned (default ``serving_default``, else the first).
+    strategy, algorithm, options, pipeline, microbatches, schedule : optional
+        What is planned: :func:`tfpart.strategy_request.resolve_strategy` of them (with
+        none, an op placement by the greedy), or ``strategy`` itself if it is a
+        :class:`~tfpart.strategy_request.StrategyRequest`. ``strategy="auto"`` plans an
+        op placement (greedy), a pipeline, data-parallel replicas, a placement with
+        filter splits and replicas of a placement or of a pipeline (hybrid), each with
+        default options, and keeps the one of least predicted step. ``algorithm`` names
+        an entry of :mod:`partitioner.registry`, ``options`` its options. With
+        ``pipeline`` (implied by ``microbatches`` and ``schedule``) stages run over
+        micro-batches, for throughput, instead of a placement for the latency of one
+        batch; ``schedule`` ("gpipe" or "1f1b") fixes a training step's pipeline
+        schedule, else the faster one within memory.
+    profiles : sequence of paths, optional
+        Measured profiles (``tfpart profile``, kernel tables) the cost model uses.
+    tf32 : bool, optional
+        Whether float32 matmuls run on TF32 units (default: the cluster's;
+        :mod:`costmodel.roofline`).
+    whole_tables : bool
+        A table that fits no device is cut into row shards
+        (:func:`tfpart.table_cuts.cut_tables`); one that fits is cut too when that plans
+        where nothing else does or predicts a faster step
+        (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``.
+    op_libraries : sequence, optional
+        Modules or shared objects registering the model's custom ops, loaded before it
+        is read (:func:`tfpart.op_libraries.load_op_libraries`); the plan records them.
+    inputs : path, optional
+        An ``.npz`` file of the signature's inputs (:mod:`rewriters.given_inputs`) that
+        the probe for ops mixing a batch's samples runs on, instead of random ones.
+    progress : callable, optional
+        Called with the name of each step as it starts.
 
-    A table that fits no device is cut into row shards
-    (:func:`tfpart.table_cuts.cut_tables`); one that fits is cut too when that plans
-    where nothing else does or predicts a faster step
-    (:func:`tfpart.table_cuts.faster_with_tables_cut`), unless ``whole_tables``.
+    Returns
+    -------
+    PlanResult
+        The plan, its predicted step, the strategy chosen and each one's prediction.
 
-    ``op_libraries`` (modules, shared objects) register the model's custom ops before
-    it is read (:func:`tfpart.op_libraries.load_op_libraries`); the plan records them.
-    ``inputs``: an ``.npz`` file of the signature's inputs
-    (:mod:`rewriters.given_inputs`) that the probe for ops mixing a batch's samples
-    runs on, instead of random ones."""
+    Examples
+    --------
+    >>> import tfpart
+    >>> result = tfpart.plan_model(tfpart.examples.saved_model("residual_cnn"),
+    ...                            tfpart.clusters.load("a100_l4_one_host"), batch_size=8)
+    >>> result.strategy, result.step_time == result.plan.step_time
+    ('greedy', True)
+    """
+    with saved_model_folder(model) as model_dir:
+        planned = _plan_saved_model(model_dir, _cluster_of(cluster), batch_size=batch_size,
+                                    signature=signature, algorithm=algorithm,
+                                    options=options, profiles=profiles, progress=progress,
+                                    pipeline=pipeline, microbatches=microbatches,
+                                    schedule=schedule, tf32=tf32, strategy=strategy,
+                                    whole_tables=whole_tables, op_libraries=op_libraries,
+                                    inputs=inputs)
+        _forget_temporary_folder(planned.plan, model)
+    return planned
+
+
+def _forget_temporary_folder(plan, model):
+    """A plan of a model object names no original model: the folder it was exported
+    into is removed (``tfpart checkpoint`` then asks for ``--original``)."""
+    if not is_folder(model):
+        plan.context.pop("model", None)
+
+
+def _cluster_of(cluster):
+    """``cluster`` itself if it is a :class:`~tfpart.core.cluster.Cluster`, else the
+    cluster its file holds."""
+    return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
+
+
+def _plan_saved_model(model_dir, cluster, *, batch_size=None, signature=None,
+                      algorithm=None, options=None, profiles=(), progress=None,
+                      pipeline=False, microbatches=None, schedule=None, tf32=None,
+                      strategy=None, whole_tables=False, op_libraries=(), inputs=None):
+    """:func:`plan_model` of the SavedModel folder ``model_dir`` for ``cluster`` (a
+    :class:`~tfpart.core.cluster.Cluster`)."""
     from rewriters.given_inputs import read_given_inputs
     from rewriters.reader import read_model
     from rewriters.savedmodel_io import check_variables, read_saved_model
@@ -347,7 +455,11 @@ def plan_model(model_dir, cluster, *, batch_size=None, signature=None, algorithm
         if chosen.other:
             plan.context["strategy"]["tables " + ("whole" if row_shards else "cut")] = \
                 chosen.other
-    return plan, graph, info, proto, timings
+    return PlanResult(plan=plan, step_time=plan.step_time, strategy=best,
+                      compared={name: tried[name][0].step_time for name in tried},
+                      refused={name: failure.problem for name, failure in failures.items()},
+                      graph=graph, cluster=whole_cluster, info=info, proto=proto,
+                      timings=timings)
 
 
 @dataclass
@@ -448,39 +560,72 @@ def _check_batch_option(settings, batch_size):
                              f"is the model's ({batch_size}; set it with --batch-size)")
 
 
-def compile_model(model_dir, cluster_file, out, *, batch_size=None, signature=None,
+def compile_model(model, cluster, out, *, batch_size=None, signature=None,
                   algorithm=None, options=None, profiles=(), force=False, progress=None,
                   pipeline=False, microbatches=None, schedule=None, verify=False, tf32=None,
                   strategy=None, whole_tables=False, op_libraries=(), inputs=None):
-    """Compile ``model_dir`` for the cluster in ``cluster_file`` into ``out``.
+    """Compile a model for a cluster: plan it, rewrite it, write it to ``out``.
 
-    What is planned is as in :func:`plan_model` (by default an op placement by the
-    greedy; ``strategy="auto"``: the fastest strategy), resolved before any work;
-    ``op_libraries`` register the model's custom ops first, and plan.json records them.
+    Parameters
+    ----------
+    model : str, pathlib.Path, keras.Model or tf.Module
+        A SavedModel folder, or a model object exported into a temporary folder removed
+        before this returns, as :func:`plan_model` takes it.
+    cluster : tfpart.core.cluster.Cluster, str or pathlib.Path
+        The cluster or its cluster.json (the shipped ones: :func:`tfpart.clusters.load`).
+    out : str or pathlib.Path
+        The folder the compiled SavedModel is written to, with plan.json and
+        report.html; with ``force``, one tfpart wrote before is replaced.
+    verify : bool
+        Run the compiled model against the original (:func:`tfpart.verification.verify`,
+        on one logical CPU per device: made here unless TensorFlow started with fewer,
+        :func:`tfpart.runtime.ensure_local_cpus`) before it is moved into place: an
+        error there, or a failed verification
+        (:class:`~tfpart.core.errors.VerificationError`), leaves no output behind.
+    inputs : path, optional
+        An ``.npz`` file of the signature's inputs that verification and the
+        batch-mixing probe run on (:mod:`rewriters.given_inputs`).
+    batch_size, signature, strategy, algorithm, options, pipeline, microbatches, schedule, profiles, tf32, whole_tables, op_libraries, progress
+        As :func:`plan_model` takes them (by default an op placement by the greedy;
+        ``strategy="auto"``: the fastest strategy), resolved before any work; plan.json
+        records the op libraries.
 
-    With ``verify`` the compiled model is run against the original
-    (:func:`tfpart.verification.verify`) before it is moved into place: an error there,
-    or a failed verification (:class:`~tfpart.core.errors.VerificationError`), leaves no
-    output behind; the report is ``result.verification``. ``inputs`` (an ``.npz``
-    file): the signature's inputs that verification and the batch-mixing probe run on
-    (:mod:`rewriters.given_inputs`)."""
+    Returns
+    -------
+    CompileResult
+        What :func:`plan_model` gives, the output folder, notes for the user and the
+        verification's report (``None`` without ``verify``).
+
+    Examples
+    --------
+    >>> import tempfile, tfpart
+    >>> out = tempfile.mkdtemp() + "/compiled"
+    >>> result = tfpart.compile_model(tfpart.examples.saved_model("residual_cnn"),
+    ...                               tfpart.clusters.load("local_3cpu"), out)
+    >>> len(result.plan.devices_used()) > 1, (result.out / "plan.json").is_file()
+    (True, True)
+    """
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
-    cluster = load_cluster(cluster_file)
-    check_inputs_outside(out, [model_dir, cluster_file, *(profiles or ()),
-                               *([inputs] if inputs else [])])
-    # twice the model: the rewriters' working copy and the output
-    check_free_space(out, 2 * folder_bytes(model_dir))
-    staging = new_staging_folder(out, force)  # fails on an unwritable output before any work
-    if verify:  # planning may start TensorFlow: make the devices to verify on first
-        from tfpart.runtime import ensure_local_cpus
+    cluster = _cluster_of(cluster)
+    with saved_model_folder(model) as model_dir:
+        check_inputs_outside(out, [model_dir, *([cluster.source] if cluster.source else []),
+                                   *(profiles or ()), *([inputs] if inputs else [])])
+        # twice the model: the rewriters' working copy and the output
+        check_free_space(out, 2 * folder_bytes(model_dir))
+        staging = new_staging_folder(out, force)  # fails on an unwritable output first
+        if verify:  # planning may start TensorFlow: make the devices to verify on first
+            from tfpart.runtime import ensure_local_cpus
 
-        ensure_local_cpus(len(cluster))
-    with removed_on_failure(staging):
-        return _compile_into(staging, model_dir, cluster, out, plan_model(
-            model_dir, cluster, batch_size=batch_size, signature=signature,
-            profiles=profiles, progress=progress, tf32=tf32, strategy=request,
-            whole_tables=whole_tables, op_libraries=op_libraries, inputs=inputs),
-            profiles=profiles, force=force, progress=progress, verify=verify, inputs=inputs)
+            ensure_local_cpus(len(cluster))
+        with removed_on_failure(staging):
+            planned = plan_model(model_dir, cluster, batch_size=batch_size,
+                                 signature=signature, profiles=profiles, progress=progress,
+                                 tf32=tf32, strategy=request, whole_tables=whole_tables,
+                                 op_libraries=op_libraries, inputs=inputs)
+            _forget_temporary_folder(planned.plan, model)
+            return _compile_into(staging, model_dir, cluster, out, planned,
+                                 profiles=profiles, force=force, progress=progress,
+                                 verify=verify, inputs=inputs)
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,
@@ -490,7 +635,8 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
     from rewriters.passes import run_rewriters
     from rewriters.savedmodel_io import SavedModelParts, save
 
-    plan, graph, info, proto, timings = planned
+    plan, graph, info, proto, timings = (planned.plan, planned.graph, planned.info,
+                                         planned.proto, planned.timings)
     step = progress or (lambda name: None)
     extra = {"plan.json": plan.to_json(Path(out) / "plan.json")}
     reports = []
@@ -531,8 +677,9 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
                  staging=staging)
     timings["write"] -= sum(inner.values())
     timings.update(inner)
-    return CompileResult(plan=plan, graph=graph, cluster=cluster, info=info, out=Path(out),
-                         timings=timings, notes=profile_notes(profiles, cluster),
+    return CompileResult(**{f.name: getattr(planned, f.name)
+                            for f in dataclasses.fields(PlanResult)},
+                         out=Path(out), notes=profile_notes(profiles, cluster),
                          verification=reports[0] if reports else None)
 
 

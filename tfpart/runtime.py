@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -200,14 +201,61 @@ def _drawn_keys(rng, domain, shape):
             b"tfpart" + max(domain.keys)
     return value
 
+@dataclass(frozen=True)
+class RunnableModel:
+    """A compiled model made runnable here, by :func:`runnable`.
+
+    Attributes
+    ----------
+    plan : tfpart.core.plan.Plan
+        Its plan (plan.json).
+    proto : tensorflow SavedModel proto
+        The SavedModel in ``directory``.
+    directory : pathlib.Path
+        The folder to load (:func:`load`): the compiled model itself, connected to its
+        cluster, or a temporary copy with its devices mapped onto local logical CPUs.
+    device_map : dict
+        Each device of the plan -> the device it runs on here.
+    """
+
+    plan: Plan
+    proto: object = field(repr=False)
+    directory: Path
+    device_map: dict
+
+
 @contextmanager
-def runnable(compiled_dir, cluster, watch, op_libraries=()):
-    """``(plan, proto, directory to load, device map)`` of a compiled model, made
-    runnable here. With ``cluster``, this process connects to its tasks and the model
-    runs as it is; without, its devices are mapped onto local logical CPUs in a
-    temporary copy (removed on exit). The op libraries its plan names
-    (:attr:`~tfpart.core.plan.Plan.op_libraries`) and ``op_libraries`` are loaded
-    first (:func:`tfpart.op_libraries.load_op_libraries`)."""
+def runnable(compiled_dir, cluster=None, watch=False, op_libraries=()):
+    """A compiled model made runnable here, for the length of the ``with`` block.
+
+    Parameters
+    ----------
+    compiled_dir : str or pathlib.Path
+        A folder ``compile_model`` or ``tfpart compile`` wrote.
+    cluster : tfpart.core.cluster.Cluster, optional
+        Its cluster: this process connects to its tasks (:func:`tfpart.servers.connect`,
+        ``watch`` them) and the model runs as it is. Without, its devices are mapped
+        onto local logical CPUs in a temporary copy, removed when the block ends.
+    op_libraries : sequence, optional
+        Loaded first (:func:`tfpart.op_libraries.load_op_libraries`), after those its
+        plan names (:attr:`~tfpart.core.plan.Plan.op_libraries`).
+
+    Yields
+    ------
+    RunnableModel
+        Its plan, the folder to load and the device each planned device runs on.
+
+    Examples
+    --------
+    >>> import tempfile, tfpart
+    >>> out = tfpart.compile_model(tfpart.examples.saved_model("residual_cnn"),
+    ...                            tfpart.clusters.load("local_3cpu"),
+    ...                            tempfile.mkdtemp() + "/compiled").out
+    >>> with tfpart.runnable(out) as here:
+    ...     model = tfpart.load(here.directory)
+    ...     print(sorted(set(here.device_map.values()))[0])
+    /job:localhost/replica:0/task:0/device:CPU:0
+    """
     from rewriters.remap import local_device_map, remap_devices
     from rewriters.savedmodel_io import read_saved_model, write_saved_model
     from tfpart.op_libraries import load_op_libraries
@@ -224,7 +272,8 @@ def runnable(compiled_dir, cluster, watch, op_libraries=()):
         _check_plan_devices(plan, cluster, plan_file)
         connect(cluster, watch=watch)
         with _naming_a_broken_checkpoint(compiled_dir):
-            yield plan, read_saved_model(compiled_dir), compiled_dir, {d: d for d in devices}
+            yield RunnableModel(plan, read_saved_model(compiled_dir), compiled_dir,
+                                {d: d for d in devices})
         return
     device_map = local_device_map(devices)
     host = plan.context.get("unread_variables", {}).get("device")
@@ -234,7 +283,8 @@ def runnable(compiled_dir, cluster, watch, op_libraries=()):
     proto = remap_devices(read_saved_model(compiled_dir), device_map)
     with tempfile.TemporaryDirectory(prefix="tfpart-local-") as tmp, \
             _naming_a_broken_checkpoint(compiled_dir):
-        yield plan, proto, write_saved_model(proto, compiled_dir, Path(tmp) / "local"), device_map
+        yield RunnableModel(plan, proto, Path(write_saved_model(
+            proto, compiled_dir, Path(tmp) / "local")), device_map)
 
 @contextmanager
 def _naming_a_broken_checkpoint(compiled_dir):

@@ -25,10 +25,11 @@ def time_model(compiled_dir, *, cluster=None, batch_size=None, repeats=20, warmu
     import statistics
 
     tf = tensorflow()
-    with runnable(compiled_dir, cluster, watch, op_libraries) as (
-            plan, proto, local_dir, _), cluster_errors(cluster), model_errors(
+    with runnable(compiled_dir, cluster, watch, op_libraries) as compiled, \
+            cluster_errors(cluster), model_errors(
                 compiled_dir, "load and run it",
                 passing=(tf.errors.OpError,) if cluster is not None else ()):
+        plan, proto, local_dir = compiled.plan, compiled.proto, compiled.directory
         signature = SessionSignature(local_dir, plan.context["signature"], len(
             plan.context.get("devices") or ())) if plan.context.get("format") == "tf1" \
             else load(local_dir).signatures[plan.context["signature"]]

@@ -144,8 +144,9 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     from rewriters.copies import OpCopy, copies_in, copy_of
 
     tf = tensorflow()
-    with runnable(compiled_dir, cluster, watch, op_libraries) as (plan, proto, local_dir,
-                                                                  device_map):
+    with runnable(compiled_dir, cluster, watch, op_libraries) as compiled:
+        plan, proto, local_dir, device_map = (compiled.plan, compiled.proto,
+                                              compiled.directory, compiled.device_map)
         signature = plan.context["signature"]
         sizes = verify_batch_sizes(batch_size or plan.context["batch_size"])
         with model_errors(original_dir, "load and run it"):

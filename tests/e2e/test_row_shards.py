@@ -327,7 +327,7 @@ def test_a_table_that_fits_is_cut_when_that_is_predicted_faster(tmp_path):
     whole_steps = plan.context["strategy"]["tables whole"]
     assert plan.step_time < min(whole_steps.values())
     kept = plan_model(model, load_cluster(cluster), signature="train_step", batch_size=64,
-                      whole_tables=True)[0]
+                      whole_tables=True).plan
     assert not kept.row_shards
     assert kept.step_time == pytest.approx(whole_steps["greedy"])
 
@@ -365,7 +365,7 @@ def test_a_table_cut_for_speed_is_shared_by_each_devices_speed(tmp_path):
         {"name": f"/device:CPU:{i}", "kind": kind, "memory": "100MB"}
         for i, kind in enumerate(["cpu", "cpu2x", "cpu"])]}))
     plan = plan_model(model, load_cluster(cluster), signature="train_step",
-                      batch_size=64)[0]
+                      batch_size=64).plan
     table = next(name for name in plan.row_shards if name.endswith("item_table/embeddings"))
     shards = plan.row_shards[table]
     assert sum(shards.sizes) == rows

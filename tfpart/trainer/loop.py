@@ -234,8 +234,8 @@ class _SyncRun:
                                force=True, op_libraries=op_libraries)
         shutil.copy(out / "compiled" / "plan.json", out / "plan.json")
         self.plan = result.plan
-        _, _, directory, _ = stack.enter_context(runnable(out / "compiled", cluster, True))
-        self.compiled = load(directory)
+        here = stack.enter_context(runnable(out / "compiled", cluster, watch=True))
+        self.compiled = load(here.directory)
         self.model = tensorflow().saved_model.load(str(model_dir))  # after connecting
         self.step = self.compiled.signatures["train_step"]
         self.variables = {
