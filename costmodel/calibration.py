@@ -1,30 +1,47 @@
 """Fit a device kind's kernel efficiencies to measured kernel times.
 
 A kernel table (``tfpart-measured-profile/1`` rows: op type, shapes, FLOPs, bytes,
-``time_s`` and ``count``; ``../shared/gpu/h100_kernels.json`` is one) may time each op
-at several precisions: ``time_s`` at TensorFlow's default for the kind (TF32 where the
-kind has it, else fp32) and ``time_s_<precision>`` at others (``time_s_fp32``,
+``time_s`` and ``count``; ``../shared/gpu/h100_kernel_times.json`` is one) may time each
+op at several precisions: ``time_s`` at TensorFlow's default for the kind (TF32 where
+the kind has it, else fp32) and ``time_s_<precision>`` at others (``time_s_fp32``,
 ``time_s_bf16``). Rows are measured on float32 tensors, so a half-precision column
-moves half the bytes.
+moves half the bytes. Other columns (``host_loop_s``: the host's dispatch, not the
+kernel) are not read.
 
 For each kernel class with enough rows (and for each coarse class, pooling its kernel
 classes, so a class never measured falls back to a calibrated parent) the fit finds
-the :class:`~tfpart.core.device_kinds.KernelEfficiency` -- one launch floor, one memory
-fraction, one compute fraction per precision -- that minimises the squared log error
-of ``max(launch_s, flops / (peak * compute), bytes / (bandwidth * memory))`` against
-the measured times, each row weighted by how often the op occurs. Log errors make a
-2x miss on a small kernel count as much as on a large one.
+the :class:`~tfpart.core.device_kinds.KernelEfficiency` -- a launch floor, a memory
+fraction, a compute fraction per precision and, on a kind with ``multiprocessors``, a
+tile size -- that minimises the squared log error of
+:func:`costmodel.roofline.kernel_seconds` against the measured times, each row
+weighted by the square root of how often the op occurs. Log errors make a 2x miss on
+a small kernel count as much as on a large one.
+
+Two choices keep the fit from reading more into the rows than they hold:
+
+* The memory fraction of matrix multiplies (``gemm``) is the elementwise class's,
+  fitted first: the device's streaming bandwidth. Their memory-bound rows are dense
+  layers at small batches, which stream their weights; a table's are small (a
+  classifier's few MB), too small to tell a low plateau from a ramp still short of it,
+  and a fit of their own would read a low plateau off them that a large dense layer
+  (a 400 MB weight matrix) does not have. Convolutions keep their own: their
+  memory-bound rows are large.
+* The tile size is searched from several starts (the fit is not convex in it), and a
+  class keeps one only where the waves explain its rows better than the plain
+  roofline (:data:`WAVES_MUST_GAIN`) and not at the smallest size searched.
+* No launch floor above the class's fastest measured kernel.
 
 Examples
 --------
 >>> from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
 >>> h100 = load_device_kinds()["H100"]
->>> truth = {"elementwise": KernelEfficiency({"fp32": 0.5}, memory=0.7, launch_s=1e-5)}
->>> rows = [KernelRow("Relu", 0.0, b, "fp32", 0.0, 1, "fp32") for b in (1e4, 1e6, 1e8, 1e9)]
+>>> truth = {"elementwise": KernelEfficiency({"fp32": 0.5}, memory=0.7, launch_s=6e-6,
+...                                          tile_elements=2e4)}
+>>> rows = [KernelRow("Relu", 0.0, b, "fp32", 0.0, 1, "fp32") for b in (1e4, 1e6, 1e7, 1e8, 1e9)]
 >>> rows = [r._replace(time_s=kernel_time(r, h100, truth)) for r in rows]
 >>> fitted = fit_kernel_efficiency(rows, h100)["elementwise"]
->>> round(fitted.memory, 3), round(fitted.launch_s * 1e6, 2)
-(0.7, 10.0)
+>>> round(fitted.memory, 3), round(fitted.launch_s * 1e6, 2), round(fitted.tile_elements)
+(0.7, 6.0, 20000)
 """
 from __future__ import annotations
 
@@ -33,14 +50,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodel.roofline import roofline_time
-from tfpart.core.device_kinds import KernelEfficiency
+from costmodel.roofline import ELEMENT_BYTES, roofline_time
+from tfpart.core.device_kinds import KernelEfficiency, wave_occupancy
 from tfpart.core.ops import FREE_OPS, MATMUL_OPS, class_lineage, kernel_class
 
 BYTES_SCALE = {"bf16": 0.5, "fp16": 0.5}  # float32-shaped rows timed in half precision
 MIN_ROWS = 3  # rows a class needs for its own fit
 FP32_UNITS = ("fp32", "fp64", "any")  # precisions off the tensor cores
-_BOUNDS = {"launch_s": (1e-7, 1e-3), "memory": (1e-3, 2.0), "compute": (1e-3, 1.0)}
+STREAMING_CLASS = "elementwise"  # whose memory fraction is the device's streaming one
+STREAMING_SHARERS = ("gemm",)  # classes that take it rather than fit their own
+TILE_STARTS = (1e3, 1e4, 1e5, 1e6)  # elements per tile, where searches begin
+WAVES_MUST_GAIN = 0.01  # a tile size is kept if it cuts the squared error by 1% or more
+_BOUNDS = {"launch_s": (1e-7, 1e-3), "memory": (1e-3, 2.0), "compute": (1e-3, 1.0),
+           "tile_elements": (1e2, 1e10)}
 
 
 class KernelRow(NamedTuple):
@@ -63,8 +85,9 @@ def default_precision(kind):
 
 
 def kernel_rows(ops, kind):
-    """Every (op, precision) time of a kernel table's ``ops`` as a :class:`KernelRow`;
-    ops that cost nothing (metadata, aliases) and zero times are left out."""
+    """Every (op, precision) time of a kernel table's ``ops`` as a :class:`KernelRow`
+    (``time_s`` and the ``time_s_<precision>`` columns); ops that cost nothing
+    (metadata, aliases) and zero times are left out."""
     rows = []
     for op in ops:
         if op["op_type"] in FREE_OPS:
@@ -86,7 +109,7 @@ def kernel_rows(ops, kind):
 
 
 def kernel_time(row, kind, efficiency):
-    """Predicted kernel seconds of ``row`` (the executor's per-op cost excluded)."""
+    """Predicted kernel seconds of ``row`` (the host's per-op cost excluded)."""
     return roofline_time(row.op_type, row.flops, row.bytes_accessed, kind,
                          efficiency=efficiency, overhead=0.0, precision=row.precision)
 
@@ -98,80 +121,147 @@ def fit_kernel_efficiency(rows, kind, min_rows=MIN_ROWS):
     ----------
     rows : list of KernelRow
     kind : tfpart.core.device_kinds.DeviceKind
-        Supplies the peaks and the memory bandwidth the fractions are of.
+        Supplies the peaks and the memory bandwidth the fractions are of, and the
+        multiprocessors the tiles run over (none: no tile sizes are fitted).
     min_rows : int
         Classes with fewer rows get no entry of their own.
 
     Returns
     -------
     dict
-        Kernel class or coarse class -> KernelEfficiency.
+        Kernel class or coarse class -> KernelEfficiency, by class name.
     """
     by_class = {}
     for row in rows:
         for name in class_lineage(kernel_class(row.op_type)):
             by_class.setdefault(name, []).append(row)
-    return {name: _fit_class(members, kind) for name, members in sorted(by_class.items())
-            if len(members) >= min_rows}
+    enough = {name: members for name, members in by_class.items() if len(members) >= min_rows}
+    fitted = {}
+    if STREAMING_CLASS in enough:
+        fitted[STREAMING_CLASS] = _fit_class(enough[STREAMING_CLASS], kind)
+    streaming = fitted[STREAMING_CLASS].memory if fitted else None
+    for name, members in enough.items():
+        if name not in fitted:
+            fitted[name] = _fit_class(members, kind,
+                                      streaming if name in STREAMING_SHARERS else None)
+    return dict(sorted(fitted.items()))
 
 
-def _fit_class(rows, kind):
-    from scipy.optimize import least_squares
+class _Rows(NamedTuple):
+    """A class's rows as arrays for the fit."""
 
+    flops: np.ndarray
+    nbytes: np.ndarray
+    elements: np.ndarray
+    measured: np.ndarray
+    weight: np.ndarray
+    peak: np.ndarray
+    which: np.ndarray  # each row's index into the class's precisions
+
+
+def _as_arrays(rows, kind, precisions):
+    """``rows`` as :class:`_Rows`; ``precisions``: the class's compute fractions, by
+    precision (``["any"]`` off the matrix units)."""
+    one_fraction = precisions == ["any"]
+    return _Rows(
+        flops=np.array([row.flops for row in rows]),
+        nbytes=np.array([row.bytes_accessed for row in rows]),
+        elements=np.array([row.bytes_accessed / ELEMENT_BYTES.get(row.precision, 4)
+                           for row in rows]),
+        measured=np.array([row.time_s for row in rows]),
+        weight=np.sqrt([row.count for row in rows]),
+        peak=np.array([kind.peak(row.precision) if row.op_type in MATMUL_OPS
+                       else kind.peak_flops for row in rows]),
+        which=np.array([0 if one_fraction else precisions.index(row.precision)
+                        for row in rows]))
+
+
+def _predicted(data, kind, launch, memory, compute, tile):
+    """:func:`costmodel.roofline.kernel_seconds` of every row at once."""
+    plateau = np.maximum(data.flops / (data.peak * compute[data.which]),
+                         data.nbytes / (kind.memory_bandwidth * memory))
+    return np.maximum(launch, plateau / wave_occupancy(data.elements, tile,
+                                                       kind.multiprocessors))
+
+
+def _fit_class(rows, kind, memory=None):
+    """The KernelEfficiency of one class's ``rows``; ``memory``: its memory fraction,
+    given (the streaming class's), else fitted."""
     # Off the matrix units the precision does not change the peak tfpart uses, and
     # such kernels are rarely compute-bound: one fraction for all precisions.
     on_matrix_units = any(row.op_type in MATMUL_OPS for row in rows)
     precisions = sorted({row.precision for row in rows}) if on_matrix_units else ["any"]
-    flops = np.array([row.flops for row in rows])
-    nbytes = np.array([row.bytes_accessed for row in rows])
-    measured = np.array([row.time_s for row in rows])
-    weight = np.sqrt([row.count for row in rows])
-    peak = np.array([kind.peak(row.precision) if row.op_type in MATMUL_OPS
-                     else kind.peak_flops for row in rows])
-    which = np.array([precisions.index(row.precision) if on_matrix_units else 0
-                      for row in rows])
+    data = _as_arrays(rows, kind, precisions)
+    plain = _least_squares(data, kind, len(precisions), memory, tile=0.0)
+    best = plain
+    for tile in (TILE_STARTS if kind.multiprocessors else ()):
+        waves = _least_squares(data, kind, len(precisions), memory, tile)
+        if waves[0] < best[0]:
+            best = waves
+    if best[0] > plain[0] * (1 - WAVES_MUST_GAIN):
+        best = plain
+    _, launch, fitted_memory, compute, tile = best
+    if tile <= _BOUNDS["tile_elements"][0] * 1.01:
+        tile = 0.0  # tiles as small as the search allows: no wave was ever part-empty
+    compute = _settle_undetermined(data, kind, launch, fitted_memory, compute, tile,
+                                   precisions)
+    return KernelEfficiency(compute={p: _round(c) for p, c in zip(precisions, compute)},
+                            memory=_round(fitted_memory), launch_s=_round(launch),
+                            tile_elements=_round(tile))
+
+
+def _least_squares(data, kind, n_precisions, memory, tile):
+    """One search from a start: ``(cost, launch_s, memory, compute, tile_elements)``,
+    the tile size fitted from ``tile`` (0: the plain roofline, no tile size) and the
+    memory fraction fitted unless given."""
+    from scipy.optimize import least_squares
+
+    names = ["launch_s"] + (["memory"] if memory is None else []) + \
+        ["compute"] * n_precisions + (["tile_elements"] if tile else [])
+    start = [float(np.min(data.measured))] + ([0.7] if memory is None else []) + \
+        [0.5] * n_precisions + ([tile] if tile else [])
 
     def unpack(x):
-        launch, memory, *compute = np.exp(x)
-        return launch, memory, np.array(compute)
+        values = list(np.exp(x))
+        launch = values.pop(0)
+        fraction = values.pop(0) if memory is None else memory
+        compute = np.array(values[:n_precisions])
+        return launch, fraction, compute, (values[n_precisions] if tile else 0.0)
 
     def residuals(x):
-        launch, memory, compute = unpack(x)
-        predicted = np.maximum(launch, np.maximum(flops / (peak * compute[which]),
-                                                  nbytes / (kind.memory_bandwidth * memory)))
-        return weight * np.log(predicted / measured)
+        predicted = _predicted(data, kind, *unpack(x))
+        return data.weight * np.log(predicted / data.measured)
 
-    names = ["launch_s", "memory"] + ["compute"] * len(precisions)
-    start = np.log([float(np.min(measured)), 0.5] + [0.5] * len(precisions))
-    lower = np.log([_BOUNDS[n][0] for n in names])
-    upper = np.log([_BOUNDS[n][1] for n in names])
-    fit = least_squares(residuals, np.clip(start, lower + 1e-9, upper - 1e-9),
+    # no floor above the class's fastest kernel: that kernel contradicts it
+    bounds = dict(_BOUNDS, launch_s=(_BOUNDS["launch_s"][0],
+                                     min(_BOUNDS["launch_s"][1], float(np.min(data.measured)))))
+    lower = np.log([bounds[n][0] for n in names])
+    upper = np.log([bounds[n][1] for n in names])
+    fit = least_squares(residuals, np.clip(np.log(start), lower + 1e-9, upper - 1e-9),
                         bounds=(lower, upper), x_scale=1.0)
-    launch, memory, compute = unpack(fit.x)
-    compute = _settle_undetermined(compute, launch, memory, flops, nbytes, peak, which,
-                                   kind.memory_bandwidth, precisions)
-    return KernelEfficiency(compute={p: _round(c) for p, c in zip(precisions, compute)},
-                            memory=_round(memory), launch_s=_round(launch))
+    return (float(fit.cost), *unpack(fit.x))
 
 
-def _settle_undetermined(compute, launch, memory, flops, nbytes, peak, which, bandwidth,
-                         precisions):
+def _settle_undetermined(data, kind, launch, memory, compute, tile, precisions):
     """Compute fractions no row was bound by (every kernel of that precision hit the
     launch floor or the memory roof) are not determined by the fit. Each takes the
     best fraction determined in the class on the same units (tensor cores, or the
     fp32 units), else 1: the measurements put no ceiling below the peak. Never one so
     low that it would bind a measured row."""
-    other = np.maximum(launch, nbytes / (bandwidth * memory))
-    bound = flops / (peak * compute[which]) >= other * (1 - 1e-6)
+    occupancy = wave_occupancy(data.elements, tile, kind.multiprocessors)
+    # what the compute roof must stay under not to bind, in the plateau's units
+    other = np.maximum(launch * occupancy, data.nbytes / (kind.memory_bandwidth * memory))
+    bound = data.flops / (data.peak * compute[data.which]) >= other * (1 - 1e-6)
     fp32_units = [p in FP32_UNITS for p in precisions]
     settled = compute.copy()
     for j in range(len(compute)):
-        mine = which == j
+        mine = data.which == j
         if bound[mine].any():
             continue
         alike = [c for i, c in enumerate(compute)
-                 if bound[which == i].any() and fp32_units[i] == fp32_units[j]]
-        lowest = float(np.max(flops[mine] / (peak[mine] * other[mine]))) if mine.any() else 0.0
+                 if bound[data.which == i].any() and fp32_units[i] == fp32_units[j]]
+        lowest = float(np.max(data.flops[mine] / (data.peak[mine] * other[mine]))) \
+            if mine.any() else 0.0
         settled[j] = min(1.0, max(lowest, max(alike, default=1.0)))
     return settled
 

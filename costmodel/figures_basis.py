@@ -181,9 +181,9 @@ def dispatch_basis(kind, profiles, accelerator=None):
     ``op_overhead_source`` for it where there is one.
 
     ``accelerator``: whether the device runs its kernels apart from the host
-    (:mod:`costmodel.lanes`), whose issuing cost any host's profile measures; else its
-    executor's cost is its own profile's; None where the cost model does not say (its
-    own profile's then too).
+    (:mod:`costmodel.lanes`), whose issuing cost its kind's profile measures where it
+    has one (:func:`costmodel.lanes.host_dispatch`); a CPU's cost is its own profile's
+    where that profile timed steps. None where the cost model does not say.
 
     >>> from tfpart.core.device_kinds import load_device_kinds
     >>> dispatch_basis(load_device_kinds()["cpu"], {})["dispatch"]
@@ -191,8 +191,7 @@ def dispatch_basis(kind, profiles, accelerator=None):
     """
     own = profiles.get(kind.name)
     if accelerator:
-        host = next((p for p in ([own] if own else []) + list(profiles.values())
-                     if getattr(p, "host_dispatch", None) is not None), None)
+        host = own if getattr(own, "host_dispatch", None) is not None else None
     else:
         host = own if own is not None and own.meta.get("step_time_s") else None
     if host is not None:

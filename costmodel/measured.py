@@ -14,7 +14,14 @@ Schema (``format`` ``tfpart-measured-profile/1``)::
      "step_time_s": 0.0091,
      "ops": [{"op_type": "Conv2D", "input_shapes": [[8, 32, 32, 3], [3, 3, 3, 32]],
               "time_s": 0.00077, "count": 1, "flops": 1.3e7, "bytes_accessed": 1.1e6}],
-     "fitted": {"efficiency": {"matmul": 0.31, ...}, "op_overhead_s": 2.1e-6}}
+     "fitted": {"efficiency": {"matmul": 0.31, ...}, "op_overhead_s": 2.1e-6,
+                "dispatch_overhead_s": 1.2e-6, "host_dispatch_s": 3.3e-6}}
+
+``host_dispatch_s`` is what running one op costs the host that measured it: the
+executor's time between ops plus the median time of trivially small ops
+(:func:`host_dispatch_figure`). It prices the host issuing each op to an accelerator
+(:mod:`costmodel.lanes`). Profiles written before it was recorded derive it on load
+from the same figures.
 
 A *kernel table* is the same without ``fitted`` (and optionally without
 ``batch_size``, ``tensorflow``, ``step_time_s``): kernel times measured outside
@@ -68,6 +75,35 @@ def shape_key(op_type, input_shapes):
     return f"{op_type}|{json.dumps([list(s) for s in input_shapes])}"
 
 
+def small_op_time(ops):
+    """The median time of the measured ops doing almost no work (under
+    :data:`SMALL_WORK` FLOPs and bytes), or None if there are none.
+
+    >>> small_op_time([{"op_type": "AddV2", "time_s": 3e-6, "flops": 8, "bytes_accessed": 48,
+    ...                 "count": 1}])
+    3e-06
+    """
+    small = [op["time_s"] for op in ops if op["time_s"] > 0 and op["op_type"] not in FREE_OPS
+             and op["flops"] < SMALL_WORK and op["bytes_accessed"] < SMALL_WORK]
+    return statistics.median(small) if small else None
+
+
+def host_dispatch_figure(ops, dispatch):
+    """What running one op costs the host these ``ops`` were measured on: ``dispatch``
+    (the executor's time between ops) plus :func:`small_op_time`; None where no small
+    op was measured.
+
+    TensorFlow's executor spends this much of the host per op whatever the device; on
+    a CPU it also covers a kernel that does nothing, which on a GPU is the launch.
+
+    >>> host_dispatch_figure([{"op_type": "Relu", "time_s": 2e-6, "flops": 4,
+    ...                        "bytes_accessed": 32, "count": 1}], 1e-6)
+    3e-06
+    """
+    small = small_op_time(ops)
+    return None if small is None else small + dispatch
+
+
 def fit_efficiency(ops, kind, step_time=None, dispatch=None):
     """Per-class efficiency and per-op overheads that best explain measured ops.
 
@@ -82,9 +118,8 @@ def fit_efficiency(ops, kind, step_time=None, dispatch=None):
     the ops' own times, shared over the ops that ran.
     """
     timed = [op for op in ops if op["time_s"] > 0 and op["op_type"] not in FREE_OPS]
-    small = [op["time_s"] for op in timed
-             if op["flops"] < SMALL_WORK and op["bytes_accessed"] < SMALL_WORK]
-    overhead = statistics.median(small) if small else kind.op_overhead_s
+    small = small_op_time(ops)
+    overhead = kind.op_overhead_s if small is None else small
     efficiency = {cls: value.to_json() for cls, value in kind.efficiency.items()}
     for cls in CLASSES:
         ratios, large = [], []
@@ -105,7 +140,12 @@ def fit_efficiency(ops, kind, step_time=None, dispatch=None):
     own = sum(op["count"] * op["time_s"] for op in ops)
     if dispatch is None:
         dispatch = max(0.0, (step_time - own) / ran) if step_time and ran else 0.0
-    return {"efficiency": efficiency, "op_overhead_s": overhead, "dispatch_overhead_s": dispatch}
+    fitted = {"efficiency": efficiency, "op_overhead_s": overhead,
+              "dispatch_overhead_s": dispatch}
+    host = host_dispatch_figure(ops, dispatch)
+    if host is not None:
+        fitted["host_dispatch_s"] = host
+    return fitted
 
 
 @dataclass
@@ -142,10 +182,30 @@ class MeasuredProfile:
             return row["time_s"]
         return next((row[f"time_s_{p}"] for p in sorted(same) if f"time_s_{p}" in row), None)
 
-    def op_time(self, attrs, kind, precision="fp32"):
+    @property
+    def host_dispatch(self):
+        """Seconds the measuring host spent running each op apart from its work
+        (``fitted.host_dispatch_s``), or None: a kernel table measures no host.
+
+        >>> from tfpart.core.device_kinds import load_device_kinds
+        >>> ops = [{"op_type": "AddV2", "input_shapes": [[2], [2]], "time_s": 3e-6,
+        ...         "count": 1, "flops": 2.0, "bytes_accessed": 24.0}]
+        >>> measured = MeasuredProfile.from_measurements(
+        ...     "cpu", ops, load_device_kinds()["cpu"], dispatch_overhead_s=1e-6)
+        >>> round(measured.host_dispatch * 1e6, 3)
+        4.0
+        >>> kernel_table_profile("H100", ops, load_device_kinds()["H100"]).host_dispatch is None
+        True
+        """
+        return self.fitted.get("host_dispatch_s")
+
+    def op_time(self, attrs, kind, precision="fp32", dispatch=None):
         """Measured time of an op with these attributes (plus the executor's dispatch
-        overhead), else the fitted roofline; ops removed before running cost nothing."""
-        dispatch = self.fitted.get("dispatch_overhead_s", 0.0)
+        overhead, or ``dispatch`` where given: the host's cost of issuing it to an
+        accelerator), else the fitted roofline; ops removed before running cost
+        nothing."""
+        if dispatch is None:
+            dispatch = self.fitted.get("dispatch_overhead_s", 0.0)
         measured = self.measured_time(attrs, precision)
         if measured is not None and measured > 0:
             # A micro-batch (costmodel.pipeline) keeps its full-batch shapes: its time is
@@ -188,8 +248,19 @@ class MeasuredProfile:
         kind = kinds[data["device_kind"]]
         if "fitted" in data:
             return cls(device_kind=data["device_kind"], ops=data["ops"],
-                       fitted=data["fitted"], meta=meta)
+                       fitted=_with_host_dispatch(data["fitted"], data["ops"], meta),
+                       meta=meta)
         return kernel_table_profile(data["device_kind"], data["ops"], kind, **meta)
+
+
+def _with_host_dispatch(fitted, ops, meta):
+    """``fitted`` with ``host_dispatch_s`` derived from its figures where a profile
+    measured on a host (``tfpart profile`` records the ``hardware``) was written before
+    it was recorded."""
+    if "host_dispatch_s" in fitted or "hardware" not in meta:
+        return fitted
+    host = host_dispatch_figure(ops, fitted.get("dispatch_overhead_s", 0.0))
+    return fitted if host is None else dict(fitted, host_dispatch_s=host)
 
 
 def load_profile(path, kinds=None):
@@ -283,9 +354,11 @@ def _validate(data, kinds):
         if not _positive_efficiency(value):
             return (f"fitted.efficiency.{name}: must be a positive number or "
                     "{compute: {precision: positive}, memory: positive, launch_s}")
-    overhead = fitted.get("op_overhead_s")
-    if not isinstance(overhead, (int, float)) or overhead < 0:
-        return "fitted.op_overhead_s: must be a non-negative number"
+    optional = {name: fitted[name] for name in ("dispatch_overhead_s", "host_dispatch_s")
+                if name in fitted}
+    for name, value in {"op_overhead_s": fitted.get("op_overhead_s"), **optional}.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            return f"fitted.{name}: must be a non-negative number"
     return None
 
 

@@ -1,8 +1,10 @@
 """Roofline op times and alpha-beta transfer times, as dense arrays for the solvers.
 
 The time of an op on a device kind is its kernel's time plus the executor's fixed
-cost per op (``op_overhead_s``). The kernel takes ``max(launch_s, flops /
-(peak[precision] * compute), bytes_accessed / (memory_bandwidth * memory))`` with the
+cost per op (``op_overhead_s``; on an accelerator, the host's cost of issuing it, which
+a measured profile of the host gives where there is one: :mod:`costmodel.lanes`). The
+kernel takes its plateau roofline, stretched by the waves a small kernel leaves partly
+idle, never less than a launch floor (:func:`kernel_seconds`), with the
 :class:`~tfpart.core.device_kinds.KernelEfficiency` of its kernel class on that kind (datasheet
 guesses, or fitted to measured kernels by :mod:`costmodel.calibration`). The
 precision is TensorFlow's (:func:`compute_precision`): TF32 units for float32
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodel.lanes import device_lanes, host_dispatch, runs_kernels_on_host
 from tfpart.core.cluster import alpha_beta
 from tfpart.core.limits import check_planned_devices
 from tfpart.core.ops import FREE_OPS, MATMUL_OPS
@@ -54,18 +57,24 @@ def op_dtype(attrs):
     return outputs[0][1] if outputs else "float32"
 
 
+ELEMENT_BYTES = {"fp64": 8, "bf16": 2, "fp16": 2}  # every other precision: 4 bytes
+
+
 def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhead=None,
                   precision="fp32"):
-    """Seconds for one op on a device kind.
+    """Seconds for one op on a device kind: its kernel (:func:`kernel_seconds`) plus
+    ``overhead`` (default: the kind's ``op_overhead_s``).
 
     >>> from tfpart.core.device_kinds import load_device_kinds
-    >>> v100 = load_device_kinds()["V100"]
-    >>> t = roofline_time("MatMul", 2 * 4096**3, 3 * 4 * 4096**2, v100)
-    >>> round(t * 1e3, 2)  # ms: compute bound at 70% of 15.7 TFLOP/s
-    12.51
-    >>> roofline_time("Relu", 1e6, 8e6, v100) < roofline_time("Relu", 1e6, 16e6, v100)
+    >>> h100 = load_device_kinds()["H100"]
+    >>> fit = h100.kernel_efficiency("MatMul").compute_at("tf32")
+    >>> t = roofline_time("MatMul", 2 * 8192**3, 3 * 4 * 8192**2, h100, overhead=0,
+    ...                   precision="tf32")
+    >>> 1 < t / (2 * 8192**3 / (h100.peak("tf32") * fit)) < 1.05  # a large kernel: the plateau
     True
-    >>> roofline_time("Identity", 0, 1e9, v100)
+    >>> roofline_time("Relu", 1e6, 8e6, h100) < roofline_time("Relu", 1e6, 16e6, h100)
+    True
+    >>> roofline_time("Identity", 0, 1e9, h100)
     0.0
     """
     if op_type in FREE_OPS:
@@ -73,9 +82,45 @@ def roofline_time(op_type, flops, bytes_accessed, kind, efficiency=None, overhea
     fraction = kind.kernel_efficiency(op_type, efficiency)
     overhead = kind.op_overhead_s if overhead is None else overhead
     peak = kind.peak(precision) if op_type in MATMUL_OPS else kind.peak_flops
-    kernel = max(fraction.launch_s, flops / (peak * fraction.compute_at(precision)),
-                 bytes_accessed / (kind.memory_bandwidth * fraction.memory))
-    return kernel + overhead
+    return kernel_seconds(flops, bytes_accessed, precision, peak, kind, fraction) + overhead
+
+
+def kernel_seconds(flops, bytes_accessed, precision, peak, kind, fraction):
+    """The GPU's own time for one kernel (no host dispatch), with the
+    :class:`~tfpart.core.device_kinds.KernelEfficiency` ``fraction`` of its class.
+
+    The plateau is the roofline at the class's fractions of the peaks,
+    ``max(flops / (peak * compute), bytes / (bandwidth * memory))``: what a kernel
+    large enough to fill the device reaches. A smaller one does not fill it: its
+    elements (``bytes / ELEMENT_BYTES[precision]``) are cut into tiles of
+    ``tile_elements``, run in waves over the kind's ``multiprocessors``, and with
+    ``w`` waves of work the kernel takes about ``w + 1`` waves' time (the last
+    wave part-empty, the first one ramping up): the plateau divided by the occupancy
+    ``w / (1 + w)`` (:meth:`~tfpart.core.device_kinds.KernelEfficiency.occupancy`).
+    Counting tiles in elements, not bytes, keeps a bfloat16 kernel's tiles those of
+    its float32 twin. ``launch_s`` bounds it below. A device with fewer
+    multiprocessors fills with fewer tiles: the wave term is where a kind's
+    ``multiprocessors`` enter its times. Without ``tile_elements`` (datasheet
+    guesses, older calibrations) this is the plain roofline with its floor.
+
+    >>> from tfpart.core.device_kinds import KernelEfficiency, load_device_kinds
+    >>> h100 = load_device_kinds()["H100"]  # 132 multiprocessors
+    >>> e = KernelEfficiency({"any": 0.5}, memory=0.8, launch_s=1.3e-6, tile_elements=1e4)
+    >>> def stretch(elements):  # kernel time / plateau time, for a memory-bound kernel
+    ...     plateau = 4 * elements / (h100.memory_bandwidth * e.memory)
+    ...     return round(kernel_seconds(0, 4 * elements, "fp32", 1e14, h100, e) / plateau, 2)
+    >>> stretch(1.32e6), stretch(100 * 1.32e6)  # one wave of tiles, then a hundred
+    (2.0, 1.01)
+    >>> round(kernel_seconds(0, 40, "fp32", 1e14, h100, e) * 1e6, 2)  # far under a wave: a tile
+    1.97
+    >>> plain = KernelEfficiency({"any": 0.5}, memory=0.8, launch_s=1.3e-6)
+    >>> kernel_seconds(0, 40, "fp32", 1e14, h100, plain)  # no tile size: the floor
+    1.3e-06
+    """
+    plateau = max(flops / (peak * fraction.compute_at(precision)),
+                  bytes_accessed / (kind.memory_bandwidth * fraction.memory))
+    elements = bytes_accessed / ELEMENT_BYTES.get(precision, 4)
+    return max(fraction.launch_s, plateau / fraction.occupancy(elements, kind.multiprocessors))
 
 
 def _dense_link_table(name):
@@ -89,8 +134,14 @@ class CostModel:
     """Op times and transfer times of one graph on one cluster, as numpy arrays.
 
     ``compute[i, d]`` is the time of op ``ops[i]`` on device ``d`` (``inf`` where the
-    device's kind has no kernel for it). A node attribute ``cost`` (device name ->
-    seconds) overrides the roofline, for graphs imported with measured cost tables.
+    device's kind has no kernel for it): its kernel and the host's cost of running it.
+    A node attribute ``cost`` (device name -> seconds) overrides the roofline, for
+    graphs imported with measured cost tables (their ops cost the host nothing apart).
+
+    ``accelerator[d]`` says whether device ``d`` runs its kernels apart from the host
+    (a GPU: :mod:`costmodel.lanes`), and ``host_dispatch[d]`` what issuing an op to it
+    costs the host (0 on a CPU). On an accelerator an op's time is split in two:
+    :meth:`dispatch_time` on the host's timeline, :meth:`device_time` on the device's.
 
     Examples
     --------
@@ -107,6 +158,11 @@ class CostModel:
     True
     >>> cost.edge_time({"bytes": 0, "comm": [[0, 2.5], [3.0, 0]]}, 1, 0)
     3.0
+    >>> a = cost.index["a"]  # on the T4, the host issues it while the device is busy
+    >>> bool(cost.device_time()[a, 1] + cost.dispatch_time()[a, 1] == cost.compute[a, 1])
+    True
+    >>> float(cost.dispatch_time()[a, 0]), bool(cost.device_time()[a, 0] == cost.compute[a, 0])
+    (0.0, True)
     """
 
     def __init__(self, graph, cluster, measured=(), tf32=None):
@@ -118,6 +174,8 @@ class CostModel:
         self.index = {name: i for i, name in enumerate(self.ops)}
         self._mean_link = None  # (mean latency, mean 1/bandwidth) over device pairs
         self._links = None  # the dense link tables, built when first read
+        self.accelerator, self.host_dispatch = device_lanes(
+            cluster.devices, {p.device_kind: p for p in self.measured})
         self.compute = _compute_times(graph, self.ops, cluster.devices, self.measured,
                                       self.tf32)
 
@@ -186,6 +244,31 @@ class CostModel:
                                float(np.mean(self.inverse_bandwidth[mask])))
         return self._mean_link[0] + edge["bytes"] * self._mean_link[1]
 
+    def dispatch_time(self):
+        """``[i, d]``: the part of ``compute`` the host spends issuing op ``i`` to an
+        accelerator ``d`` (its ``host_dispatch``, never more than the op's time; 0 on
+        CPUs and for ops with their own cost table)."""
+        priced = self.derived("priced", lambda: np.array(
+            [self.graph.ops[op].get("cost") is None for op in self.ops], dtype=bool))
+        share = np.minimum(self.host_dispatch, self.compute)
+        return np.where(priced[:, None] & self.accelerator, share, 0.0)
+
+    def device_time(self):
+        """``[i, d]``: the part of ``compute`` that holds device ``d``'s own timeline:
+        the kernel on an accelerator (the host issues the next ops meanwhile), the whole
+        op on a CPU (its executor's thread dispatches and computes)."""
+        return self.compute - self.dispatch_time()
+
+    @property
+    def lane_of(self):
+        """Each device's timeline of kernels, as an index of its own: an accelerator's
+        stream, or a CPU's executor (devices in one ``core_group`` share it)."""
+        executor_of = self.cluster.executor_of
+        lanes = {}
+        return [lanes.setdefault(d if accelerator else ("executor", executor_of[d]),
+                                 len(lanes))
+                for d, accelerator in enumerate(self.accelerator)]
+
     def mean_time(self):
         """Each op's time averaged over the devices that can run it (0 if none can)."""
         runnable = np.isfinite(self.compute)
@@ -203,6 +286,8 @@ def _compute_times(graph, ops, devices, measured, tf32):
     for device in devices:
         column.append(kinds.setdefault(id(device.kind), (len(kinds), device.kind))[0])
     kinds = [kind for _, kind in sorted(kinds.values(), key=lambda pair: pair[0])]
+    dispatch = [None if runs_kernels_on_host(kind) else host_dispatch(kind, profiles)
+                for kind in kinds]
     column = np.asarray(column, dtype=np.int64)
     compute = np.empty((len(ops), len(devices)))
     per_kind = np.empty(len(kinds))
@@ -215,18 +300,21 @@ def _compute_times(graph, ops, devices, measured, tf32):
                           else table.get(d.name, np.inf) for d in devices]
             continue
         for k, kind in enumerate(kinds):
-            per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32)
+            per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32,
+                                     dispatch[k])
         compute[i] = per_kind[column]
     return compute
 
 
-def _kind_time(attrs, kind, profile, tf32):
-    """One op's time on a device of ``kind`` (inf where the kind has no kernel)."""
+def _kind_time(attrs, kind, profile, tf32, dispatch=None):
+    """One op's time on a device of ``kind`` (inf where the kind has no kernel): its
+    kernel plus ``dispatch``, the host's cost of issuing it to an accelerator (None: a
+    CPU's, the kind's or profile's per-op cost)."""
     allowed = attrs["allowed_kinds"]
     if allowed is not None and kind.name not in allowed:
         return np.inf
     precision = compute_precision(attrs["op_type"], op_dtype(attrs), kind, tf32)
     if profile is not None:
-        return profile.op_time(attrs, kind, precision)
+        return profile.op_time(attrs, kind, precision, dispatch=dispatch)
     return roofline_time(attrs["op_type"], attrs["flops"], attrs["bytes_accessed"], kind,
-                         precision=precision)
+                         overhead=dispatch, precision=precision)

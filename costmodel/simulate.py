@@ -7,6 +7,27 @@ Model
   executor never waits while one of its ops is ready (it is work-conserving, as
   TensorFlow's executor is); among ready ops it takes the highest priority first (upward
   rank, as in HEFT).
+* A CPU device has one timeline, its executor's: the thread that dispatches an op also
+  runs its kernel, so the op holds it for its whole ``compute`` (the per-op cost and
+  the kernel) and the next op waits. That is TensorFlow's executor with one inter-op
+  thread, as ``tfpart profile`` measures ops and pinned workers run them
+  (``tfpart worker --inter-threads 1``): two independent chains took the sum of their
+  times on one such worker and the longer one's on two (``../shared/DESIGN.md``). The
+  intra-op pool parallelises one kernel, which the op's measured or fitted time
+  holds. More inter-op threads would run independent ops of one device side by side
+  on the host's cores: not modelled.
+* An accelerator (a GPU: :mod:`costmodel.lanes`) has two: its host issues its ops one
+  at a time in the executor's order (ready ops, highest priority first), each taking
+  the host's dispatch cost
+  (:meth:`~costmodel.roofline.CostModel.dispatch_time`), and the device runs their
+  kernels (:meth:`~costmodel.roofline.CostModel.device_time`) in the order issued, one
+  at a time (one stream), each once issued and after the kernel before it. An op is
+  ready to issue when its inputs from other devices have arrived and its producers on
+  the device have been issued (the stream runs them first), so the host runs ahead of
+  the kernels, as TensorFlow's GPU executor does. TensorFlow gives each GPU its own
+  executor: each accelerator has its own host timeline (unless a ``core_group`` joins
+  them), whose threads are taken not to compete for the host's cores. An op's start
+  and end are its kernel's; the step is bounded by both timelines.
 * A tensor needed on another device is sent once per destination device as soon as its
   producer ends, over the directed link between the two devices. Its bytes occupy the
   link for ``bytes / bandwidth``, queued first come, first served behind the link's
@@ -14,9 +35,10 @@ Model
   after the last byte leaves: latencies of concurrent transfers overlap, as
   TensorFlow's receives run concurrently. On a ``cpu_copy`` link the copy also
   occupies both endpoints' executors, which compute nothing meanwhile. Each copy is a
-  Send/Recv pair: its link's ``message_cost`` of executor time is taken at both ends
-  when its producer ends (a copy queued behind others on its link holds no executor
-  meanwhile), so spreading ops is never free, even off the critical path.
+  Send/Recv pair: its link's ``message_cost`` of executor time (on an accelerator, of
+  its host's timeline) is taken at both ends when its producer ends (a copy queued
+  behind others on its link holds no executor meanwhile), so spreading ops is never
+  free, even off the critical path.
 * Ops that become ready at the same moment are all queued before an executor chooses
   among them.
 * The cluster's ``step_overhead`` (a client launching the step on remote workers) is
@@ -47,17 +69,20 @@ from tfpart.core.ops import STATE_OPS
 
 @dataclass
 class Schedule:
-    """Start and end time of every op (by op index) and per-device figures."""
+    """Start and end time of every op (by op index; on an accelerator, of its kernel)
+    and per-device figures."""
 
     device: np.ndarray
     start: np.ndarray
     end: np.ndarray
     makespan: float
-    busy: np.ndarray  # seconds of compute per device
+    busy: np.ndarray  # seconds of compute per device (an accelerator's: of its kernels)
     link_bytes: dict = field(default_factory=dict)  # (src device, dst device) -> bytes
     transfers: list = field(default_factory=list)  # (op index, src, dst, start, end)
     peak_memory: np.ndarray = None  # bytes per device, variables included
     order: list = field(default_factory=list)
+    issued: np.ndarray = None  # when the host began issuing each op (a CPU op: its start)
+    host_busy: np.ndarray = None  # seconds each accelerator's host spent issuing its ops
 
     @property
     def idle(self):
@@ -201,7 +226,8 @@ def simulate(cost, device_of, priority=None, memory=True):
     """
     device_of = np.asarray(device_of, dtype=np.int64)
     priority = upward_rank(cost) if priority is None else np.asarray(priority, dtype=float)
-    start, end, busy, order, transfers, link_bytes = _run_events(cost, device_of, priority)
+    start, end, busy, order, transfers, link_bytes, issued, host_busy = _run_events(
+        cost, device_of, priority)
     src, dst = np.nonzero(link_bytes)
     schedule = Schedule(
         device=device_of, start=start, end=end,
@@ -209,7 +235,7 @@ def simulate(cost, device_of, priority=None, memory=True):
         link_bytes={(int(s), int(d)): float(link_bytes[s, d]) for s, d in zip(src, dst)},
         transfers=[(int(i), int(s), int(d), float(b), float(f))
                    for i, s, d, b, f in transfers] if memory else [],
-        order=order.tolist())
+        order=order.tolist(), issued=issued, host_busy=host_busy)
     if memory:
         schedule.peak_memory = peak_memory(cost, schedule)
     return schedule
@@ -231,7 +257,7 @@ def simulated_step(cost, device_of, priority):
     >>> simulated_step(cost, placement, upward_rank(cost)) == (schedule.makespan, 1e6)
     True
     """
-    _, end, _, _, transfers, link_bytes = _run_events(cost, device_of, priority)
+    _, end, _, _, transfers, link_bytes, _, _ = _run_events(cost, device_of, priority)
     return _makespan(cost, end, transfers), float(link_bytes.sum())
 
 
@@ -240,9 +266,10 @@ def _run_events(cost, device_of, priority):
     executor_of = cost.derived("executor_of", lambda: np.asarray(cost.cluster.executor_of,
                                                                  dtype=np.int64))
     return _simulate_events(
-        device_of, priority, a.tie, cost.compute, executor_of, a.succ_ptr, a.succ_op,
-        a.succ_edge, a.edge_bytes, a.edge_control, a.comm_row, a.comm, cost.latency,
-        cost.inverse_bandwidth, cost.cpu_copy, cost.message_cost)
+        device_of, priority, a.tie, cost.compute, executor_of, cost.accelerator,
+        cost.host_dispatch, a.own_cost, a.succ_ptr, a.succ_op, a.succ_edge, a.edge_bytes,
+        a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
+        cost.cpu_copy, cost.message_cost)
 
 
 def _makespan(cost, end, transfers):
@@ -261,19 +288,33 @@ def _last_event(end, transfers):
     return last
 
 
+# Kinds of events, in the order they happen at one moment: an executor chooses its next
+# op (WAKE) once every op that ends or becomes ready then has done so.
+FINISHED, READY, WAKE = 0, 1, 2
+
+
 @numba.njit(cache=True)
-def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, succ_op,
-                     succ_edge, edge_bytes, edge_control, comm_row, comm, latency,
-                     inverse_bandwidth, cpu_copy, message_cost):
+def _simulate_events(device_of, priority, tie, compute, executor_of, accelerator,
+                     host_dispatch, own_cost, succ_ptr, succ_op, succ_edge, edge_bytes,
+                     edge_control, comm_row, comm, latency, inverse_bandwidth, cpu_copy,
+                     message_cost):
     """The event loop of :func:`simulate`: start and end per op, busy seconds per
     device, the order ops started in, the transfers (rows: op, src, dst, begin,
-    finish) and the bytes per directed link."""
+    finish), the bytes per directed link, when the host began issuing each op and the
+    seconds each accelerator's host spent issuing."""
     n_ops, n_dev = compute.shape
     n_exec = executor_of.max() + 1
-    start, end = np.zeros(n_ops), np.zeros(n_ops)
-    busy = np.zeros(n_dev)
-    busy_until = np.zeros(n_exec)  # also held by cpu_copy transfers
+    start, end, issued = np.zeros(n_ops), np.zeros(n_ops), np.zeros(n_ops)
+    busy, host_busy = np.zeros(n_dev), np.zeros(n_dev)
+    busy_until = np.zeros(n_exec)  # also held by cpu_copy transfers and messages
+    kernels_until = np.zeros(n_dev)  # an accelerator's last kernel issued so far ends
     running = np.zeros(n_exec, dtype=np.bool_)
+    # A WAKE is due. An executor issuing to an accelerator is never `running`, so one
+    # WAKE at a time stands for it (a CPU's extra ones die when its op starts).
+    waking = np.zeros(n_exec, dtype=np.bool_)
+    issuing = np.zeros(n_exec, dtype=np.bool_)
+    for d in range(n_dev):
+        issuing[executor_of[d]] |= accelerator[d]
     queue = np.empty((n_exec, n_ops), dtype=np.int64)
     queued = np.zeros(n_exec, dtype=np.int64)
     link_free = np.zeros((n_dev, n_dev))
@@ -287,30 +328,29 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
     for k in range(len(succ_op)):
         waiting[succ_op[k]] += 1
     ready_at = np.zeros(n_ops)
-    # (time, kind, sequence, payload): kind 0 = op finished, 1 = op ready, 2 = wake (an
-    # executor picks its next op). At equal times wakes come last, so an executor
-    # chooses among every op ready by then, not the first one to arrive.
-    events = [(0.0, 0, 0, 0)]
+    events = [(0.0, 0, 0, 0)]  # (time, kind, sequence, op or executor)
     events.pop()
     sequence = 0
     for i in range(n_ops):
         if waiting[i] == 0:
-            heapq.heappush(events, (0.0, 1, sequence, i))
+            heapq.heappush(events, (0.0, READY, sequence, i))
             sequence += 1
     copy_bytes, copy_link, copy_total = np.zeros(n_dev), np.zeros(n_dev), np.zeros(n_dev)
     copy_to = np.zeros(n_dev, dtype=np.bool_)
     while len(events) > 0:
         now, kind, _, payload = heapq.heappop(events)
-        if kind == 1:  # all inputs of op `payload` are on its device
+        if kind == READY:  # all inputs of op `payload` are on its device
             e = executor_of[device_of[payload]]
             heap_push(queue, queued, e, payload, priority, tie)
-        elif kind == 2:
+        elif kind == WAKE:
             e = payload
+            waking[e] = False
         else:  # op `payload` finished: send its outputs, wake its consumers
             i = payload
             src = device_of[i]
             e = executor_of[src]
-            running[e] = False
+            if not accelerator[src]:
+                running[e] = False
             copy_to[:] = False
             for k in range(succ_ptr[i], succ_ptr[i + 1]):  # one copy per destination
                 dst = device_of[succ_op[k]]
@@ -353,36 +393,63 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, succ_ptr, s
             for k in range(succ_ptr[i], succ_ptr[i + 1]):
                 j = succ_op[k]
                 d_j = device_of[j]
+                if d_j == src and accelerator[src]:
+                    continue  # ready since i was issued
                 there = end[i] if d_j == src or arrival[i, d_j] < 0 else arrival[i, d_j]
                 ready_at[j] = max(ready_at[j], there)
                 waiting[j] -= 1
                 if waiting[j] == 0:
-                    heapq.heappush(events, (ready_at[j], 1, sequence, j))
+                    heapq.heappush(events, (ready_at[j], READY, sequence, j))
                     sequence += 1
-        if kind != 2:  # the executor chooses once everything due now has happened
-            if not running[e] and queued[e] > 0:
-                heapq.heappush(events, (max(now, busy_until[e]), 2, sequence, e))
+        if kind != WAKE:  # the executor chooses once everything due now has happened
+            if not running[e] and queued[e] > 0 and not (waking[e] and issuing[e]):
+                heapq.heappush(events, (max(now, busy_until[e]), WAKE, sequence, e))
                 sequence += 1
+                waking[e] = True
             continue
         # start the next op on executor e
         if running[e] or queued[e] == 0:
             continue
         if busy_until[e] > now:
-            heapq.heappush(events, (busy_until[e], 2, sequence, e))
+            heapq.heappush(events, (busy_until[e], WAKE, sequence, e))
             sequence += 1
+            waking[e] = True
             continue
         i = heap_pop(queue, queued, e, priority, tie)
         d = device_of[i]
-        start[i] = now
-        end[i] = now + compute[i, d]
-        running[e] = True
-        busy_until[e] = end[i]
-        busy[d] += compute[i, d]
+        issued[i] = now
         order[n_started] = i
         n_started += 1
-        heapq.heappush(events, (end[i], 0, sequence, i))
+        if accelerator[d]:  # the host issues it; the device runs it after the last kernel
+            dispatch = 0.0 if own_cost[i] else min(host_dispatch[d], compute[i, d])
+            busy_until[e] = now + dispatch
+            host_busy[d] += dispatch
+            start[i] = max(busy_until[e], kernels_until[d])
+            end[i] = start[i] + (compute[i, d] - dispatch)
+            kernels_until[d] = end[i]
+            busy[d] += compute[i, d] - dispatch
+            for k in range(succ_ptr[i], succ_ptr[i + 1]):  # the stream orders the rest
+                j = succ_op[k]
+                if device_of[j] == d:
+                    ready_at[j] = max(ready_at[j], busy_until[e])
+                    waiting[j] -= 1
+                    if waiting[j] == 0:
+                        heapq.heappush(events, (ready_at[j], READY, sequence, j))
+                        sequence += 1
+            if queued[e] > 0 and not waking[e]:
+                heapq.heappush(events, (busy_until[e], WAKE, sequence, e))
+                sequence += 1
+                waking[e] = True
+        else:
+            running[e] = True
+            start[i] = now
+            end[i] = now + compute[i, d]
+            busy_until[e] = end[i]
+            busy[d] += compute[i, d]
+        heapq.heappush(events, (end[i], FINISHED, sequence, i))
         sequence += 1
-    return start, end, busy, order[:n_started], transfers[:n_transfers], link_bytes
+    return (start, end, busy, order[:n_started], transfers[:n_transfers], link_bytes, issued,
+            host_busy)
 
 
 def simulate_plan(plan, cost):
@@ -450,7 +517,7 @@ def live_peak(cost, device_of, priority=None):
     device_of = np.asarray(device_of, dtype=np.int64)
     if priority is None:
         priority = cost.derived("upward_rank", lambda: upward_rank(cost))
-    start, end, _, order, transfers, _ = _run_events(cost, device_of, priority)
+    start, end, _, order, transfers, _, _, _ = _run_events(cost, device_of, priority)
     return _peak(cost, order, device_of, start, end, transfers,
                  _makespan(cost, end, transfers))
 

@@ -141,14 +141,14 @@ def model(graph, cost, cluster, options=ILPOptions(), initial=None, live=None, r
     bytes per device (default: their memory)."""
     units = list(cost.ops)
     n_dev = len(cluster)
-    executors = cluster.executor_of
+    executors = cost.lane_of  # timelines of kernels: an accelerator's host issues ahead
     # Times in units of a thousandth of the serial worst case, so the solver's absolute
     # tolerances (about 1e-6) are small against every duration.
     worst = float(np.where(np.isfinite(cost.compute), cost.compute, 0.0).max(axis=1).sum())
     worst += sum(max(cost.edge_time(e, a, b) for a in range(n_dev) for b in range(n_dev))
                  for _, _, e in graph.edges())
     unit = worst / 1000 if worst > 0 else 1.0
-    p = cost.compute / unit
+    p = cost.device_time() / unit
     horizon = 1000.0 + 1e-6
     prob = pulp.LpProblem("placement", pulp.LpMinimize)
     x = {(u, d): prob.add_variable(f"x_{i}_{d}", cat="Binary")
@@ -203,7 +203,7 @@ def _start_values(cost, device_of, unit, x, transfers, pairs, links):
     simulator: the solver's starting solution."""
     schedule = simulate(cost, device_of)
     where = dict(zip(cost.ops, device_of))
-    executors = cost.cluster.executor_of
+    executors = cost.lane_of
     values = {var.name: float(where[u] == d) for (u, d), var in x.items()}
     for i, u in enumerate(cost.ops):
         values[f"s_{i}"] = schedule.start[i] / unit

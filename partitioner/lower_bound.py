@@ -19,18 +19,20 @@ from costmodel.simulate import longest_path_to_exit
 
 
 def critical_path_bound(cost):
-    """Longest path with every op on its fastest device and free transfers."""
+    """Longest path with every op on its fastest device and free transfers (an
+    accelerator's kernels only: its host issues them ahead)."""
     a = graph_arrays(cost)
     rank = longest_path_to_exit(a.topological, a.succ_ptr, a.succ_op, a.succ_edge,
-                                cost.compute.min(axis=1), np.zeros(len(a.edge_bytes)))
+                                cost.device_time().min(axis=1), np.zeros(len(a.edge_bytes)))
     return float(rank.max(initial=0.0))
 
 
 def work_bound(cost):
     """All work spread perfectly: the sum of each op's time on its fastest device over
-    the number of executors (devices sharing a core group count once)."""
-    fastest = cost.compute.min(axis=1)
-    return float(fastest.sum() / len(set(cost.cluster.executor_of)))
+    the number of timelines of kernels (devices sharing a core group count once; an
+    accelerator's kernels only)."""
+    fastest = cost.device_time().min(axis=1)
+    return float(fastest.sum() / len(set(cost.lane_of)))
 
 
 def lp_load_bound(cost):
@@ -46,20 +48,21 @@ def lp_load_bound(cost):
     import pulp
 
     n_ops, n_dev = cost.compute.shape
-    executors = cost.cluster.executor_of
-    finite = cost.compute[np.isfinite(cost.compute)]
+    executors = cost.lane_of
+    times = cost.device_time()
+    finite = times[np.isfinite(times)]
     unit = float(finite.sum()) / 1000 if finite.size and finite.sum() > 0 else 1.0
     prob = pulp.LpProblem("load", pulp.LpMinimize)
     load = prob.add_variable("load", lowBound=0)
     prob += load
     share = {(i, d): prob.add_variable(f"x_{i}_{d}", lowBound=0, upBound=1)
              for i in range(n_ops) for d in range(n_dev)
-             if np.isfinite(cost.compute[i, d]) and cost.compute[i, d] > 0}
+             if np.isfinite(times[i, d]) and times[i, d] > 0}
     busy = {i for i, _ in share}
     for i in busy:
         prob += pulp.lpSum(share[i, d] for d in range(n_dev) if (i, d) in share) == 1
     for e in sorted(set(executors)):
-        prob += pulp.lpSum(cost.compute[i, d] / unit * var for (i, d), var in share.items()
+        prob += pulp.lpSum(times[i, d] / unit * var for (i, d), var in share.items()
                            if executors[d] == e) <= load
     solver = pulp.HiGHS(msg=False) if "HiGHS" in pulp.listSolvers(onlyAvailable=True) \
         else pulp.PULP_CBC_CMD(msg=False)

@@ -63,7 +63,7 @@ def test_datasheet_calibrated_and_measured_devices_say_so():
     assert h100["basis"] == "calibrated" and h100["kernels"] > 100
     assert mine == {"kind": "MyGPU", "basis": "datasheet", "efficiency_from": "H100",
                     "dispatch": "kind", "dispatch_source": mine["dispatch_source"]}
-    assert l4["basis"] == "datasheet" and "efficiency_from" not in l4
+    assert l4["basis"] == "datasheet" and l4["efficiency_from"] == "H100"  # shipped, derived
     # a kernel table (no step measured) leaves the host dispatch to the kind
     assert figures_basis(CostModel(graph, cluster, measured=[_profile()]))["devices"][
         cluster.devices[0].name]["dispatch"] == "kind"
@@ -74,8 +74,8 @@ def test_the_summary_line_groups_devices_and_says_what_to_measure():
     line = figures_line(figures_basis(cost, links={}))
     assert line.startswith("Figures: CPU:0 measured cpu (1 of 3 ops timed by its profile")
     assert "; GPU:0, GPU:1 calibrated H100 (fit to " in line
-    assert "; GPU:2 datasheet MyGPU (efficiencies of calibrated H100); GPU:3 datasheet L4;" \
-        in line
+    assert "; GPU:2 datasheet MyGPU (efficiencies of calibrated H100); GPU:3 datasheet L4 " \
+        "(efficiencies of calibrated H100);" in line
     assert line.endswith("; links default; host dispatch from the kinds file. To measure them: "
                          "profile MyGPU and L4 (`tfpart profile`), probe the links "
                          "(`tfpart cluster probe`)")
@@ -128,7 +128,8 @@ def test_compile_records_prints_and_reports_it(tmp_path, capsys, monkeypatch):
                  "--batch-size", "4", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     line = next(text for text in printed.splitlines() if text.startswith("Figures:"))
-    assert "GPU:0 calibrated H100" in line and "GPU:2, GPU:3 datasheet L4;" in line
+    assert "GPU:0 calibrated H100" in line and \
+        "GPU:2, GPU:3 datasheet L4 (efficiencies of calibrated H100);" in line
     assert "CPU:0 datasheet cpu" in line and "links default" in line
     assert "profile A100-40GB, L4 and cpu (`tfpart profile`)" in line
     plan = Plan.load(out / "plan.json")  # validated against its schema

@@ -1,7 +1,9 @@
 """Calibrate a device kind from measured kernel and copy times (``tfpart calibrate``).
 
 Reads a kernel table (see :mod:`costmodel.measured`; its ``device_kind`` names a kind
-whose datasheet peaks and bandwidth the fractions are of) and, optionally, a table of
+whose datasheet peaks, bandwidth and multiprocessors the fit is of; its ``time_s`` and
+``time_s_<precision>`` columns are read, never ``host_loop_s``, the host's dispatch)
+and, optionally, a table of
 host<->device copy times, and writes the kind's entry with its efficiency table
 fitted per kernel class (:mod:`costmodel.calibration`) and its host link fitted as
 latency + bytes / bandwidth over the pinned copies. The entry goes into a kinds file
@@ -106,8 +108,8 @@ def calibrate(kernels_path, links_path=None, kinds_path=DEVICE_KINDS_FILE):
     entry = dict(raw[name])
     entry["efficiency"] = {cls: value.to_json() for cls, value in fitted.items()}
     source = entry["source"].split("; calibrated:")[0]
-    note = (f"; calibrated: efficiency fitted to {Path(kernels_path).name} "
-            f"({len(profile.ops)} kernels) by tfpart calibrate")
+    note = "; calibrated: " + fitted_to(Path(kernels_path).name, profile,
+                                        load_device_kinds(kinds_path)[name])
     if links_path is not None:
         latency, bandwidth = fit_link(link_rows(read_json(links_path, "copy table"),
                                                 links_path))
@@ -116,6 +118,35 @@ def calibrate(kernels_path, links_path=None, kinds_path=DEVICE_KINDS_FILE):
         note += f", host link to {Path(links_path).name}"
     entry["source"] = source + note
     return name, entry, fitted
+
+
+def fitted_to(table_name, profile, kind):
+    """What a calibration was fitted to, for the kind's ``source``: the table, its
+    kernel count (``(N kernels)``, which :mod:`costmodel.figures_basis` reads), the
+    columns read and the GPU the table names.
+
+    >>> from types import SimpleNamespace
+    >>> from tfpart.core.device_kinds import load_device_kinds
+    >>> ops = [{"time_s": 1e-6, "time_s_bf16": 1e-6, "host_loop_s": 1e-5}]
+    >>> table = SimpleNamespace(ops=ops, meta={"hardware": {"gpu": "H100 SXM"}})
+    >>> note = fitted_to("k.json", table, load_device_kinds()["H100"])
+    >>> note.split(" fitted to ")[1]
+    'k.json (1 kernels) by tfpart calibrate: time_s (at tf32), time_s_bf16; measured on H100 SXM'
+    >>> "132 multiprocessors" in note, "host_loop_s" in note
+    (True, False)
+    """
+    from costmodel.calibration import default_precision
+
+    columns = sorted({key for op in profile.ops for key in op
+                      if key.startswith("time_s_") and op[key] is not None})
+    read = ", ".join([f"time_s (at {default_precision(kind)})", *columns])
+    waves = f"waves of tiles over {kind.multiprocessors} multiprocessors, " \
+        if kind.multiprocessors else ""
+    hardware = profile.meta.get("hardware")
+    gpu = hardware.get("gpu") if isinstance(hardware, dict) else None
+    return (f"kernel efficiencies (roofline plateau, {waves}launch floor) fitted to "
+            f"{table_name} ({len(profile.ops)} kernels) by tfpart calibrate: {read}"
+            + (f"; measured on {gpu}" if isinstance(gpu, str) else ""))
 
 
 def check_kinds_output(out):

@@ -125,7 +125,8 @@ def build_parser():
     profile.set_defaults(run=cmd_profile)
     calibrate = commands.add_parser("calibrate", help="fit a device kind to measured "
                                     "kernel (and copy) times")
-    calibrate.add_argument("kernels", help="kernel table, e.g. ../shared/gpu/h100_kernels.json")
+    calibrate.add_argument("kernels",
+                           help="kernel table, e.g. ../shared/gpu/h100_kernel_times.json")
     calibrate.add_argument("--links", help="host<->device copy times, e.g. "
                            "../shared/gpu/h100_links.json")
     calibrate.add_argument("--kinds", help="kinds file with the kind's datasheet "

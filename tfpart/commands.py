@@ -155,11 +155,13 @@ def cmd_calibrate(args):
 
     name, entry, fitted = calibrate(args.kernels, args.links, args.kinds or DEVICE_KINDS_FILE)
     table = Table(title=f"{name}: fitted per kernel class (kernel time = max(launch, "
-                        "flops / (peak x compute), bytes / (bandwidth x memory)))")
-    for column in ("class", "launch", "memory", "compute by precision"):
+                        "max(flops / (peak x compute), bytes / (bandwidth x memory)) / "
+                        "occupancy of its waves of tiles))")
+    for column in ("class", "launch", "memory", "tile elements", "compute by precision"):
         table.add_column(column)
     for cls, value in fitted.items():
         table.add_row(cls, seconds(value.launch_s), f"{value.memory:.3f}",
+                      f"{value.tile_elements:.3g}" if value.tile_elements else "-",
                       ", ".join(f"{p} {c:.3f}" for p, c in sorted(value.compute.items())))
     console.print(table)
     if "host_link_latency" in entry:

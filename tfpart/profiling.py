@@ -15,7 +15,10 @@ of a group is recorded at zero. Ops Grappler removes for other reasons (constant
 folding, pruning) are recorded as taking no time, as they do at run time. The profile
 records whether oneDNN was on and the CPU's instruction-set flags, which decide what
 Grappler fuses and how fast the kernels are. The executor's time between ops (the
-dispatch overhead added to every op) is read from the traces (:func:`idle_per_op`).
+dispatch overhead added to every op) is read from the traces (:func:`idle_per_op`);
+with the median time of the ops that do almost no work it gives the host's cost of
+running one op (``host_dispatch_s``: :func:`costmodel.measured.host_dispatch_figure`),
+which prices this host issuing ops to a GPU (:mod:`costmodel.lanes`).
 """
 from __future__ import annotations
 

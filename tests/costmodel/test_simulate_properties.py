@@ -1,4 +1,5 @@
 """Invariants of the simulator on random DAGs, placements and clusters."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -62,12 +63,61 @@ def test_makespan_is_above_both_lower_bounds(case):
 
 
 @PROPERTY
-@given(random_dags(), st.sampled_from(["cpu", "T4", "H100"]))
-def test_single_device_makespan_is_the_sum_of_op_times(graph, kind):
-    cost = CostModel(graph, cluster_of_devices([kind]))
+@given(random_dags())
+def test_single_cpu_makespan_is_the_sum_of_op_times(graph):
+    cost = CostModel(graph, cluster_of_devices(["cpu"]))
     s = simulate(cost, np.zeros(len(graph), dtype=int))
     assert s.makespan == pytest.approx(cost.compute.sum())
     assert s.bytes_moved == 0
+
+
+DISPATCH = 10e-6  # the test GPU's host cost per op
+TEST_GPU = {"description": "a GPU whose kernels take bytes / bandwidth, no more",
+            "peak_flops": {"fp32": 1e14}, "memory_bandwidth": 1e12, "memory": 1e10,
+            "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10, "efficiency": {},
+            "op_overhead_s": DISPATCH, "source": "a test"}
+KERNEL_SIZES = {"tiny": (0.01, 1.0), "large": (1.0, 50.0), "mixed": (0.01, 50.0)}
+
+
+@st.composite
+def gpu_dags(draw):
+    """A random DAG of element-wise ops whose kernels on the test GPU take between the
+    regime's bounds times the host's dispatch."""
+    regime = draw(st.sampled_from(sorted(KERNEL_SIZES)))
+    low, high = KERNEL_SIZES[regime]
+    n = draw(st.integers(1, 25))
+    graph = OpGraph()
+    for i in range(n):
+        kernel = draw(st.floats(low, high)) * DISPATCH
+        graph.add_op(f"op{i}", op_type="Relu", bytes_accessed=kernel * 1e12)
+        for j in draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else ():
+            graph.add_edge(f"op{j}", f"op{i}", bytes=4096)
+    return regime, graph
+
+
+@settings(max_examples=20, deadline=None)
+@given(gpu_dags())
+def test_a_gpu_step_is_bounded_by_the_host_issuing_and_the_device_running_kernels(case):
+    """The host issues the GPU's ops one after another; the GPU runs each kernel once it
+    is issued and the kernel before it is done. With kernels shorter than an issue the
+    host sets the pace (the step is every dispatch and the last kernel); with longer
+    ones the GPU does (the first dispatch, then every kernel back to back); never
+    less than either timeline's total."""
+    regime, graph = case
+    cluster = cluster_from_dict({"kinds": {"test-gpu": TEST_GPU},
+                                 "devices": [{"name": "/device:GPU:0", "kind": "test-gpu"}]})
+    cost = CostModel(graph, cluster)
+    s = simulate(cost, np.zeros(len(graph), dtype=int))
+    kernels = cost.compute[:, 0] - DISPATCH
+    dispatches = DISPATCH * len(graph)
+    assert s.host_busy[0] == pytest.approx(dispatches)
+    assert s.busy[0] == pytest.approx(kernels.sum())
+    assert s.makespan >= max(dispatches, kernels.sum()) * (1 - 1e-9)
+    assert s.makespan <= cost.compute.sum() * (1 + 1e-9)
+    if regime == "tiny":
+        assert s.makespan == pytest.approx(dispatches + kernels[s.order[-1]])
+    elif regime == "large":
+        assert s.makespan == pytest.approx(DISPATCH + kernels.sum())
 
 
 @PROPERTY
@@ -329,3 +379,44 @@ def test_replicated_graphs_do_not_depend_on_the_process_hash_seed():
                              cwd=Path(__file__).parents[2]).stdout
               for seed in ("1", "2", "3")}
     assert len(orders) == 1
+
+
+def test_a_gpu_host_issues_at_the_dispatch_cost_a_profile_of_the_host_measured(tmp_path):
+    """A profile of a GPU's kind measured on its host (``tfpart profile``) holds the cost
+    per op of issuing to it; the GPU is priced with it, and a chain of tiny ops on the
+    GPU takes one such cost per op. A CPU's profile is no figure for a GPU. A profile
+    written before the figure was recorded derives it when loaded."""
+    from costmodel.measured import MeasuredProfile
+    from tfpart.core.device_kinds import load_device_kinds
+
+    tiny = {"op_type": "AddV2", "input_shapes": [[2], [2]], "time_s": 20e-6, "count": 3,
+            "flops": 2.0, "bytes_accessed": 24.0}
+    kinds = load_device_kinds()
+    profile = MeasuredProfile.from_measurements("T4", [tiny], kinds["T4"],
+                                                dispatch_overhead_s=5e-6,
+                                                hardware={"cpu": "a test", "gpu": "T4"})
+    assert profile.host_dispatch == pytest.approx(25e-6)
+    old = profile.to_dict()
+    old["fitted"] = {k: v for k, v in old["fitted"].items() if k != "host_dispatch_s"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert MeasuredProfile.load(tmp_path / "old.json").host_dispatch == pytest.approx(25e-6)
+    cpu_profile = MeasuredProfile.from_measurements("cpu", [tiny], kinds["cpu"],
+                                                    dispatch_overhead_s=5e-6,
+                                                    hardware={"cpu": "a test"})
+
+    graph = OpGraph()
+    for i in range(8):
+        graph.add_op(f"op{i}", op_type="Relu", bytes_accessed=1e4)
+        if i:
+            graph.add_edge(f"op{i - 1}", f"op{i}", bytes=4096)
+    cluster = cluster_of_devices(["cpu", "T4"])
+    measured = CostModel(graph, cluster, measured=[profile])
+    datasheet = CostModel(graph, cluster)
+    assert measured.host_dispatch.tolist() == [0.0, pytest.approx(25e-6)]
+    assert datasheet.host_dispatch[1] == kinds["T4"].op_overhead_s
+    assert CostModel(graph, cluster, measured=[cpu_profile]).host_dispatch[1] == \
+        kinds["T4"].op_overhead_s
+    on_gpu = np.ones(8, dtype=int)
+    kernel = measured.device_time()[-1, 1]
+    assert kernel < 25e-6  # the host sets the pace
+    assert simulate(measured, on_gpu).makespan == pytest.approx(8 * 25e-6 + kernel)

@@ -35,11 +35,12 @@ def test_deterministic(graph, cluster):
 
 @PROPERTY
 @given(random_dags(), st.sampled_from(["cpu", "V100", "T4"]))
-def test_one_device_makespan_is_the_sum_of_op_times(graph, kind):
+def test_one_device_makespan_is_the_one_device_step(graph, kind):
     cluster = cluster_of_devices([kind])
     cost = CostModel(graph, cluster)
     plan = greedy.partition(cost)
-    assert plan.step_time == pytest.approx(cost.compute[:, 0].sum())
+    alone = simulate(cost, np.zeros(len(graph), dtype=int)).makespan  # on a CPU, the sum
+    assert plan.step_time == pytest.approx(alone)
 
 
 @PROPERTY
@@ -183,8 +184,9 @@ def test_the_prediction_is_the_simulated_step_of_the_placement_it_emits(graph, c
     assert plan.predicted.bytes_moved == schedule.bytes_moved
 
 def test_work_that_gains_nothing_stays_with_its_neighbours():
-    """A chain on one fast device with a light side branch: moving the branch to the
-    other device gains nothing measurable, so the plan keeps one device and no copy."""
+    """A chain on one device with a light side branch: moving the branch to the other
+    device gains nothing (its copies' Send and Recv cost the CPUs' executors more than
+    it), so the plan keeps one device and no copy."""
     graph = OpGraph()
     for i in range(6):
         graph.add_op(f"layer{i}", op_type="MatMul", flops=1e12)
@@ -193,7 +195,7 @@ def test_work_that_gains_nothing_stays_with_its_neighbours():
     graph.add_op("side", op_type="Relu", bytes_accessed=1e3)
     graph.add_edge("layer2", "side", bytes=1e6)
     graph.add_edge("side", "layer5", bytes=1e6)
-    cluster = cluster_of_devices(["V100", "V100"])
+    cluster = cluster_of_devices(["cpu", "cpu"])
     plan = greedy.partition(CostModel(graph, cluster))
     assert len(plan.devices_used()) == 1 and plan.predicted.transfers == 0
 

@@ -3,11 +3,14 @@ of kernel comes to them (its efficiency table), read from ``profiles/device_kind
 or a cluster's own ``kinds`` block.
 
 A kinds file maps a kind's name to its datasheet (``peak_flops`` per precision,
-``memory_bandwidth``, ``memory``, host and peer link bandwidths, ``op_overhead_s``,
-``source``) and an ``efficiency`` table (kernel class -> a fraction, or
-``{"compute": {precision: fraction}, "memory": m, "launch_s": t}``, as
-:class:`KernelEfficiency` reads it). ``"efficiency_from": "H100"`` inherits a
-calibrated kind's table; ``{"alias_of": name}`` names another kind.
+``memory_bandwidth``, ``memory``, host and peer link bandwidths, ``multiprocessors``
+on a GPU, ``source``), the host's cost of issuing one op (``op_overhead_s``, with
+``op_overhead_source`` saying where that figure comes from) and an ``efficiency``
+table (kernel class -> a fraction, or ``{"compute": {precision: fraction}, "memory":
+m, "launch_s": t, "tile_elements": n}``, as :class:`KernelEfficiency` reads it).
+``"efficiency_from": "H100"`` inherits a calibrated kind's table (and, unless given,
+its ``multiprocessors`` and ``op_overhead_s``); ``{"alias_of": name}`` names another
+kind.
 
 Examples
 --------
@@ -21,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from profiles import DEVICE_KINDS_FILE
 from tfpart.core.errors import ProfileError
 from tfpart.core.input_files import read_json
@@ -29,24 +34,35 @@ from tfpart.core.ops import class_lineage, kernel_class
 
 @dataclass(frozen=True)
 class KernelEfficiency:
-    """How close one kernel class comes to a kind's datasheet, as three numbers a fit
+    """How close one kernel class comes to a kind's datasheet, as a few numbers a fit
     can set and a reader can check.
 
-    A kernel of this class takes ``max(launch_s, flops / (peak[precision] *
-    compute[precision]), bytes / (memory_bandwidth * memory))``: a per-launch floor,
-    then the roofline at a fraction of each peak. Below the floor the efficiency
-    rises with the work per launch; above it, it is the plateau. ``compute`` maps a
-    precision (``fp32``, ``tf32``, ``bf16``, ...) to its fraction; ``any`` applies to
-    every precision not listed.
+    ``compute`` maps a precision (``fp32``, ``tf32``, ``bf16``, ...) to the fraction of
+    that peak a large kernel reaches (``any`` applies to every precision not listed),
+    ``memory`` the fraction of the memory bandwidth: together, the plateau roofline
+    ``max(flops / (peak * compute), bytes / (bandwidth * memory))``. ``tile_elements``
+    says how the efficiency falls below the plateau for small kernels: the kernel's
+    elements are cut into tiles of that many, run in waves over the device's
+    multiprocessors, and a kernel of ``w`` waves keeps the device busy ``w / (1 + w)``
+    of its time (:meth:`occupancy`; 0: no such fall, the plateau at every size).
+    ``launch_s`` is the floor: the GPU's own time for the smallest kernel. The kernel
+    formula is :func:`costmodel.roofline.kernel_seconds`.
 
     >>> e = KernelEfficiency(compute={"tf32": 0.5, "any": 0.4}, memory=0.8, launch_s=1e-5)
     >>> e.compute_at("tf32"), e.compute_at("bf16")
     (0.5, 0.4)
+    >>> KernelEfficiency({"any": 1}, 1, tile_elements=1000).occupancy(132_000, 132)
+    0.5
     """
 
     compute: dict
     memory: float
     launch_s: float = 0.0
+    tile_elements: float = 0.0
+
+    def occupancy(self, elements, multiprocessors):
+        """:func:`wave_occupancy` of a kernel of this class touching ``elements``."""
+        return wave_occupancy(elements, self.tile_elements, multiprocessors)
 
     def compute_at(self, precision):
         for key in (precision, *PRECISION_FALLBACK.get(precision, ()), "any", "fp32"):
@@ -57,16 +73,50 @@ class KernelEfficiency:
     @classmethod
     def parse(cls, value):
         """From a kinds-file entry: a number (one fraction for compute and memory, no
-        floor: the datasheet guesses) or ``{"compute": {...}, "memory": m,
-        "launch_s": t}``."""
+        floor, no waves: the datasheet guesses) or ``{"compute": {...}, "memory": m,
+        "launch_s": t, "tile_elements": n}`` (the last two optional: 0). ValueError
+        for a negative ``launch_s`` or ``tile_elements``.
+
+        >>> KernelEfficiency.parse({"compute": {"any": 1}, "memory": 0.5}).tile_elements
+        0.0
+        """
         if isinstance(value, (int, float)):
             return cls(compute={"any": float(value)}, memory=float(value))
+        launch, tile = float(value.get("launch_s", 0.0)), float(value.get("tile_elements", 0.0))
+        if not (launch >= 0 and tile >= 0):
+            raise ValueError("launch_s and tile_elements must not be negative")
         return cls(compute={k: float(v) for k, v in value["compute"].items()},
-                   memory=float(value["memory"]), launch_s=float(value.get("launch_s", 0.0)))
+                   memory=float(value["memory"]), launch_s=launch, tile_elements=tile)
 
     def to_json(self):
-        return {"compute": dict(sorted(self.compute.items())), "memory": self.memory,
-                "launch_s": self.launch_s}
+        """The kinds-file entry (:meth:`parse` reads it back); ``tile_elements`` only
+        where the class has one, so an old table's entry is written as it was."""
+        entry = {"compute": dict(sorted(self.compute.items())), "memory": self.memory,
+                 "launch_s": self.launch_s}
+        return dict(entry, tile_elements=self.tile_elements) if self.tile_elements \
+            else entry
+
+
+def wave_occupancy(elements, tile_elements, multiprocessors):
+    """The share of its time a kernel touching ``elements`` keeps a device of
+    ``multiprocessors`` busy: ``w / (1 + w)`` for ``w = elements / (tile_elements *
+    multiprocessors)`` waves of tiles, as if the kernel ran one wave more than its
+    work fills (the last, partial wave and the first one's ramp); 1 where there is no
+    tile size, no count of multiprocessors, or no elements. Works on numbers and numpy
+    arrays of ``elements`` alike.
+
+    >>> wave_occupancy(13_200, 1000, 132), wave_occupancy(10**9, 1000, 132) > 0.999
+    (0.09090909090909091, True)
+    >>> wave_occupancy(10, 1000, None), wave_occupancy(10, 0.0, 132)
+    (1.0, 1.0)
+    """
+    if not tile_elements or not multiprocessors:
+        return 1.0
+    per_wave = tile_elements * multiprocessors
+    if isinstance(elements, (int, float, np.number)):  # the cost model's: one op at a time
+        return elements / (per_wave + elements) if elements > 0 else 1.0
+    waves = np.asarray(elements, dtype=float) / per_wave
+    return np.where(waves > 0, waves / (1.0 + waves), 1.0)
 
 
 # An efficiency fitted at one precision stands in for another of the same units.
@@ -80,7 +130,11 @@ class DeviceKind:
 
     ``peaks`` maps a precision to its peak (``peak_flops`` is the fp32 one);
     ``efficiency`` maps a kernel class (:func:`tfpart.core.ops.kernel_class`) or a coarse
-    class to its :class:`KernelEfficiency`."""
+    class to its :class:`KernelEfficiency`; ``multiprocessors`` is a GPU's count of
+    streaming multiprocessors (None where the kinds file gives none: no waves).
+    ``op_overhead_s`` is the host's cost of issuing one op (on a CPU, the executor's
+    whole cost per op), ``op_overhead_source`` where that figure comes from (None in
+    a kinds file that does not say)."""
 
     name: str
     peak_flops: float
@@ -93,6 +147,8 @@ class DeviceKind:
     source: str
     peaks: dict = field(default_factory=dict)
     host_link_latency: float = 0.0
+    multiprocessors: int | None = None
+    op_overhead_source: str | None = None
 
     def peak(self, precision):
         """Peak FLOP/s at ``precision`` (the fp32 peak if the kind lacks it)."""
@@ -208,8 +264,8 @@ def _inheritance_rounds(bases, names, known):
 def _kind(name, entry, base, source):
     if not isinstance(entry, dict):
         raise ProfileError(source, f"kind {name!r} must be an object")
-    inherited = {"efficiency": base.efficiency, "op_overhead_s": base.op_overhead_s} \
-        if base is not None else {}
+    inherited = {"efficiency": base.efficiency, "op_overhead_s": base.op_overhead_s,
+                 "multiprocessors": base.multiprocessors} if base is not None else {}
     missing = [f for f in _KIND_FIELDS if f not in entry and f not in inherited]
     if missing:
         raise ProfileError(source, f"kind {name!r} lacks {', '.join(missing)}")
@@ -229,12 +285,39 @@ def _kind(name, entry, base, source):
             else dict(inherited["efficiency"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProfileError(source, f"kind {name!r}: efficiency: {exc!r} (each class takes a "
-                           "number or {compute: {precision: fraction}, memory, launch_s})") \
-            from None
+                           "number or {compute: {precision: fraction}, memory, launch_s, "
+                           "tile_elements})") from None
     latency = entry.get("host_link_latency", 0.0)
     return DeviceKind(name=name, efficiency=efficiency, source=entry["source"],
                       peaks={k: float(v) for k, v in peaks.items()},
-                      host_link_latency=float(latency), **numbers)
+                      host_link_latency=float(latency),
+                      multiprocessors=_multiprocessors(name, entry, inherited, source),
+                      op_overhead_source=_overhead_source(name, entry, base, source),
+                      **numbers)
+
+
+def _multiprocessors(name, entry, inherited, source):
+    """A kind's ``multiprocessors``: its own (a positive whole number), else the one of
+    the kind it takes its efficiencies from, else None."""
+    count = entry.get("multiprocessors", inherited.get("multiprocessors"))
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+        raise ProfileError(source, f"kind {name!r}: multiprocessors must be a positive "
+                           "whole number")
+    return count
+
+
+def _overhead_source(name, entry, base, source):
+    """Where a kind's ``op_overhead_s`` comes from: its ``op_overhead_source``, else,
+    when the figure itself is inherited, the source of the kind it comes from."""
+    said = entry.get("op_overhead_source")
+    if said is None and "op_overhead_s" not in entry and base is not None:
+        return base.op_overhead_source
+    if said is not None and (not isinstance(said, str) or not said.strip()):
+        raise ProfileError(source, f"kind {name!r}: op_overhead_source must be a "
+                           "non-empty string")
+    return said
 
 
 def _positive(value):
