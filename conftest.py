@@ -29,3 +29,9 @@ def local_cpus():
 
     ensure_local_cpus(LOGICAL_CPUS)
     return LOGICAL_CPUS
+
+
+def pytest_collection_modifyitems(items):
+    """End-to-end tests first: xdist hands tests out in this order, so the run ends on
+    short ones and neither process waits long for the other's last test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

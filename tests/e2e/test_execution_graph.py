@@ -88,9 +88,6 @@ def _built(result, out):
     pytest.param("residual_cnn", 8, 3, {"microbatches": 3}, id="pipeline"),
     pytest.param("training_step:conv_tower", 8, 3, {"microbatches": 2},
                  id="training-pipeline"),
-    pytest.param("training_step:conv_tower", 8, 3, {
-        "strategy": "data_parallel", "options": {"reduce": "one_device"}},
-        id="training-replicas-one_device"),
     pytest.param("training_step:conv_tower", 8, 3, {"strategy": "data_parallel"},
                  id="training-replicas-all_reduce"),
     pytest.param("residual_cnn", 16, 4, {"algorithm": "hybrid", "options": {

@@ -30,10 +30,9 @@ FRACTION = 0.6
 # held to the memory: at a few kilobytes they vary from run to run with how many trips
 # run ahead (a pipeline worker measured 65 KB and 84 KB in two runs of one plan).
 # The other Keras applications (DenseNet121 takes 3.5 minutes here) are measured by
-# ``python -m benchmarks.memory_fit`` (BENCHMARKS.md: 34 models at 0.6, all within memory).
+# ``python -m benchmarks.memory_fit`` (BENCHMARKS.md: 34 models at 0.6, all within memory),
+# MobileNetV2 among them (left to the benchmark: 90 s of CI here).
 MODELS = {
-    "MobileNetV2": ("export_keras_application", ("MobileNetV2", 32, 10), 2, FRACTION, True,
-                    ("pipeline",)),
     "stacked_lstm": ("export_stacked_lstm", (), 2, 0.8, False, ("pipeline",)),
 }
 

@@ -67,8 +67,9 @@ def test_pipelined_mlp_runs_across_two_servers(microbatches, exported, two_worke
     assert "/job:worker/replica:0/task:1" in done.stdout
 
 
-@pytest.mark.parametrize("name", [  # Grappler's convolution fusions in both oneDNN modes
-    "residual_cnn", pytest.param("transformer_encoder", marks=pytest.mark.any_onednn)])
+# Grappler's convolution fusions in both oneDNN modes (a transformer's pipeline is held
+# to the original on logical devices: tests/e2e/test_pipeline.py)
+@pytest.mark.parametrize("name", ["residual_cnn"])
 def test_pipelined_models_run_across_three_servers(name, exported, three_workers, tmp_path):
     model, out = exported(name), tmp_path / "out"
     result = compile_model(model, three_workers.path, out, batch_size=16, microbatches=4)

@@ -218,9 +218,8 @@ def test_filter_split_models_match_the_original(name, exported, local_cpus, writ
             assert len({device for o, device in slices if o == op}) == len(split.devices)
 
 
-@pytest.mark.parametrize("name, form, reduce", [  # the dense model in one oneDNN mode
+@pytest.mark.parametrize("name, form, reduce", [  # (a dense model's: test_training.py)
     ("residual_cnn", "placement", None),
-    pytest.param("parallel_dense", "placement", None, marks=pytest.mark.any_onednn),
     ("residual_cnn", "pipeline", "one_device"), ("residual_cnn", "pipeline", "all_reduce")])
 def test_replicas_of_a_placement_or_pipeline_match_the_original(
         name, form, reduce, exported, local_cpus, write_cluster, tmp_path):

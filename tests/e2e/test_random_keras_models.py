@@ -176,7 +176,7 @@ def compile_argv(model, out, strategy, batch_size, cluster):
             *(arg for option in fewer for arg in ("--option", option))]
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+@settings(max_examples=2, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
 @given(recipe=recipes(), batch_size=st.sampled_from([4, 1]), cluster=st.sampled_from(CLUSTERS))

@@ -231,7 +231,6 @@ TRAINING_TABLE = (1000, 8)  # 32 KB
 # in both oneDNN modes: the sparse update and two tables with Adam's slots; the others once
 @pytest.mark.parametrize("optimizer, slots, memory, tables", [
     ("sgd", 0, 1 / RATIO, 1),
-    pytest.param("sgd_momentum", 1, 2.2, 1, marks=pytest.mark.any_onednn),
     pytest.param("adam", 2, 3.0, 1, marks=pytest.mark.any_onednn),
     pytest.param("sgd_momentum", 1, 2.5, 1, marks=pytest.mark.any_onednn), ("adam", 2, 4.0, 2)])
 def test_a_training_step_with_a_cut_table_trains_like_the_original(tmp_path, optimizer,
