@@ -16,7 +16,7 @@ An op-time basis is one of :data:`BASES`:
     of a calibrated kind borrowed by a kind that has only its datasheet.
 
 The host's per-op cost is ``measured`` where a profile of TensorFlow's steps gives it
-(the device's own kind's; for an accelerator, any host's: :func:`dispatch_basis`), else
+(the device's own kind's: :func:`dispatch_basis`), else
 the kind's figure, from the source the kinds file gives (``op_overhead_source``) where
 it gives one. Links are counted by device pairs:
 ``probed`` (``tfpart cluster probe`` wrote them, with the rounds it measured),
@@ -40,7 +40,7 @@ Examples
 Figures: GPU:0 calibrated H100 (fit to ... kernels)
 CPU:0 datasheet cpu
 links default
-host dispatch from the kinds file. To measure them: profile cpu (`tfpart profile`), ...
+host dispatch from the kinds file. To measure them: time cpu (`tfpart profile` on a CPU, ...
 """
 from __future__ import annotations
 
@@ -277,12 +277,14 @@ def _advice(records, links):
     ...                 "basis": "datasheet"}, {"kind": "H100", "basis": "calibrated"}],
     ...                {"default": 1})
     >>> print(*text.split(", "), sep="\\n")
-    . To measure them: profile L4 and cpu (`tfpart profile`)
+    . To measure them: time L4 and cpu (`tfpart profile` on a CPU
+    `tfpart calibrate` from a GPU's kernel times)
     probe the links (`tfpart cluster probe`)
     """
     guessed = list(dict.fromkeys(r["kind"] for r in records if r["basis"] == "datasheet"
                                  or r["basis"] == "measured" and not r["measured_ops"]))
-    steps = [f"profile {_and(guessed)} (`tfpart profile`)"] if guessed else []
+    steps = [f"time {_and(guessed)} (`tfpart profile` on a CPU, `tfpart calibrate` from a "
+             "GPU's kernel times)"] if guessed else []
     if links and links.get("default"):
         steps.append("probe the links (`tfpart cluster probe`)")
     return ". To measure them: " + ", ".join(steps) if steps else ""

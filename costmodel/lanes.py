@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfpart.core.device_kinds import load_device_kinds
-
-HOST_KIND = "cpu"
-
 
 def runs_kernels_on_host(kind):
-    """Whether devices of ``kind`` are CPUs, whose kernels run on the host's threads:
-    the ``cpu`` kind, or a kind with its efficiency table (a kind a cluster file
-    declares with ``"efficiency_from": "cpu"``, or a copy of its entry). Every other
-    kind is an accelerator."""
-    if kind.name == HOST_KIND:
-        return True
-    return kind.efficiency == load_device_kinds()[HOST_KIND].efficiency
+    """Whether devices of ``kind`` run their kernels on the host's threads, as a CPU
+    does: a kind without ``multiprocessors``. Every GPU kind of the kinds file has them
+    (so do kinds that take a GPU's figures with ``efficiency_from``); a CPU kind, or a
+    kind declared without them, is priced on one timeline, dispatch and kernel in turn,
+    which never predicts it faster than two would."""
+    return kind.multiprocessors is None
 
 
 def host_dispatch(kind, profiles):

@@ -77,7 +77,8 @@ def test_the_summary_line_groups_devices_and_says_what_to_measure():
     assert "; GPU:2 datasheet MyGPU (efficiencies of calibrated H100); GPU:3 datasheet L4 " \
         "(efficiencies of calibrated H100);" in line
     assert line.endswith("; links default; host dispatch from the kinds file. To measure them: "
-                         "profile MyGPU and L4 (`tfpart profile`), probe the links "
+                         "time MyGPU and L4 (`tfpart profile` on a CPU, `tfpart "
+                         "calibrate` from a GPU's kernel times), probe the links "
                          "(`tfpart cluster probe`)")
 
 
@@ -131,7 +132,7 @@ def test_compile_records_prints_and_reports_it(tmp_path, capsys, monkeypatch):
     assert "GPU:0 calibrated H100" in line and \
         "GPU:2, GPU:3 datasheet L4 (efficiencies of calibrated H100);" in line
     assert "CPU:0 datasheet cpu" in line and "links default" in line
-    assert "profile A100-40GB, L4 and cpu (`tfpart profile`)" in line
+    assert "time A100-40GB, L4 and cpu (`tfpart profile` on a CPU" in line
     plan = Plan.load(out / "plan.json")  # validated against its schema
     assert set(plan.figures["devices"]) == set(plan.predicted.devices)
     assert {d["basis"] for d in plan.figures["devices"].values()} == {"calibrated",

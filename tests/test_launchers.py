@@ -285,16 +285,20 @@ def test_a_rank_that_fails_ends_the_others_wait_at_once(tmp_path):
     assert not tasks_folder(cluster_file).exists()
 
 
+def _two_open_mpi_ranks(cluster_file):
+    """Ranks 0 and 1 of an Open MPI launch of two, joined to ``cluster_file``'s launch."""
+    environs = [{"PMIX_NAMESPACE": "9", "OMPI_COMM_WORLD_RANK": str(rank),
+                 "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
+                for rank in range(2)]
+    return [join_launch(launched_task(environ), cluster_file, environ, 5)
+            for environ in environs]
+
 
 def test_a_rank_failing_after_rank_0_left_removes_its_own_note(tmp_path):
     # ranks that fail at once: rank 0 may have removed every file before another
     # rank's failed.json appears; that rank then removes it, and the folders go
     cluster_file = tmp_path / "cluster.json"
-    environs = [{"PMIX_NAMESPACE": "9", "OMPI_COMM_WORLD_RANK": str(rank),
-                 "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
-                for rank in range(2)]
-    rank0 = join_launch(launched_task(environs[0]), cluster_file, environs[0], 5)
-    rank1 = join_launch(launched_task(environs[1]), cluster_file, environs[1], 5)
+    rank0, rank1 = _two_open_mpi_ranks(cluster_file)
     rank0.leave("ranks 0 and 1 would both serve on 127.0.0.1:7000")
     # as when rank 0's rmdir met rank 1's temporary file, which became failed.json
     rank0.folder.mkdir(parents=True)
@@ -305,11 +309,7 @@ def test_a_rank_failing_after_rank_0_left_removes_its_own_note(tmp_path):
 def test_a_rank_reporting_after_rank_0_left_says_rank_0_ended_the_launch(tmp_path):
     # rank 0 failed and removed the folder before rank 1 wrote its address
     cluster_file = tmp_path / "cluster.json"
-    environs = [{"PMIX_NAMESPACE": "9", "OMPI_COMM_WORLD_RANK": str(rank),
-                 "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
-                for rank in range(2)]
-    rank0 = join_launch(launched_task(environs[0]), cluster_file, environs[0], 5)
-    rank1 = join_launch(launched_task(environs[1]), cluster_file, environs[1], 5)
+    rank0, rank1 = _two_open_mpi_ranks(cluster_file)
     rank0.leave("no device")
     with pytest.raises(TfpartError, match=r"launch-9: rank 0 of the Open MPI launch 9 "
                        r"ended it \(this folder is gone\)"):

@@ -26,7 +26,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from tfpart.core.errors import ModelError
+from tfpart.core.errors import ModelError, model_errors
 
 
 def is_folder(model):
@@ -80,7 +80,8 @@ def _export(model, folder):
         raise ModelError("", f"cannot read a model from an object of type "
                          f"{type(model).__name__}: give a SavedModel folder, a Keras model "
                          "or a tf.Module")
-    tf.saved_model.save(model, str(folder))
+    with model_errors("", "export the tf.Module (tf.saved_model.save)"):
+        tf.saved_model.save(model, str(folder))
     _check_has_signature(model, folder)
 
 
@@ -90,7 +91,8 @@ def _export_keras(model, folder):
         raise ModelError("", f"the Keras model {model.name!r} has no inputs yet, so no "
                          "signature to export: build it (model.build(input_shape)) or call "
                          "it on a batch first")
-    model.export(str(folder), verbose=False)
+    with model_errors("", f"export the Keras model {model.name!r} (model.export)"):
+        model.export(str(folder), verbose=False)
 
 
 def _check_has_signature(module, folder):

@@ -75,7 +75,7 @@ DISPATCH = 10e-6  # the test GPU's host cost per op
 TEST_GPU = {"description": "a GPU whose kernels take bytes / bandwidth, no more",
             "peak_flops": {"fp32": 1e14}, "memory_bandwidth": 1e12, "memory": 1e10,
             "host_link_bandwidth": 1e10, "peer_link_bandwidth": 1e10, "efficiency": {},
-            "op_overhead_s": DISPATCH, "source": "a test"}
+            "multiprocessors": 80, "op_overhead_s": DISPATCH, "source": "a test"}
 KERNEL_SIZES = {"tiny": (0.01, 1.0), "large": (1.0, 50.0), "mixed": (0.01, 50.0)}
 
 
