@@ -228,7 +228,8 @@ def export_constant_gradient_step(path, width):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-@pytest.mark.parametrize("mode, ps", [("dc-asgd", 1), ("async", 2)])  # DC-ASGD as async, and more
+# DC-ASGD as async (weights cut over two servers: test_train_output.py's killed async run)
+@pytest.mark.parametrize("mode, ps", [("dc-asgd", 1)])
 def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
     """Three workers update a 1 MB weight whose gradient is the same at every step, so
     after N updates of plain SGD it is exactly ``-N * lr / width`` (DC-ASGD too, with
