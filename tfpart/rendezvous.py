@@ -340,16 +340,27 @@ def wait_for(launch, stage, timeout, poll=POLL_S):
         return TfpartError(launch.folder, f"rank {shown} of the {launch.task.launcher} "
                            f"launch did not {doing} within {timeout:g} s")
     _wait_until(arrived, timeout, late, poll)
-    return [read_report(launch.path(stage, rank), stage, rank)
-            for rank in range(launch.task.size)]
+    try:
+        return [read_report(launch.path(stage, rank), stage, rank)
+                for rank in range(launch.task.size)]
+    except TfpartError:
+        check_launch_goes_on(launch)  # a report gone as the launch ends: say why
+        raise
 
 
 def check_launch_goes_on(launch):
     """TfpartError if another task of ``launch`` failed (its :data:`FAILED_FILE`, whose
     message this repeats) or rank 0 ended the launch (its folder is gone)."""
     failed = launch.folder / FAILED_FILE
+    note = None
     if os.path.lexists(failed):
-        note = _read(failed, "a failed task's note")
+        try:
+            note = _read(failed, "a failed task's note")
+        except TfpartError:
+            if os.path.lexists(failed):
+                raise
+            # removed as it was read: rank 0 is ending the launch (said below)
+    if note is not None:
         rank, problem = note.get("rank"), note.get("problem")
         if type(rank) is not int or not isinstance(problem, str):
             raise TfpartError(failed, "is not a failed task's note (a rank and a problem)")
