@@ -61,7 +61,6 @@ class GraphArrays:
     constant: np.ndarray  # a weight: its buffer is never written into
     shape_only: np.ndarray  # the op reads only its inputs' shapes, never their buffers
     scratch_bytes: np.ndarray  # bytes the op holds only while it runs
-    own_cost: np.ndarray  # the op's times are its own ``cost`` table's, the host's included
     group_of: np.ndarray  # colocation group per op, an index into group_names
     group_names: np.ndarray  # sorted
     group_param_bytes: np.ndarray  # variable bytes per group
@@ -114,7 +113,6 @@ def _build(cost):
         shape_only=np.array([a["op_type"] in SHAPE_ONLY_OPS for a in attrs], dtype=np.bool_),
         scratch_bytes=np.array([scratch_bytes(a, predecessors[name].values())
                                 for name, a in zip(cost.ops, attrs)], dtype=float),
-        own_cost=np.array([a.get("cost") is not None for a in attrs], dtype=np.bool_),
         group_of=group_of, group_names=group_names,
         group_param_bytes=np.bincount(group_of, param_bytes, minlength=len(group_names)),
         group_runnable=blocked == 0)

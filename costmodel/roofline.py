@@ -248,10 +248,12 @@ class CostModel:
         """``[i, d]``: the part of ``compute`` the host spends issuing op ``i`` to an
         accelerator ``d`` (its ``host_dispatch``, never more than the op's time; 0 on
         CPUs and for ops with their own cost table)."""
-        priced = self.derived("priced", lambda: np.array(
-            [self.graph.ops[op].get("cost") is None for op in self.ops], dtype=bool))
-        share = np.minimum(self.host_dispatch, self.compute)
-        return np.where(priced[:, None] & self.accelerator, share, 0.0)
+        def build():
+            priced = np.array([self.graph.ops[op].get("cost") is None for op in self.ops],
+                              dtype=bool)
+            share = np.minimum(self.host_dispatch, self.compute)
+            return np.where(priced[:, None] & self.accelerator, share, 0.0)
+        return self.derived("dispatch_time", build)
 
     def device_time(self):
         """``[i, d]``: the part of ``compute`` that holds device ``d``'s own timeline:

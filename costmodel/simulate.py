@@ -267,7 +267,7 @@ def _run_events(cost, device_of, priority):
                                                                  dtype=np.int64))
     return _simulate_events(
         device_of, priority, a.tie, cost.compute, executor_of, cost.accelerator,
-        cost.host_dispatch, a.own_cost, a.succ_ptr, a.succ_op, a.succ_edge, a.edge_bytes,
+        cost.dispatch_time(), a.succ_ptr, a.succ_op, a.succ_edge, a.edge_bytes,
         a.edge_control, a.comm_row, a.comm, cost.latency, cost.inverse_bandwidth,
         cost.cpu_copy, cost.message_cost)
 
@@ -295,7 +295,7 @@ FINISHED, READY, WAKE = 0, 1, 2
 
 @numba.njit(cache=True)
 def _simulate_events(device_of, priority, tie, compute, executor_of, accelerator,
-                     host_dispatch, own_cost, succ_ptr, succ_op, succ_edge, edge_bytes,
+                     dispatch_time, succ_ptr, succ_op, succ_edge, edge_bytes,
                      edge_control, comm_row, comm, latency, inverse_bandwidth, cpu_copy,
                      message_cost):
     """The event loop of :func:`simulate`: start and end per op, busy seconds per
@@ -421,7 +421,7 @@ def _simulate_events(device_of, priority, tie, compute, executor_of, accelerator
         order[n_started] = i
         n_started += 1
         if accelerator[d]:  # the host issues it; the device runs it after the last kernel
-            dispatch = 0.0 if own_cost[i] else min(host_dispatch[d], compute[i, d])
+            dispatch = dispatch_time[i, d]
             busy_until[e] = now + dispatch
             host_busy[d] += dispatch
             start[i] = max(busy_until[e], kernels_until[d])
