@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodel.roofline import ELEMENT_BYTES, roofline_time
+from costmodel.roofline import ELEMENT_BYTES, roofline_time, waved_roofline
 from tfpart.core.device_kinds import KernelEfficiency, wave_occupancy
 from tfpart.core.ops import FREE_OPS, MATMUL_OPS, class_lineage, kernel_class
 
@@ -178,10 +178,10 @@ def _as_arrays(rows, kind, precisions):
 
 def _predicted(data, kind, launch, memory, compute, tile):
     """:func:`costmodel.roofline.kernel_seconds` of every row at once."""
-    plateau = np.maximum(data.flops / (data.peak * compute[data.which]),
-                         data.nbytes / (kind.memory_bandwidth * memory))
-    return np.maximum(launch, plateau / wave_occupancy(data.elements, tile,
-                                                       kind.multiprocessors))
+    return waved_roofline(data.flops, data.nbytes, data.elements,
+                          flop_rate=data.peak * compute[data.which],
+                          byte_rate=kind.memory_bandwidth * memory, launch_s=launch,
+                          tile_elements=tile, multiprocessors=kind.multiprocessors)
 
 
 def _fit_class(rows, kind, memory=None):

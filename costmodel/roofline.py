@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.lanes import device_lanes, host_dispatch, runs_kernels_on_host
+from costmodel.lanes import device_lanes
 from tfpart.core.cluster import alpha_beta
+from tfpart.core.device_kinds import wave_occupancy
 from tfpart.core.limits import check_planned_devices
 from tfpart.core.ops import FREE_OPS, MATMUL_OPS
 
@@ -96,7 +97,7 @@ def kernel_seconds(flops, bytes_accessed, precision, peak, kind, fraction):
     ``tile_elements``, run in waves over the kind's ``multiprocessors``, and with
     ``w`` waves of work the kernel takes about ``w + 1`` waves' time (the last
     wave part-empty, the first one ramping up): the plateau divided by the occupancy
-    ``w / (1 + w)`` (:meth:`~tfpart.core.device_kinds.KernelEfficiency.occupancy`).
+    ``w / (1 + w)`` (:func:`~tfpart.core.device_kinds.wave_occupancy`).
     Counting tiles in elements, not bytes, keeps a bfloat16 kernel's tiles those of
     its float32 twin. ``launch_s`` bounds it below. A device with fewer
     multiprocessors fills with fewer tiles: the wave term is where a kind's
@@ -117,10 +118,31 @@ def kernel_seconds(flops, bytes_accessed, precision, peak, kind, fraction):
     >>> kernel_seconds(0, 40, "fp32", 1e14, h100, plain)  # no tile size: the floor
     1.3e-06
     """
-    plateau = max(flops / (peak * fraction.compute_at(precision)),
-                  bytes_accessed / (kind.memory_bandwidth * fraction.memory))
-    elements = bytes_accessed / ELEMENT_BYTES.get(precision, 4)
-    return max(fraction.launch_s, plateau / fraction.occupancy(elements, kind.multiprocessors))
+    return float(waved_roofline(
+        flops, bytes_accessed, bytes_accessed / ELEMENT_BYTES.get(precision, 4),
+        flop_rate=peak * fraction.compute_at(precision),
+        byte_rate=kind.memory_bandwidth * fraction.memory, launch_s=fraction.launch_s,
+        tile_elements=fraction.tile_elements, multiprocessors=kind.multiprocessors))
+
+
+def waved_roofline(flops, nbytes, elements, *, flop_rate, byte_rate, launch_s,
+                   tile_elements, multiprocessors):
+    """The kernel-time formula of :func:`kernel_seconds` on numbers or numpy arrays
+    (the calibration fits it to many kernels at once): the plateau ``max(flops /
+    flop_rate, nbytes / byte_rate)`` over the waves' occupancy
+    (:func:`~tfpart.core.device_kinds.wave_occupancy`), at least ``launch_s``.
+
+    >>> float(waved_roofline(1e9, 0, 0, flop_rate=1e12, byte_rate=1e12, launch_s=2e-6,
+    ...                      tile_elements=0, multiprocessors=None))
+    0.001
+    >>> waved_roofline(np.array([0, 4e6]), np.array([4, 4e6]), np.array([1, 1e6]),
+    ...                flop_rate=1e12, byte_rate=1e12, launch_s=2e-6, tile_elements=1e3,
+    ...                multiprocessors=100).round(7).tolist()  # the second: 10 waves
+    [2e-06, 4.4e-06]
+    """
+    plateau = np.maximum(flops / flop_rate, nbytes / byte_rate)
+    return np.maximum(launch_s, plateau / wave_occupancy(elements, tile_elements,
+                                                         multiprocessors))
 
 
 def _dense_link_table(name):
@@ -177,7 +199,7 @@ class CostModel:
         self.accelerator, self.host_dispatch = device_lanes(
             cluster.devices, {p.device_kind: p for p in self.measured})
         self.compute = _compute_times(graph, self.ops, cluster.devices, self.measured,
-                                      self.tf32)
+                                      self.tf32, self.host_dispatch, self.accelerator)
 
     # Dense tables over device pairs (n_dev x n_dev), for the solvers and the simulator;
     # built on first use, and only for clusters they can take.
@@ -278,18 +300,20 @@ class CostModel:
         return total / np.maximum(runnable.sum(axis=1), 1)
 
 
-def _compute_times(graph, ops, devices, measured, tf32):
+def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerator):
     """``compute[i, d]``: the time of ``ops[i]`` on ``devices[d]`` (see
-    :class:`CostModel`). Devices of one kind share a column, computed once per kind
-    (a cluster of 10,000 devices of two kinds costs two columns), except for ops with
-    their own per-device ``cost`` table."""
+    :class:`CostModel`; ``host_dispatch`` and ``accelerator``: per device, from
+    :func:`~costmodel.lanes.device_lanes`). Devices of one kind share a column,
+    computed once per kind (a cluster of 10,000 devices of two kinds costs two
+    columns), except for ops with their own per-device ``cost`` table."""
     profiles = {p.device_kind: p for p in measured}
     kinds, column = {}, []
-    for device in devices:
-        column.append(kinds.setdefault(id(device.kind), (len(kinds), device.kind))[0])
-    kinds = [kind for _, kind in sorted(kinds.values(), key=lambda pair: pair[0])]
-    dispatch = [None if runs_kernels_on_host(kind) else host_dispatch(kind, profiles)
-                for kind in kinds]
+    for d, device in enumerate(devices):
+        column.append(kinds.setdefault(id(device.kind), (len(kinds), device.kind, d))[0])
+    kinds = sorted(kinds.values(), key=lambda entry: entry[0])
+    # a CPU's own per-op cost is in its profile or kind (None); an accelerator's is the host's
+    dispatch = [float(host_dispatch[d]) if accelerator[d] else None for _, _, d in kinds]
+    kinds = [kind for _, kind, _ in kinds]
     column = np.asarray(column, dtype=np.int64)
     compute = np.empty((len(ops), len(devices)))
     per_kind = np.empty(len(kinds))

@@ -44,25 +44,19 @@ class KernelEfficiency:
     says how the efficiency falls below the plateau for small kernels: the kernel's
     elements are cut into tiles of that many, run in waves over the device's
     multiprocessors, and a kernel of ``w`` waves keeps the device busy ``w / (1 + w)``
-    of its time (:meth:`occupancy`; 0: no such fall, the plateau at every size).
+    of its time (:func:`wave_occupancy`; 0: no such fall, the plateau at every size).
     ``launch_s`` is the floor: the GPU's own time for the smallest kernel. The kernel
     formula is :func:`costmodel.roofline.kernel_seconds`.
 
     >>> e = KernelEfficiency(compute={"tf32": 0.5, "any": 0.4}, memory=0.8, launch_s=1e-5)
     >>> e.compute_at("tf32"), e.compute_at("bf16")
     (0.5, 0.4)
-    >>> KernelEfficiency({"any": 1}, 1, tile_elements=1000).occupancy(132_000, 132)
-    0.5
     """
 
     compute: dict
     memory: float
     launch_s: float = 0.0
     tile_elements: float = 0.0
-
-    def occupancy(self, elements, multiprocessors):
-        """:func:`wave_occupancy` of a kernel of this class touching ``elements``."""
-        return wave_occupancy(elements, self.tile_elements, multiprocessors)
 
     def compute_at(self, precision):
         for key in (precision, *PRECISION_FALLBACK.get(precision, ()), "any", "fp32"):
