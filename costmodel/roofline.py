@@ -158,7 +158,9 @@ class CostModel:
     ``compute[i, d]`` is the time of op ``ops[i]`` on device ``d`` (``inf`` where the
     device's kind has no kernel for it): its kernel and the host's cost of running it.
     A node attribute ``cost`` (device name -> seconds) overrides the roofline, for
-    graphs imported with measured cost tables (their ops cost the host nothing apart).
+    graphs imported with measured cost tables and for coarsened units; ``dispatch``
+    beside it (device name -> seconds, default none) is the part of that cost the
+    host spends issuing the unit's ops to an accelerator.
 
     ``accelerator[d]`` says whether device ``d`` runs its kernels apart from the host
     (a GPU: :mod:`costmodel.lanes`), and ``host_dispatch[d]`` what issuing an op to it
@@ -269,12 +271,28 @@ class CostModel:
     def dispatch_time(self):
         """``[i, d]``: the part of ``compute`` the host spends issuing op ``i`` to an
         accelerator ``d`` (its ``host_dispatch``, never more than the op's time; 0 on
-        CPUs and for ops with their own cost table)."""
+        CPUs; for an op with its own cost table, its ``dispatch`` table, else 0).
+
+        >>> from tfpart.core.graph import OpGraph
+        >>> from tfpart.core.cluster import cluster_of_devices
+        >>> cluster = cluster_of_devices(["cpu", "H100"])
+        >>> g = OpGraph()
+        >>> g.add_op("unit", op_type="Unit", cost={n: 3e-5 for n in cluster.device_names},
+        ...          dispatch={n: 1e-5 for n in cluster.device_names})
+        >>> CostModel(g, cluster).dispatch_time()[0].tolist()  # the CPU's holds it all
+        [0.0, 1e-05]
+        """
         def build():
-            priced = np.array([self.graph.ops[op].get("cost") is None for op in self.ops],
-                              dtype=bool)
-            share = np.minimum(self.host_dispatch, self.compute)
-            return np.where(priced[:, None] & self.accelerator, share, 0.0)
+            share = np.where(self.accelerator, np.minimum(self.host_dispatch, self.compute),
+                             0.0)
+            names = self.cluster.device_names
+            for i, op in enumerate(self.ops):
+                attrs = self.graph.ops[op]
+                if attrs.get("cost") is not None:
+                    tabled = attrs.get("dispatch") or {}
+                    share[i] = np.where(self.accelerator, np.minimum(
+                        [tabled.get(name, 0.0) for name in names], self.compute[i]), 0.0)
+            return share
         return self.derived("dispatch_time", build)
 
     def device_time(self):

@@ -218,11 +218,13 @@ def _build(graph, cost, part):
     for unit, ops in members.items():
         idx = [cost.index[o] for o in ops]
         time = cost.compute[idx].sum(axis=0)
+        dispatch = cost.dispatch_time()[idx].sum(axis=0)
         outputs = [out for o in ops if graph.ops[o]["op_type"] not in ALIASING_OPS
                    for out in graph.ops[o]["outputs"]]
         coarse.add_op(unit, op_type="Unit", outputs=outputs,
                       param_bytes=sum(graph.ops[o]["param_bytes"] for o in ops),
-                      cost={names[d]: float(t) for d, t in enumerate(time) if np.isfinite(t)})
+                      cost={names[d]: float(t) for d, t in enumerate(time) if np.isfinite(t)},
+                      dispatch={names[d]: float(t) for d, t in enumerate(dispatch) if t > 0})
     n = len(names)
     for u, v, edge in graph.edges():
         a, b = part.find(u), part.find(v)

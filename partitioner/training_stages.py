@@ -98,12 +98,14 @@ def forward_view(graph, cost, partners):
         owner = group_owner.get(attrs["colocation"])
         if attrs["phase"] == UPDATE and attrs["param_bytes"] and owner is not None:
             attached[owner].append(op)
-    view = OpGraph()
+    view, dispatch = OpGraph(), cost.dispatch_time()
     for op, members in attached.items():
         attrs = dict(graph.ops[op])
-        attrs["cost"] = {name: float(sum(cost.compute[cost.index[m], d] for m in members
-                                         if graph.ops[m]["phase"] != UPDATE))
+        priced = [cost.index[m] for m in members if graph.ops[m]["phase"] != UPDATE]
+        attrs["cost"] = {name: float(sum(cost.compute[i, d] for i in priced))
                          for d, name in enumerate(names)}
+        attrs["dispatch"] = {name: float(sum(dispatch[i, d] for i in priced))
+                             for d, name in enumerate(names)}
         attrs["param_bytes"] = sum(graph.ops[m]["param_bytes"] for m in members)
         attrs["outputs"] = [out for m in members if graph.ops[m]["phase"] != UPDATE
                             and new_output_bytes(graph.ops[m])

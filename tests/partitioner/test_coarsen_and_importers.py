@@ -41,6 +41,33 @@ def test_coarsening_is_a_dag_partition_that_keeps_groups_and_meets_its_target(
     for unit, ops in coarse.members.items():
         expected = cost.compute[[cost.index[o] for o in ops]].sum(axis=0)
         assert coarse_cost.compute[coarse_cost.index[unit]] == pytest.approx(expected)
+        issued = cost.dispatch_time()[[cost.index[o] for o in ops]].sum(axis=0)
+        assert coarse_cost.dispatch_time()[coarse_cost.index[unit]] == pytest.approx(issued)
+
+
+def test_a_coarse_chain_of_small_kernels_keeps_the_hosts_share_on_the_host():
+    """A GPU's step over many small ops is the host's issuing, not kernels plus issuing:
+    units of a chain carry their ops' dispatch, so the coarse simulation agrees with
+    the op-by-op one (with the dispatch on the kernels' timeline it came out about
+    1.3x longer: every unit's issuing and kernels in series)."""
+    from costmodel.simulate import simulate
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
+
+    graph = OpGraph()
+    for i in range(60):
+        graph.add_op(f"relu{i}", op_type="Relu", flops=4096, bytes_accessed=32768,
+                     outputs=[((4096,), "float32")])
+        if i:
+            graph.add_edge(f"relu{i - 1}", f"relu{i}", bytes=16384)
+    cluster = cluster_of_devices(["H100"])
+    cost = CostModel(graph, cluster)
+    coarse = coarsen(graph, cost, CoarsenOptions(target_units=6))
+    fine_step = simulate(cost, [0] * len(graph), memory=False).makespan
+    coarse_cost = CostModel(coarse.graph, cluster)
+    coarse_step = simulate(coarse_cost, [0] * len(coarse.graph), memory=False).makespan
+    assert len(coarse.graph) == 6
+    assert coarse_step == pytest.approx(fine_step, rel=0.05)
 
 
 @needs_shared
