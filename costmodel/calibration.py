@@ -198,11 +198,12 @@ def _fit_class(rows, kind, memory=None):
         waves = _least_squares(data, kind, len(precisions), memory, tile)
         if waves[0] < best[0]:
             best = waves
-    if best[0] > plain[0] * (1 - WAVES_MUST_GAIN):
+    # tiles as small as the search allows mean no wave was ever part-empty: the plain
+    # roofline's own figures, not the tiled search's with its tile dropped
+    if best[0] > plain[0] * (1 - WAVES_MUST_GAIN) or \
+            best[4] <= _BOUNDS["tile_elements"][0] * 1.01:
         best = plain
     _, launch, fitted_memory, compute, tile = best
-    if tile <= _BOUNDS["tile_elements"][0] * 1.01:
-        tile = 0.0  # tiles as small as the search allows: no wave was ever part-empty
     compute = _settle_undetermined(data, kind, launch, fitted_memory, compute, tile,
                                    precisions)
     return KernelEfficiency(compute={p: _round(c) for p, c in zip(precisions, compute)},
