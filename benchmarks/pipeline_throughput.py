@@ -13,7 +13,11 @@ and the cost of launching a step on them are measured first, and the model is pr
 (c) the same kind of split pipelined over the micro-batch count tfpart chooses.
 
 plus the same split at other fixed micro-batch counts, to show how good the chosen
-count is. Each variant is timed on freshly started workers by a fresh client process
+count is, and the model's training step (``train_step``, Adam) pipelined over
+``--schedule-microbatches`` micro-batches in every schedule of
+:mod:`costmodel.schedules` (GPipe, 1F1B, interleaved 1F1B over two stages per
+worker): the schedules' bubbles, predicted and measured (``--schedules-only`` times
+only these). Each variant is timed on freshly started workers by a fresh client process
 (``tfpart.connect``, ``tfpart.load``): workers keep state from earlier clients, and a
 client holding several remote models slowed the later ones down. This is repeated for
 ``--rounds`` rounds over all variants so that drift in this machine's speed hits them
@@ -64,6 +68,10 @@ def main(argv=None):
     parser.add_argument("--also", type=int, nargs="*", default=[2, 4, 8, 16],
                         help="fixed micro-batch counts to time beside the chosen one")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--schedule-microbatches", type=int, default=8,
+                        help="micro-batches of the training step in each schedule")
+    parser.add_argument("--schedules-only", action="store_true",
+                        help="time only the training step's schedules")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # internal: the timing process
     parser.add_argument("--reference", type=int, help=argparse.SUPPRESS)  # its M
     parser.add_argument("out", nargs="?", help=argparse.SUPPRESS)
@@ -90,20 +98,25 @@ def main(argv=None):
             console.print(f"Loopback link: {link['bandwidth'] / 1e9:.2f} GB/s, latency "
                           f"{link['latency_s'] * 1e6:.0f} µs; step launch "
                           f"{link['step_overhead_s'] * 1e6:.0f} µs")
-            variants = [("(a) whole model on one worker", ["--algorithm", "single"]),
-                        ("(b) 2 stages, no pipelining", ["--microbatches", "1"]),
-                        ("(c) 2 stages, pipelined", ["--pipeline"])]
+            variants = [] if args.schedules_only else [
+                ("(a) whole model on one worker", ["--algorithm", "single"]),
+                ("(b) 2 stages, no pipelining", ["--microbatches", "1"]),
+                ("(c) 2 stages, pipelined", ["--pipeline"])]
             variants += [(f"    2 stages, M = {m} (fixed)", ["--microbatches", str(m)])
-                         for m in args.also]
+                         for m in ([] if args.schedules_only else args.also)]
+            variants = [(label, model, profile, options) for label, options in variants]
+            variants += schedule_variants(work, args)
             outs = []
-            for k, (label, options) in enumerate(variants):
+            for k, (label, source, source_profile, options) in enumerate(variants):
                 out = work / f"variant{k}"
-                tfpart_json("compile", model, "--cluster", cluster_file, "-o", out,
-                            "--batch-size", args.batch_size, "--profile", profile, *options)
+                tfpart_json("compile", source, "--cluster", cluster_file, "-o", out,
+                            "--batch-size", args.batch_size, "--profile", source_profile,
+                            *options)
                 outs.append(out)
         samples = {out: [] for out in [*outs, "ref-one", "ref-two"]}
         for _ in range(args.rounds):
-            for out in [*outs, "ref"]:  # fresh workers too: they keep earlier clients' state
+            for out in [*outs, *([] if args.schedules_only else ["ref"])]:
+                # fresh workers too: they keep earlier clients' state
                 with LocalWorkers(2, work) as timing:
                     cluster_file.write_text(json.dumps(dict(cluster, cluster=timing.cluster[
                         "cluster"])))
@@ -115,24 +128,44 @@ def main(argv=None):
                         samples["ref-two"] += two
                     else:
                         samples[out] += time_in_fresh_client(cluster_file, out, args.repeats)
-        for (label, _), out in zip(variants, outs):
+        for (label, *_), out in zip(variants, outs):
             median = statistics.median(samples[out])
             plan = Plan.load(out / "plan.json")
             stages = len(set((plan.stages or {}).values())) or len(plan.devices_used())
+            pipeline = plan.predicted.pipeline if plan.predicted else None
             rows.append({"variant": label, "stages": stages,
                          "microbatches": plan.microbatches,
+                         "bubble": pipeline.bubble_fraction if pipeline else None,
                          "measured": args.batch_size / median,
                          "predicted": args.batch_size / plan.step_time})
-        reference = [statistics.median(samples["ref-one"]),
-                     statistics.median(samples["ref-two"])]
+        reference = None if args.schedules_only else [
+            statistics.median(samples["ref-one"]), statistics.median(samples["ref-two"])]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(console, rows, args)
+    if reference is None:
+        return 0
     console.print(f"Reference, hand-written plain TensorFlow (same layers, no tfpart): one "
                   f"worker {args.batch_size / reference[0]:.1f} samples/s, two workers "
                   f"pipelined over 8 micro-batches {args.batch_size / reference[1]:.1f} "
                   f"samples/s ({reference[0] / reference[1]:.2f}x)")
     return 0
+
+
+def schedule_variants(work, args):
+    """The training step of the model, exported and profiled, compiled in every
+    schedule: ``(label, model, profile, compile options)`` each."""
+    from costmodel.schedules import SCHEDULES
+    from examples.models import export_training_step
+
+    model = export_training_step(work / "conv_tower_step", "conv_tower", "adam")
+    profile = work / "step_profile.json"
+    tfpart_json("profile", model, "--batch-size", args.batch_size, "--signature",
+                "train_step", "-o", profile)
+    m = args.schedule_microbatches
+    return [(f"(d) training step, {schedule}, M = {m}", model, profile,
+             ["--signature", "train_step", "--microbatches", str(m), "--schedule", schedule])
+            for schedule in SCHEDULES]
 
 
 def time_in_fresh_client(cluster_file, out, repeats, extra=()):
@@ -209,23 +242,27 @@ def time_reference(cluster_file, repeats, batch_size, microbatches):
 def print_table(console, rows, args):
     table = Table(title=f"conv_tower, batch {args.batch_size}, 2 pinned workers (median of "
                         f"{args.rounds} x {args.repeats} batches)")
-    for column in ("variant", "stages", "M", "measured samples/s", "predicted samples/s",
-                   "measured / predicted"):
+    for column in ("variant", "stages", "M", "bubble", "measured samples/s",
+                   "predicted samples/s", "measured / predicted"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     for r in rows:
-        table.add_row(r["variant"], str(r["stages"]), str(r["microbatches"]),
+        bubble = "-" if r["bubble"] is None else f"{100 * r['bubble']:.0f}%"
+        table.add_row(r["variant"], str(r["stages"]), str(r["microbatches"]), bubble,
                       f"{r['measured']:.1f}", f"{r['predicted']:.1f}",
                       f"{r['measured'] / r['predicted']:.2f}")
     console.print(table)
-    a, b, c = (r["measured"] for r in rows[:3])
-    summary = (f"(c)/(b) = {c / b:.2f}x (target >= 1.8), (c)/(a) = {c / a:.2f}x "
-               f"(target >= 1.6)")
-    console.print(summary)
+    summary = ""
+    if not args.schedules_only:
+        a, b, c = (r["measured"] for r in rows[:3])
+        summary = (f"(c)/(b) = {c / b:.2f}x (target >= 1.8), (c)/(a) = {c / a:.2f}x "
+                   f"(target >= 1.6)")
+        console.print(summary)
     if args.markdown:
-        print("\n| variant | stages | M | measured samples/s | predicted samples/s |")
-        print("|---|---|---|---|---|")
+        print("\n| variant | stages | M | bubble | measured samples/s | predicted samples/s |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['variant']} | {r['stages']} | {r['microbatches']} | "
+            bubble = "-" if r["bubble"] is None else f"{100 * r['bubble']:.0f}%"
+            print(f"| {r['variant']} | {r['stages']} | {r['microbatches']} | {bubble} | "
                   f"{r['measured']:.1f} | {r['predicted']:.1f} |")
         print(f"\n{summary}")
 

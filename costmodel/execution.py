@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.pipeline import (bubble_fraction, microbatch_ends, microbatch_graph,
-                                pipeline_graph, plan_replicas_cost)
+from costmodel.pipeline import (bubble_fraction, chunks_per_device, microbatch_ends,
+                                microbatch_graph, pipeline_graph, plan_replicas_cost)
 from costmodel.roofline import CostModel
 from costmodel.simulate import Schedule, placed_cost, simulate, start_first_priority
 
@@ -94,6 +94,8 @@ class PlanRun:
     schedule: Schedule
     cost: CostModel
     microbatch_ends: tuple = ()
+    order: str = "gpipe"  # the pipeline schedule (costmodel.schedules) and its stages
+    chunks: int = 1  # per device, for the bubble
 
     @property
     def step_time(self):
@@ -115,10 +117,11 @@ class PlanRun:
 
     @property
     def bubble_fraction(self):
-        """The idle share of a fill-and-drain pipeline over its busy devices."""
+        """The idle share of the plan's pipeline schedule over its busy devices."""
         if not self.microbatch_ends:
             return 0.0
-        return bubble_fraction((self.schedule.busy > 0).sum(), len(self.microbatch_ends))
+        return bubble_fraction((self.schedule.busy > 0).sum(), len(self.microbatch_ends),
+                               self.order, self.chunks)
 
 
 def simulate_execution(plan, cost):
@@ -127,4 +130,6 @@ def simulate_execution(plan, cost):
     schedule = simulate(expansion.cost, expansion.device_of, expansion.priority)
     ends = microbatch_ends(expansion.cost, schedule)
     return PlanRun(schedule, expansion.cost,
-                   tuple(ends[m] for m in sorted(ends)) if len(ends) > 1 else ())
+                   tuple(ends[m] for m in sorted(ends)) if len(ends) > 1 else (),
+                   plan.schedule or "gpipe",
+                   chunks_per_device(plan.stages or {}, plan.assignment))

@@ -6,8 +6,9 @@ of the activations, but still reads every weight and still pays each op's fixed
 launch overhead, so M micro-batches cost more than one batch; the pipeline wins back
 the idle time of the other stages. :func:`microbatch_graph` scales a graph to a
 micro-batch, and :func:`simulate_pipeline` runs the same event simulator as
-single-batch plans on M copies of the ops, each stage taking the micro-batches in
-order (fill–drain, the order the pipeline rewriter enforces with control edges).
+single-batch plans on M copies of the ops, each stage (or device) taking its tasks in
+the order of the schedule's task table (:mod:`costmodel.schedules`; fill–drain by
+default), the order the pipeline rewriter enforces with control edges.
 
 Every copy of an op in these execution graphs says what it is in its attributes, never
 only in its name: ``origin`` (the op it copies), ``replica`` and ``microbatch`` (None
@@ -38,15 +39,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.roofline import CostModel
+from costmodel.schedules import SCHEDULES, bubble, table  # SCHEDULES: read from here too
+from costmodel.schedules import in_flight as schedule_in_flight
 from costmodel.simulate import simulate
 from tfpart.core.dtypes import tensor_bytes
 from tfpart.core.graph import OpGraph
 from tfpart.core.ops import STATE_OPS, TABLE_CREATORS, WEIGHT_OPS
 from tfpart.core.plan import all_reduces, device_stand_ins, replica_device
 
-
-
-SCHEDULES = ("gpipe", "1f1b")
 
 
 def copy_attrs(attrs, origin, replica=None, microbatch=None, **changed):
@@ -61,8 +61,9 @@ def copy_attrs(attrs, origin, replica=None, microbatch=None, **changed):
 
 
 def task_order(schedule, stage, stages, microbatches):
-    """The order in which pipeline stage ``stage`` of ``stages`` runs its tasks:
-    ``(micro-batch, "forward" | "backward")`` pairs.
+    """The order in which pipeline stage ``stage`` of ``stages``, one per device, runs
+    its tasks: ``(micro-batch, "forward" | "backward")`` pairs, from ``schedule``'s
+    task table (:mod:`costmodel.schedules`).
 
     ``gpipe`` (fill–drain) runs every micro-batch's forward, then every backward;
     activations of all M micro-batches are held at once. ``1f1b`` (PipeDream-Flush)
@@ -76,30 +77,18 @@ def task_order(schedule, stage, stages, microbatches):
     >>> task_order("gpipe", 1, 2, 2)
     [(0, 'forward'), (1, 'forward'), (0, 'backward'), (1, 'backward')]
     """
-    forwards = [(m, "forward") for m in range(microbatches)]
-    backwards = [(m, "backward") for m in range(microbatches)]
-    if schedule == "gpipe":
-        return forwards + backwards
-    if schedule != "1f1b":
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; one of {SCHEDULES}")
-    warmup = min(stages - stage - 1, microbatches)
-    order = forwards[:warmup]
-    for m in range(microbatches - warmup):
-        order += [forwards[warmup + m], backwards[m]]
-    return order + backwards[microbatches - warmup:]
+    lanes = table({k: k for k in range(stages)}, microbatches, schedule)
+    return [(m, phase) for lane in lanes for m, k, phase in lane if k == stage]
 
 
 def in_flight(schedule, stage, stages, microbatches):
-    """Most micro-batches whose activations stage ``stage`` holds at once.
+    """Most micro-batches whose activations stage ``stage`` of ``stages``, one per
+    device, holds at once.
 
     >>> [in_flight("1f1b", k, 4, 8) for k in range(4)], in_flight("gpipe", 0, 4, 8)
     ([4, 3, 2, 1], 8)
     """
-    held = peak = 0
-    for _, phase in task_order(schedule, stage, stages, microbatches):
-        held += 1 if phase == "forward" else -1
-        peak = max(peak, held)
-    return peak
+    return schedule_in_flight({k: k for k in range(stages)}, microbatches, schedule)[stage]
 
 
 def microbatch_graph(graph, microbatches):
@@ -169,21 +158,37 @@ class PipelineRun:
     transfers: int = 0  # tensors copied between devices over the batch
     cross_host_transfers: int = 0  # of which between hosts
     peak_memory: dict | None = None  # device name -> live-range peak bytes, if asked
+    schedule: str = "gpipe"
+    chunks: int = 1  # stages per busy device
 
     @property
     def bubble_fraction(self):
-        return bubble_fraction(sum(b > 0 for b in self.busy.values()), self.microbatches)
+        return bubble_fraction(sum(b > 0 for b in self.busy.values()), self.microbatches,
+                               self.schedule, self.chunks)
 
 
-def bubble_fraction(busy_devices, microbatches):
-    """The idle share of a fill-and-drain pipeline of ``microbatches`` over as many
-    stages as ``busy_devices`` (at least one).
+def bubble_fraction(busy_devices, microbatches, schedule="gpipe", chunks=1):
+    """The idle share of ``schedule``'s pipeline of ``microbatches`` over
+    ``busy_devices`` (at least one), each holding ``chunks`` stages
+    (:mod:`costmodel.schedules`).
 
-    >>> bubble_fraction(3, 8)
-    0.2
+    >>> bubble_fraction(3, 8), bubble_fraction(3, 8, "interleaved", 2)
+    (0.2, 0.1111111111111111)
     """
-    stages = max(1, int(busy_devices))
-    return (stages - 1) / (microbatches + stages - 1)
+    return bubble(schedule, busy_devices, chunks, microbatches)
+
+
+def chunks_per_device(stage_of, device_of):
+    """How many stages the busiest device holds (1 without stages).
+
+    >>> chunks_per_device({"a": 0, "b": 1, "c": 2}, {"a": 0, "b": 1, "c": 0})
+    2
+    """
+    stages = {}
+    for op, stage in stage_of.items():
+        if op in device_of:
+            stages.setdefault(device_of[op], set()).add(stage)
+    return max(map(len, stages.values()), default=1)
 
 
 def microbatch_ends(cost, schedule):
@@ -203,13 +208,14 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
     its stages. ``device_of`` and ``stage_of`` map op names to device indices and stage
     numbers; variables are shared by all micro-batches, and so are a training step's
     update ops, which run once after every micro-batch's backward pass. Each stage runs
-    its forward and backward tasks in the order of ``schedule`` (:func:`task_order`).
+    its forward and backward tasks in the order of ``schedule``'s task table
+    (:mod:`costmodel.schedules`).
     ``costs`` is a CostModel whose measured profiles and precision policy apply
     (default: the roofline's, the cluster's). With ``memory``, the run's
     ``peak_memory`` is each device's live-range peak over the batch: every micro-batch's
     tensors alive as the schedule interleaves them, each gradient kept until it is
     summed for the update (:func:`pipeline_graph`)."""
-    names = cluster.device_names
+    names, order = cluster.device_names, schedule
     replicated, placement = pipeline_graph(graph, names, device_of, stage_of, microbatches,
                                            schedule)
     cost = costs.of(replicated) if costs is not None else CostModel(replicated, cluster)
@@ -231,7 +237,8 @@ def simulate_pipeline(graph, cluster, device_of, stage_of, microbatches, costs=N
                            cluster.devices[src].host != cluster.devices[dst].host
                            for _, src, dst, _, _ in schedule.transfers),
                        peak_memory=dict(zip(names, map(float, schedule.peak_memory)))
-                       if memory else None)
+                       if memory else None,
+                       schedule=order, chunks=chunks_per_device(stage_of, device_of))
 
 
 def pipeline_graph(graph, cluster_names, device_of, stage_of, microbatches,
@@ -290,8 +297,9 @@ def pinned_ops(graph):
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
                into=None, prefix="", reduced=None, replica=None):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
-    barrier between consecutive tasks of each stage: the sinks of one task before the
-    sources of the next, in the schedule's order. With ``into`` (a graph and
+    barrier between consecutive tasks of each lane of the schedule's task table (a
+    stage's, or a device's: :mod:`costmodel.schedules`): the sinks of one task before
+    the sources of the next. With ``into`` (a graph and
     placement from an earlier call), the copies, named ``<prefix>mb<m>/<op>``, are
     added to it, sharing its variables and update ops: a replica of the pipeline;
     with ``reduced`` too (the ops whose results the replicas all-reduce), the replica
@@ -336,17 +344,15 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
     # a replica's variable reads run on the first replica's devices: not its stage's
     counts = Counter((stage_of[op], device_of[op]) for op in piece if op in stage_of)
     stage_device = {stage: device for (stage, device), _ in counts.most_common()[::-1]}
-    stages = sorted(stage_device)
-    for i, stage in enumerate(stages):
-        tasks = [(m, phase) for m, phase in task_order(schedule, i, len(stages), microbatches)
-                 if (stage, phase) in sources]
-        for (m0, phase0), (m1, phase1) in zip(tasks, tasks[1:]):
-            barrier = f"{prefix}mb{m1}/stage{stage}-{phase1}-waits"
+    for lane in table(stage_device, microbatches, schedule):
+        tasks = [task for task in lane if task[1:] in sources]
+        for (m0, stage0, phase0), (m1, stage1, phase1) in zip(tasks, tasks[1:]):
+            barrier = f"{prefix}mb{m1}/stage{stage1}-{phase1}-waits"
             replicated.add_op(barrier, op_type="NoOp", cost=zero)
-            placement[barrier] = stage_device[stage]
-            for op in sinks[(stage, phase0)]:
+            placement[barrier] = stage_device[stage1]
+            for op in sinks[(stage0, phase0)]:
                 replicated.add_edge(name(op, m0), barrier, control=True)
-            for op in sources[(stage, phase1)]:
+            for op in sources[(stage1, phase1)]:
                 replicated.add_edge(barrier, name(op, m1), control=True)
     return replicated, placement
 

@@ -99,6 +99,14 @@ def greedy_placement(cost, options=GreedyOptions()):
     tfpart.core.errors.PlacementError
         If an op runs on no device, or memory runs out (naming the roomiest device).
     """
+    # made once per cost model and options: the greedy and the filter splits' start
+    # (both tried by --strategy auto) are the same placement
+    device_of, priority = cost.derived(("greedy_placement", options),
+                                       lambda: _greedy_placement(cost, options))
+    return device_of.copy(), priority.copy()
+
+
+def _greedy_placement(cost, options):
     graph, cluster = cost.graph, cost.cluster
     priority = upward_rank(cost)
     device_of = list_schedule(cost, options, priority, contended=False)

@@ -17,7 +17,9 @@ every device in the op-by-op simulation of the chosen micro-batch count and sche
 A training step (ops marked with a phase by the reader) is staged in its forward graph
 (:mod:`partitioner.training_stages`): each forward op carries its backward ops' time,
 its backward ops then join its stage and the update ops their variables; the schedule
-(GPipe or 1F1B, ``options.schedule`` overrides) is chosen with M.
+(one of :mod:`costmodel.schedules`, ``options.schedule`` overrides) is chosen with M.
+A schedule that puts several stages on each device (interleaved 1F1B) gets its own
+stage search, over that many times the devices, stage k on device k mod D.
 
 The micro-batch count M (``options.microbatches`` overrides) is the one whose
 simulated batch time is least among 1, 2, 4, … up to the batch size, among those whose
@@ -32,15 +34,17 @@ See :mod:`partitioner.pipeline` for an example.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from costmodel.memory import new_output_bytes, size_text
-from costmodel.pipeline import SCHEDULES, microbatch_graph, simulate_pipeline
+from costmodel.pipeline import microbatch_graph, simulate_pipeline
+from costmodel.schedules import SCHEDULES, schedule_named
 from costmodel.simulate import activation_peak
 from partitioner.coarsen import CoarsenOptions, coarsen, regroup
-from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, solve
+from partitioner.stage_dp import IDEAL_LIMIT, StageProblem, load_of, solve
 from partitioner.training_stages import (forward_partners, forward_view, is_training_graph,
                                          place_followers)
 from tfpart.core.errors import PlacementError
@@ -56,7 +60,7 @@ class PipelineOptions:
     max_microbatches: int = 32
     target_units: int = 64
     ideal_limit: int = IDEAL_LIMIT
-    schedule: str | None = None  # training steps: "gpipe" or "1f1b"; None: the faster
+    schedule: str | None = None  # training steps: one of costmodel.schedules; None: the fastest
 
 
 def pipeline_plan(cost, options=PipelineOptions()):
@@ -77,21 +81,32 @@ def pipeline_plan(cost, options=PipelineOptions()):
         or list(unit_graph.ops)
     kinds = device_kinds(cluster)
     kept = _kept_for_backward(graph) if training else {}
-    schedules = [options.schedule or "gpipe"] if not training else \
-        [options.schedule] if options.schedule else list(SCHEDULES)
+    # an inference step runs one forward per micro-batch: every order is fill-drain's
+    schedules = ([options.schedule] if options.schedule else list(SCHEDULES)) \
+        if training else ["gpipe"]
     failure = None
     for reserve in _activation_reserves(cost, graph, training):
         try:
             problem = stage_problem(staged, staged_cost, kinds, units, coarse.members, kept,
                                     reserve)
-            solution = solve(problem, ideal_limit=options.ideal_limit)
-            device_of, stage_of, members = _stages_placed(
-                graph, staged, cluster, coarse, units, kinds, solution, partners, training)
-            runs = {(m, schedule): _simulate_units(cost, members, device_of, stage_of, m,
-                                                   schedule)
-                    for m in microbatch_candidates(options) for schedule in schedules}
-            (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, device_of,
-                                                               stage_of)
+            layouts = {}  # stages per device -> (device_of, stage_of, members, solution)
+            for chunks in sorted({schedule_named(s).CHUNKS for s in schedules}):
+                solution, stage_devices = _stage_solution(problem, kinds, chunks,
+                                                          options.ideal_limit)
+                if solution is not None:
+                    layouts[chunks] = (*_stages_placed(
+                        graph, staged, cluster, coarse, units, stage_devices, solution,
+                        partners, training), solution)
+            tried = [s for s in schedules if schedule_named(s).CHUNKS in layouts]
+            if not tried:
+                raise PlacementError("", f"the {schedules[0]} schedule needs "
+                                     f"{schedule_named(schedules[0]).CHUNKS} stages on each "
+                                     "of at least two devices of one kind")
+            layout_of = {s: layouts[schedule_named(s).CHUNKS] for s in tried}
+            runs = {(m, s): _simulate_units(cost, layout_of[s][2], *layout_of[s][:2], m, s)
+                    for m in microbatch_candidates(options) for s in tried}
+            (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, layout_of)
+            device_of, stage_of, _, solution = layout_of[schedule]
             break
         except PlacementError as exc:
             failure = exc  # the last: with the least room kept, the closest to fitting
@@ -134,12 +149,14 @@ def pipeline_plan(cost, options=PipelineOptions()):
     return plan
 
 
-def _fastest_fitting(cost, runs, device_of, stage_of):
+def _fastest_fitting(cost, runs, layout_of):
     """The (micro-batches, schedule) key of least coarse batch time among ``runs``
     whose op-by-op simulation fits every device's memory, that simulation, and the
-    peaks per device of every key simulated so."""
+    peaks per device of every key simulated so. ``layout_of``: schedule -> its
+    stages' ``(device_of, stage_of, …)``."""
     cluster, peaks = cost.cluster, {}
     for key in sorted(runs, key=lambda key: (runs[key].batch_time, key[0], key[1])):
+        device_of, stage_of = layout_of[key[1]][:2]
         run = simulate_pipeline(microbatch_graph(cost.graph, key[0]), cluster, device_of,
                                 stage_of, key[0], cost, key[1], memory=True)
         peaks[key] = run.peak_memory
@@ -148,20 +165,55 @@ def _fastest_fitting(cost, runs, device_of, stage_of):
     over = {key: max(peak[d.name] - d.memory for d in cluster.devices)
             for key, peak in peaks.items()}
     (m, schedule), excess = min(over.items(), key=lambda item: item[1])
-    named = f" {schedule}" if "1f1b" in {key[1] for key in runs} else ""
+    named = f" {schedule}" if len({key[1] for key in runs}) > 1 else ""
     raise PlacementError("", f"the pipeline stages found fit no device's memory at any "
                          f"micro-batch count: at the closest ({m} micro-batches{named}) a "
                          f"device needs {size_text(excess)} more")
 
 
-def _stages_placed(graph, staged, cluster, coarse, units, kinds, solution, partners,
-                   training):
-    """The device and stage of every op for the stage search's ``solution``, and the
-    simulation units."""
+def _stage_solution(problem, kinds, chunks, ideal_limit):
+    """The stage search's solution for ``chunks`` stages per device, and the device
+    of each stage (:func:`_interleaved_solution` for more than one)."""
+    if chunks > 1:
+        return _interleaved_solution(problem, kinds, chunks, ideal_limit)
+    solution = solve(problem, ideal_limit=ideal_limit)
     free = {k: list(devices) for k, devices in enumerate(kinds)}
+    return solution, [free[kind].pop(0) for kind, _ in solution.stages]
+
+
+def _interleaved_solution(problem, kinds, chunks, ideal_limit):
+    """Stages for ``chunks`` per device of one kind (an interleaved schedule): the
+    search over ``chunks`` times as many devices, each ``1 / chunks`` of a device's
+    memory, its neighbouring stages of least joint load merged until each of D
+    devices holds ``chunks``; stage k runs on device k mod D. ``(None, None)`` when
+    fewer than two devices would be used or the devices differ in kind."""
+    if len(kinds) != 1:
+        return None, None
+    devices = kinds[0]
+    search = dataclasses.replace(problem, count=(len(devices) * chunks,),
+                                 capacity=problem.capacity / chunks)
+    solution = solve(search, ideal_limit=ideal_limit)
+    used = min(len(devices), len(solution.stages) // chunks)
+    if used < 2:
+        return None, None
+    stages = [units for _, units in solution.stages]
+    while len(stages) > used * chunks:
+        joint = [load_of(search, a + b, 0) for a, b in zip(stages, stages[1:])]
+        i = int(np.argmin(joint))
+        stages[i:i + 2] = [stages[i] + stages[i + 1]]
+    loads = [load_of(search, units, 0) for units in stages]
+    merged = dataclasses.replace(solution, stages=[(0, units) for units in stages],
+                                 loads=loads, max_load=max(loads))
+    return merged, [devices[k % used] for k in range(len(stages))]
+
+
+def _stages_placed(graph, staged, cluster, coarse, units, stage_devices, solution, partners,
+                   training):
+    """The device and stage of every op for the stage search's ``solution``, stage k on
+    device ``stage_devices[k]``, and the simulation units."""
     device_of, stage_of = {}, {}
-    for stage, (kind, members) in enumerate(solution.stages):
-        device = free[kind].pop(0)
+    for stage, (_, members) in enumerate(solution.stages):
+        device = stage_devices[stage]
         for u in members:
             for op in coarse.members[units[u]]:
                 device_of[op], stage_of[op] = device, stage

@@ -134,7 +134,7 @@ def place_followers(graph, partners, device_of, stage_of):
         stage_of_device.setdefault(device, stage_of[op])
     for op, owner in partners.items():
         device_of[op], stage_of[op] = device_of[owner], stage_of[owner]
-    device_of_stage = {stage: device for device, stage in stage_of_device.items()}
+    device_of_stage = {stage_of[op]: device for op, device in device_of.items()}
     order = graph.topological_order()
     for op in reversed(order):
         # Gradients flow from the last stage to the first: a backward op feeding a

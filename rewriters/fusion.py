@@ -207,12 +207,13 @@ def fused_groups_of(original, optimised):
     return _as_lists(groups)
 
 
-def fusion_groups(graph, graph_def=None, outputs=()):
+def fusion_groups(graph, graph_def=None, outputs=(), found=()):
     """Fusion groups of an OpGraph: Grappler's own on this process's CPU (when
-    ``graph_def`` is given), joined with the table's for every other runtime and the
-    shape optimizer's (:func:`shape_size_groups`). Overlapping groups merge."""
+    ``graph_def`` is given), joined with the table's for every other runtime, the
+    shape optimizer's (:func:`shape_size_groups`) and those ``found`` before (of the
+    same model, its ops that ``graph`` lacks left out). Overlapping groups merge."""
     groups = UnionFind()
-    found = table_fusion_groups(graph) + shape_size_groups(graph)
+    found = table_fusion_groups(graph) + shape_size_groups(graph) + [list(g) for g in found]
     if graph_def is not None:
         found += grappler_fusion_groups(graph_def, outputs)
     for members in found:

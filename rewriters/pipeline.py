@@ -12,10 +12,12 @@ simulator predicts (:mod:`costmodel.pipeline`).
 A training step (:mod:`rewriters.training_regions`) runs each micro-batch's forward
 and backward ops on the stages, in the order of the plan's ``schedule`` on each stage
 (``gpipe``: every forward, then every backward; ``1f1b``: one forward, one backward
-after the pipeline fills). What the optimizer's update reads (the gradients, and the
-loss the signature returns) is accumulated over the micro-batches, each weighted by its
-share of the batch, which keeps a mean loss's gradients exact; the update then runs
-once per step, each op on its planned device.
+after the pipeline fills; ``interleaved``: 1F1B over several stages per device, in
+each device's order; the task tables of :mod:`costmodel.schedules`). What the
+optimizer's update reads (the gradients, and the loss the signature returns) is
+accumulated over the micro-batches, each weighted by its share of the batch, which
+keeps a mean loss's gradients exact; the update then runs once per step, each op on
+its planned device.
 
 Mechanism: the signature is flattened into one GraphDef (:mod:`rewriters.reader`),
 cut into one GraphDef per stage, and each (micro-batch, stage) is imported into a
@@ -292,8 +294,8 @@ class _PipelineBody:
     """The traced body of the pipelined signature (a callable for ``tf.function``).
 
     Each micro-batch imports every piece ``(stage, phase)`` of the per-micro-batch ops;
-    on each stage the pieces run in the order of the plan's schedule
-    (:func:`costmodel.pipeline.task_order`), enforced by control edges. A training
+    on each stage (or device) the pieces run in the order of the plan's schedule's task
+    table (:mod:`costmodel.schedules`), enforced by control edges (gates). A training
     step then accumulates what the update reads (gradients, the loss), each
     micro-batch weighted by its share of the batch, and imports the update once.
     """
@@ -323,6 +325,10 @@ class _PipelineBody:
         # bounds or gates on one device for the others (each a message between tasks
         # the plan does not price).
         self.whole_batch = plan.microbatches == 1 and not plan.replicas
+        # Replicas that each run their share at once (no micro-batches of their own)
+        # follow no task table: their gates wait for nothing, as the simulator orders
+        # nothing among a replica's phases (costmodel.pipeline.replicas_graph).
+        self.scheduled = not plan.replicas or bool(plan.replicas.microbatches)
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -340,7 +346,8 @@ class _PipelineBody:
             device = self._device(m, k)
             gates = {}
             if not self.whole_batch:
-                with tf.device(device), tf.control_dependencies(done.get(device, [])):
+                with tf.device(device), tf.control_dependencies(
+                        done.get(device, []) if self.scheduled else []):
                     gates[f"^{GATE}"] = tf.constant(0.0, name=f"{GATE}_mb{m}_stage{k}_{phase}")
             imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
                                     ops_of[m], gates, self._replica(m), self._microbatch(m))
@@ -417,28 +424,31 @@ class _PipelineBody:
 
     def _lane_order(self, first, m_count):
         """:meth:`_import_order` of micro-batches ``first`` … ``first + m_count - 1``,
-        which flow through the same devices."""
-        from costmodel.pipeline import task_order
+        which flow through the same devices: the lanes of the schedule's task table
+        (:mod:`costmodel.schedules`, a stage's or a device's tasks) merged, each lane's
+        next task taken once the pieces it reads are imported."""
+        from costmodel.schedules import table
 
         schedule = self.plan.schedule or "gpipe"
-        queues = {k: [(first + m, phase) for m, phase in task_order(
-                      schedule, i, len(self.stages), m_count) if (k, phase) in self.pieces]
-                  for i, k in enumerate(self.stages)}
+        try:
+            lanes = table(self.device, m_count, schedule)
+        except ValueError as exc:
+            raise PlacementError("", str(exc)) from None
+        queues = [[(first + m, k, phase) for m, k, phase in lane if (k, phase) in self.pieces]
+                  for lane in lanes]
         imported, order = set(), []
-        while any(queues.values()):
-            ready = [k for k, queue in queues.items() if queue and all(
+        while any(queues):
+            ready = [queue for queue in queues if queue and all(
                 (queue[0][0], *piece) in imported or piece not in self.pieces
-                for piece in self.depends[(k, queue[0][1])])]
+                for piece in self.depends[queue[0][1:]])]
             if not ready:
-                stuck = next((k, q[0]) for k, q in queues.items() if q)
+                m, k, phase = next(queue[0] for queue in queues if queue)
                 raise PlacementError("", f"the {schedule} schedule cannot run stage "
-                                     f"{stuck[0]}'s {stuck[1][1]} of micro-batch "
-                                     f"{stuck[1][0]}: the stages read each other's results "
-                                     "in both directions")
-            for k in ready:
-                m, phase = queues[k].pop(0)
-                imported.add((m, k, phase))
-                order.append((m, k, phase))
+                                     f"{k}'s {phase} of micro-batch {m}: the stages read "
+                                     "each other's results in both directions")
+            for queue in ready:
+                imported.add(queue[0])
+                order.append(queue.pop(0))
         return order
 
     def _accumulated(self, envs, shares):

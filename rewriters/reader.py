@@ -62,13 +62,17 @@ def read_with_row_shards(proto, path, info, sizes, timings=None):
     shard) cut into row shards (:mod:`rewriters.row_shard`). ``info.flat`` stays the
     signature as the model has it, which the rewriter cuts the same way."""
     unsharded = info.flat
-    opgraph, info = _read_flat(proto, path, shard_flat(unsharded, sizes), timings)
+    # the cut adds no pattern Grappler's remapper fuses: its fusions of the whole model
+    # are kept instead of running it again
+    opgraph, info = _read_flat(proto, path, shard_flat(unsharded, sizes), timings,
+                               fused=info.fusion_groups)
     info.flat = unsharded
     return opgraph, info
 
 
-def _read_flat(proto, path, flat, timings):
-    """OpGraph and ModelInfo of a flattened signature."""
+def _read_flat(proto, path, flat, timings, fused=None):
+    """OpGraph and ModelInfo of a flattened signature (``fused``: fusion groups found
+    already, instead of Grappler's)."""
     meta = proto.meta_graphs[0]
     objects = meta.object_graph_def
     graph = import_flat(flat, path)
@@ -77,7 +81,9 @@ def _read_flat(proto, path, flat, timings):
                               flat.info.batch_size, library_index(meta.graph_def.library))
     check_tensor_sizes(opgraph, flat.info.batch_size, path)  # before Grappler sees them
     with timed(timings, "analyse"):
-        flat.info.fusion_groups = fusion_groups(opgraph, graph.as_graph_def(), flat.outputs)
+        flat.info.fusion_groups = fusion_groups(
+            opgraph, graph.as_graph_def() if fused is None else None, flat.outputs,
+            found=fused or ())
         merge_colocation_groups(opgraph, flat.info.fusion_groups)
         merge_colocation_groups(opgraph, flat.row_shard_groups)
         merge_colocation_groups(opgraph, optimizer_slot_groups(

@@ -94,6 +94,9 @@ def test_a_forced_strategy_is_the_plan(strategy, algorithm, capsys, tmp_path):
     (["--strategy", "auto", "--algorithm", "ilp"], "--strategy auto plans every strategy"),
     (["--strategy", "auto", "--option", "seed=1"], "--strategy auto plans every strategy"),
     (["--pipeline", "--algorithm", "greedy"], "--algorithm greedy and a pipeline ask"),
+    (["--algorithm", "greedy", "--microbatches", "2"],  # what it takes, from its declaration
+     "ask for two strategies: greedy takes its options (GreedyOptions); no micro-batches"),
+    (["--schedule", "gpipe", "--algorithm", "min_cut"], "min_cut takes its options"),
     (["--strategy", "data_parallel", "--algorithm", "ilp"],
      "--algorithm ilp and --strategy data_parallel ask"),
     (["--pipeline", "--option", "batch_size=3", "--batch-size", "4"],

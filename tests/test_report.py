@@ -100,3 +100,33 @@ def test_replicas_report_the_rows_sent_to_each_replica_and_its_results_back(tmp_
         f"{second} -> {first}": rows * row_bytes(signature.structured_outputs.values())}
     page = (out / "report.html").read_text()
     assert all(link.replace(">", "&gt;") in page for link in links)
+
+
+def test_a_report_given_the_plans_simulated_step_neither_builds_a_cost_model_nor_simulates(
+        monkeypatch):
+    """The compile hands the report the chosen plan's simulated step; drawing its
+    schedule then costs no second cost model and no second simulation."""
+    import costmodel.execution
+    from costmodel.execution import simulate_execution
+    from costmodel.roofline import CostModel
+    from tfpart.core.cluster import cluster_of_devices
+    from tfpart.core.graph import OpGraph
+    from tfpart.core.plan import Plan
+    from tfpart.report import report_html
+
+    graph = OpGraph()
+    graph.add_op("x", op_type="Placeholder")
+    graph.add_op("y", op_type="MatMul", flops=1e9)
+    graph.add_edge("x", "y", bytes=4e6)
+    cluster = cluster_of_devices(["cpu", "cpu"])
+    first, second = cluster.device_names
+    plan = Plan(assignment={"x": first, "y": second})
+    run = simulate_execution(plan, CostModel(graph, cluster))
+
+    def refused(*args, **kwargs):
+        raise AssertionError("built or simulated again")
+
+    monkeypatch.setattr(CostModel, "__init__", refused)
+    monkeypatch.setattr(costmodel.execution, "simulate", refused)
+    page = report_html(plan, graph, cluster, run=run)
+    assert "data:image/png;base64," in page

@@ -32,6 +32,23 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _ScheduleNames:
+    """The pipeline schedules' names (``costmodel.schedules.SCHEDULES``), read only when
+    ``--schedule`` is given or help is shown: the cost model's import is not paid by
+    every command line."""
+
+    def _names(self):
+        from costmodel.schedules import SCHEDULES
+
+        return SCHEDULES
+
+    def __contains__(self, name):
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
 def add_op_library_option(parser):
     """``--op-library``, on every command that loads a model (or runs one, a worker)."""
     parser.add_argument("--op-library", action="append", metavar="NAME",
@@ -82,10 +99,11 @@ def build_parser():
                           "pipeline stages run over micro-batches (for throughput)")
     compile_.add_argument("--microbatches", type=int, help="micro-batches per batch "
                           "(implies --pipeline; default: chosen by simulation)")
-    compile_.add_argument("--schedule", choices=["gpipe", "1f1b"], help="order of a "
+    compile_.add_argument("--schedule", choices=_ScheduleNames(), help="order of a "
                           "pipelined training step's forward and backward passes: gpipe "
-                          "(fill-drain) or 1f1b (less activation memory); implies "
-                          "--pipeline; default: the faster within memory")
+                          "(fill-drain), 1f1b (less activation memory) or another of "
+                          "costmodel.schedules (%(choices)s); implies --pipeline; default: "
+                          "the faster within memory")
     compile_.add_argument("--force", action="store_true", help="replace an existing output "
                           "folder tfpart wrote, and a --draw picture of the same format")
     compile_.add_argument("--profile", action="append", help="measured profile "

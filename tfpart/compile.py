@@ -4,6 +4,7 @@ result object (:class:`CompileResult`, :class:`PlanResult`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +14,12 @@ from costmodel.figures_basis import cluster_links, figures_basis
 from partitioner.registry import get as get_algorithm
 from partitioner.validate import check_kernels
 from tfpart import table_cuts
+from tfpart.analysis import (MEMORY_HEADROOM, analyse, load_profiles, planning_cluster,
+                             refused_strategies, unread_variables)
 from tfpart.core.cluster import Cluster, load_cluster
-from tfpart.core.errors import ModelError, PlacementError, VerificationError, model_errors
+from tfpart.core.errors import ModelError, PlacementError, VerificationError
 from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_MICROBATCHES, check_microbatches,
-                                check_planned_devices, check_tensors_fit,
-                                largest_microbatches)
-from tfpart.core.ops import writes_state
+                                check_planned_devices, largest_microbatches)
 from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
     new_staging_folder, os_errors, removed_on_failure, temporary_folder
 from tfpart.core.phases import timed
@@ -59,6 +60,9 @@ class PlanResult:
         The SavedModel read.
     timings : dict
         Seconds of each phase (read, analyse, cost, partition, ...).
+    cost : costmodel.CostModel
+        The cost model the plan was made with (on the cluster less its memory
+        headroom), whose tables the report's simulation of the plan reuses.
     """
 
     plan: object = field(repr=False)
@@ -71,6 +75,7 @@ class PlanResult:
     info: object = field(repr=False)
     proto: object = field(repr=False)
     timings: dict = field(repr=False)
+    cost: object = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,56 +97,6 @@ class CompileResult(PlanResult):
     verification: object = field(default=None, repr=False)
 
 
-def unread_variables(info, cluster, kept=True):
-    """Where the variables the signature never reads go (the first device's host CPU,
-    off every accelerator) and what they hold; ``kept=False``: the compiled model drops
-    them (``count`` 0, and how many it drops)."""
-    from tfpart.core.cluster import host_of
-
-    host = f"{host_of(cluster.device_names[0])}/device:CPU:0"
-    if not kept:
-        return {"device": host, "count": 0, "bytes": 0, "dropped": len(info.unread_variables)}
-    return {"device": host, "count": len(info.unread_variables),
-            "bytes": int(sum(nbytes for _, nbytes in info.unread_variables.values()))}
-
-
-# Of each device's memory, kept free for what the cost model does not see; a model that
-# fits only without it is planned without it (plan.json: context.memory_headroom).
-MEMORY_HEADROOM = 0.1
-
-
-def planning_cluster(cluster, unread, headroom):
-    """The cluster a plan is made for. Where the variables the signature never reads go
-    (:func:`unread_variables`) is a device of the cluster (a CPU cluster's first
-    device), that device has their bytes less room; and each device keeps ``headroom``
-    of its memory free (``MEMORY_HEADROOM``: for what the live-range model does not see,
-    the allocator's rounding and unsplit chunks, kernels' scratch buffers, measured in
-    benchmarks/memory_accuracy.py). Returns it and the index of the unread variables'
-    device (None if they go off the cluster's devices).
-
-    Raises
-    ------
-    PlacementError
-        If they alone overflow that device."""
-    from costmodel.memory import size_text
-    from tfpart.core.cluster import normalize_device_name, with_memory
-
-    names = [normalize_device_name(name) for name in cluster.device_names]
-    host = normalize_device_name(unread["device"])
-    room = [device.memory for device in cluster.devices]
-    index = names.index(host) if unread["bytes"] and host in names else None
-    if index is not None:
-        room[index] -= unread["bytes"]
-        if room[index] < 0:
-            raise PlacementError(cluster.source, f"{cluster.device_names[index]} has "
-                                 f"{size_text(cluster.devices[index].memory)}, less than the "
-                                 f"{size_text(unread['bytes'])} of the {unread['count']} "
-                                 f"variables the signature never reads, which are kept "
-                                 f"there (a Keras export's second copy of its variables)")
-    return with_memory(cluster, [nbytes - headroom * device.memory
-                                 for nbytes, device in zip(room, cluster.devices)]), index
-
-
 def _whole_memory(plan, cluster, index, unread):
     """The plan's figures with every device's whole memory and the unread variables on
     device ``index`` (see :func:`planning_cluster`)."""
@@ -155,51 +110,37 @@ def _whole_memory(plan, cluster, index, unread):
         figures.param_bytes += unread["bytes"]
 
 
-def _check_fits(graph, cluster, source, batch_size=None):
-    if batch_size is not None:
-        check_tensors_fit(graph, batch_size, cluster.total_memory(), source)
-    params = graph.total_param_bytes()
-    if params > cluster.total_memory():
-        raise PlacementError(source, f"the model's variables need {params / 1e6:.1f} MB but "
-                             f"the whole cluster has {cluster.total_memory() / 1e6:.1f} MB")
-
-
-def _samples_mixed_by(proto, model_dir, info, microbatches, cache, given=None):
+def _samples_mixed_by(analysis, microbatches):
     """Ops that mix a batch's samples, which forbid micro-batches and replicas, each
     with why (loops and branches the batch steers, :mod:`rewriters.batch_flow`, then
-    :mod:`rewriters.batch_check`'s probe; in a training step, only reductions
-    over the batch that feed back into per-sample ops,
-    :mod:`rewriters.training_regions`): an error if micro-batches were asked for, else
-    the pipeline keeps whole batches. ``cache`` (a dict) keeps the answer for the
-    other strategies. ``given``: the user's inputs for the probe
-    (:class:`rewriters.given_inputs.GivenInputs`), else random ones."""
-    from rewriters.batch_check import batch_mixing_ops
-    from rewriters.batch_flow import signature_mixing
-
+    :mod:`rewriters.batch_check`'s probe, on the user's inputs if given; in a training
+    step, only reductions over the batch that feed back into per-sample ops,
+    :mod:`rewriters.training_regions`), worked out once per compile
+    (:meth:`~tfpart.analysis.Analysis.once`): an error if micro-batches were asked
+    for, else the pipeline keeps whole batches."""
     if microbatches == 1:
         return []
-    if "mixing" not in cache:
-        # loops and branches steered by the batch, proven from the graph before any
-        # probe runs; the probe then looks for what else mixes
-        cache["mixing"] = [(op, "it reduces over the batch and feeds per-sample ops")
-                           for op in info.nonlinear] if info.training else \
-            (signature_mixing(info.flat, model_dir) if info.flat is not None else []) or \
-            batch_mixing_ops(proto, model_dir, info.signature, info.flat, given)
-    mixing = cache["mixing"]
+    mixing = analysis.once("samples mixed", lambda: _mixing_ops(analysis))
     if mixing and microbatches is not None:
-        raise ModelError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
-                         f"({mixing[0][1]}), so {microbatches} micro-batches would change "
-                         "the outputs; use --microbatches 1 (stages without micro-batches)")
+        raise ModelError(analysis.model_dir, f"op {mixing[0][0]} mixes the samples of a "
+                         f"batch ({mixing[0][1]}), so {microbatches} micro-batches would "
+                         "change the outputs; use --microbatches 1 (stages without "
+                         "micro-batches)")
     return mixing
 
 
-def load_profiles(paths, cluster=None):
-    """Measured profiles from files (``tfpart profile`` output, or kernel tables), for
-    the shipped device kinds or ``cluster``'s."""
-    from costmodel.measured import load_profile
+def _mixing_ops(analysis):
+    from rewriters.batch_check import batch_mixing_ops
+    from rewriters.batch_flow import signature_mixing
 
-    kinds = cluster.kinds() if cluster is not None else None
-    return [load_profile(path, kinds) for path in paths or ()]
+    info, model_dir = analysis.info, analysis.model_dir
+    if info.training:
+        return [(op, "it reduces over the batch and feeds per-sample ops")
+                for op in info.nonlinear]
+    # loops and branches steered by the batch, proven from the graph before any probe
+    # runs; the probe then looks for what else mixes
+    return (signature_mixing(info.flat, model_dir) if info.flat is not None else []) or \
+        batch_mixing_ops(analysis.proto, model_dir, info.signature, info.flat, analysis.given)
 
 
 def profile_notes(paths, cluster=None):
@@ -320,155 +261,66 @@ def _plan_saved_model(model_dir, cluster, *, batch_size=None, signature=None,
                       pipeline=False, microbatches=None, schedule=None, tf32=None,
                       strategy=None, whole_tables=False, op_libraries=(), inputs=None):
     """:func:`plan_model` of the SavedModel folder ``model_dir`` for ``cluster`` (a
-    :class:`~tfpart.core.cluster.Cluster`)."""
-    from rewriters.given_inputs import read_given_inputs
-    from rewriters.reader import read_model
-    from rewriters.savedmodel_io import check_variables, read_saved_model
-    from tfpart.op_libraries import load_op_libraries, naming_op_libraries, recorded
-
+    :class:`~tfpart.core.cluster.Cluster`): analyse once, plan each strategy from the
+    analysis, retry as the plans ask (:func:`_plan_each_within_headroom`,
+    :func:`_retry_with_tables_cut`), keep the fastest."""
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     check_planned_devices(cluster)
-    load_op_libraries(op_libraries)
-    step = progress or (lambda name: None)
-    timings = {"read": 0.0, "analyse": 0.0}
-    step("reading the SavedModel")
-    with timed(timings, "read"), naming_op_libraries(), model_errors(model_dir, "read it"):
-        proto = read_saved_model(model_dir)
-        check_variables(model_dir)
-        graph, info = read_model(proto, model_dir, batch_size=batch_size, signature=signature,
-                                 timings=timings)
-    timings["read"] -= timings["analyse"]
-    given = read_given_inputs(inputs, proto.meta_graphs[0], info.signature) if inputs \
-        else None
-    if request.microbatches is not None:  # before any planning, the model's ops known
-        check_microbatches(request.microbatches, info.batch_size, len(graph), model_dir,
-                           MAX_COMPILED_OPS, "to compile")
-    _check_fits(graph, cluster, cluster.source or model_dir, info.batch_size)
-    whole_cluster = cluster
-    graph, info, row_shards = table_cuts.cut_tables(
-        graph, info, proto, model_dir, planning_cluster(
-            whole_cluster, unread_variables(info, cluster, kept=False), MEMORY_HEADROOM)[0],
-        timings)
-    measured = load_profiles(profiles, cluster)
+    analysis = analyse(model_dir, cluster, request, batch_size=batch_size,
+                       signature=signature, profiles=profiles, tf32=tf32,
+                       op_libraries=op_libraries, inputs=inputs, progress=progress)
+    timings = analysis.timings
     t0 = time.perf_counter()
-    names = list(request.algorithms)
-    failures, mixing_cache = {}, {}
-    if len(names) > 1 or get_algorithm(names[0]).stages:
+    if request.compares or get_algorithm(request.algorithms[0]).stages:
         # the batch-mixing check runs the model, which starts TensorFlow: let this
         # process run the plan on logical CPUs afterwards
         from tfpart.runtime import add_local_cpus
 
         add_local_cpus(len(cluster))
-    scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
-    if len(names) > 1 and scalars:  # micro-batches and replicas split every input
-        failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
-                                         "dimension to split") for name in names[1:]}
-        names = names[:1]
-    writer = next((op for op, attrs in graph.ops.items() if writes_state(attrs["op_type"])),
-                  None) if info.format == "tf1" else None
-    if writer is not None:
-        refused = [name for name in names if get_algorithm(name).rebuilt]
-        failures.update({name: PlacementError(model_dir, f"op {writer} writes a variable or "
-                                              f"a table: {TF1_REBUILT}") for name in refused})
-        names = [name for name in names if name not in refused]
-    first_run = " (the first run compiles tfpart's numba kernels, once: about 25 s)" \
-        if kernels_to_compile() else ""
-
-    def partition_each(cost, info, known, names, row_shards):
-        """Each strategy's plan for ``cost`` (of the model ``info`` describes), and why
-        the others have none (beside the ``known`` failures)."""
-        tried, failures = {}, dict(known)
-        for name in names:
-            step(f"partitioning {len(cost.graph)} ops into "
-                 f"{get_algorithm(name).making}{first_run}")
-            try:
-                table_cuts.check_combines(get_algorithm(name), row_shards, info, model_dir)
-                tried[name] = _partition(get_algorithm(name), request, cost, proto,
-                                         model_dir, info, mixing_cache, given)
-            except (PlacementError, ModelError) as exc:
-                tried.pop(name, None)
-                failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
-        return tried, failures
-
-    def attempt(graph, info, row_shards, names, known):
-        """Every strategy of ``names`` planned for ``graph`` (its tables cut as
-        ``row_shards`` says), within the memory headroom if one fits so, else without."""
-        # a model with tables cut is rebuilt without the variables its signature never reads
-        unread = unread_variables(info, whole_cluster, kept=not row_shards)
-        for headroom in (MEMORY_HEADROOM, 0.0):
-            cluster, unread_on = planning_cluster(whole_cluster, unread, headroom)
-            with timed(timings, "cost"):
-                cost = CostModel(graph, cluster, measured=measured, tf32=tf32)
-            try:
-                check_kernels(cost)
-            except PlacementError as exc:
-                raise PlacementError(cluster.source, exc.problem) from None
-            tried, failures = partition_each(cost, info, known, names, row_shards)
-            if tried:  # else nothing fitted beside the margin: plan without it
-                break
-        return _Attempt(graph, info, row_shards, cost, unread, unread_on, headroom, tried,
-                        failures)
-
-    chosen = attempt(graph, info, row_shards, names, failures)
-    if not row_shards and not whole_tables:
-        chosen = table_cuts.faster_with_tables_cut(chosen, names, attempt, proto, model_dir,
-                                                   timings)
+    names, refused = refused_strategies(analysis, request.algorithms)
+    planner = _Planner(request, progress or (lambda name: None), " (the first run compiles "
+                       "tfpart's numba kernels, once: about 25 s)" if kernels_to_compile()
+                       else "")
+    chosen = _plan_each_within_headroom(planner, analysis, names, refused)
+    if not analysis.row_shards and not whole_tables:
+        chosen = _retry_with_tables_cut(planner, chosen, names)
     if not chosen.tried:
         raise next(iter(chosen.failures.values()))
-    graph, info, row_shards, cost, headroom = (chosen.graph, chosen.info, chosen.row_shards,
-                                                chosen.cost, chosen.headroom)
-    tried, failures, cluster = chosen.tried, chosen.failures, cost.cluster
-    best = min(tried, key=lambda name: tried[name][0].step_time)
-    plan, mixing = tried[best]
-    if row_shards:
-        plan.row_shards = {table: RowShards(sizes, [plan.assignment[shard_name(table, i)]
-                                                    for i in range(len(sizes))])
-                           for table, sizes in row_shards.items()}
-    _whole_memory(plan, whole_cluster, chosen.unread_on, chosen.unread)
+    best = min(chosen.tried, key=lambda name: chosen.tried[name][0].step_time)
+    plan, mixing = chosen.tried[best]
+    _record_row_shards(plan, chosen.analysis.row_shards)
+    _whole_memory(plan, cluster, chosen.unread_on, chosen.unread)
     timings["partition"] = time.perf_counter() - t0
-    plan.context = {"model": str(model_dir), "cluster": cluster.name,
-                    "fusion_groups": info.fusion_groups,
-                    "unread_variables": chosen.unread, "memory_headroom": headroom,
-                    "cluster_file": cluster.source, "devices": cluster.device_names,
-                    "signature": info.signature, "format": info.format,
-                    "batch_size": info.batch_size, "tf32": cost.tf32,
-                    "profiles": [str(p) for p in profiles or ()], "inputs": {
-                        k: [list(s), d] for k, (s, d) in info.inputs.items()},
-                    "figures": figures_basis(cost, links=cluster_links(cluster))}
-    if op_libraries:
-        plan.context["op_libraries"] = recorded(op_libraries)
-    composites = getattr(info.flat, "composites", ())
-    if composites:  # a model the pipeline pass rebuilds takes their parts as tensors
-        plan.context["composite_inputs"] = [dataclasses.asdict(c) for c in composites]
-    if mixing:
-        plan.context["samples_mixed_by"] = mixing[:10]
-    if plan.reimported:
-        from rewriters.endpoints import kept_endpoints
-
-        plan.context["kept"] = dict(kept_endpoints(proto, info.signature), runs=(
-            "the original graph's nodes, placed by the plan" if info.format == "tf1" else
-            "the original graphs, not pipelined, reading the placed variables"))
+    plan.context = _plan_context(plan, chosen, profiles, mixing, op_libraries)
+    compared = {name: tried[0].step_time for name, tried in chosen.tried.items()}
+    failures = {name: failure.problem for name, failure in chosen.failures.items()}
     if request.compares:
-        plan.context["strategy"] = {
-            "chosen": best, "step_times": {name: tried[name][0].step_time for name in tried},
-            "refused": {name: failure.problem for name, failure in failures.items()}}
+        plan.context["strategy"] = {"chosen": best, "step_times": compared,
+                                    "refused": failures}
         if chosen.other:
-            plan.context["strategy"]["tables " + ("whole" if row_shards else "cut")] = \
-                chosen.other
-    return PlanResult(plan=plan, step_time=plan.step_time, strategy=best,
-                      compared={name: tried[name][0].step_time for name in tried},
-                      refused={name: failure.problem for name, failure in failures.items()},
-                      graph=graph, cluster=whole_cluster, info=info, proto=proto,
-                      timings=timings)
+            plan.context["strategy"]["tables " + (
+                "whole" if chosen.analysis.row_shards else "cut")] = chosen.other
+    return PlanResult(plan=plan, step_time=plan.step_time, strategy=best, compared=compared,
+                      refused=failures, graph=chosen.analysis.graph, cluster=cluster,
+                      info=chosen.analysis.info, proto=analysis.proto, timings=timings,
+                      cost=chosen.cost)
+
+
+@dataclass(frozen=True)
+class _Planner:
+    """What every strategy of one compile is planned with beside the analysis: the
+    request, the progress callback and the note on a first run's kernel compilation."""
+
+    request: StrategyRequest
+    step: object
+    first_run: str = ""
 
 
 @dataclass
 class _Attempt:
     """Every strategy planned for one version of the model (its tables whole or cut)."""
 
-    graph: object
-    info: object
-    row_shards: dict  # table -> rows of each shard (empty: no table cut)
+    analysis: object  # tfpart.analysis.Analysis of that version
     cost: object
     unread: dict  # unread_variables()
     unread_on: int | None
@@ -476,6 +328,101 @@ class _Attempt:
     tried: dict  # strategy -> (plan, ops that mix samples)
     failures: dict  # strategy -> why it has no plan
     other: dict = field(default_factory=dict)  # strategy -> step, with the tables cut or not
+
+    @property
+    def step_time(self):
+        """The least predicted step of its plans (inf if none)."""
+        return min((plan.step_time for plan, _ in self.tried.values()), default=math.inf)
+
+
+def _plan_each_within_headroom(planner, analysis, names, known):
+    """Every strategy of ``names`` planned from ``analysis`` (``known``: why others
+    have none), with each device keeping ``MEMORY_HEADROOM`` of its memory free; the
+    headroom retry: planned without it if no strategy fits so."""
+    # a model with tables cut is rebuilt without the variables its signature never reads
+    unread = unread_variables(analysis.info, analysis.cluster, kept=not analysis.row_shards)
+    attempt = _plan_each(planner, analysis, names, known, unread, MEMORY_HEADROOM)
+    if attempt.tried:
+        return attempt
+    return _plan_each(planner, analysis, names, known, unread, 0.0)
+
+
+def _plan_each(planner, analysis, names, known, unread, headroom):
+    """Every strategy of ``names`` planned from ``analysis`` for the cluster with
+    ``headroom`` of each device's memory kept free: an :class:`_Attempt`."""
+    cluster, unread_on = planning_cluster(analysis.cluster, unread, headroom)
+    with timed(analysis.timings, "cost"):
+        cost = CostModel(analysis.graph, cluster, measured=analysis.measured,
+                         tf32=analysis.tf32)
+    try:
+        check_kernels(cost)
+    except PlacementError as exc:
+        raise PlacementError(cluster.source, exc.problem) from None
+    tried, failures = {}, dict(known)
+    for name in names:
+        chosen = get_algorithm(name)
+        planner.step(f"partitioning {len(cost.graph)} ops into {chosen.making}"
+                     f"{planner.first_run}")
+        try:
+            table_cuts.check_combines(chosen, analysis.row_shards, analysis.info,
+                                      analysis.model_dir)
+            tried[name] = _partition(chosen, planner.request, cost, analysis)
+        except (PlacementError, ModelError) as exc:
+            failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
+    return _Attempt(analysis, cost, unread, unread_on, headroom, tried, failures)
+
+
+def _retry_with_tables_cut(planner, whole, names):
+    """The table-cut retry: ``whole`` (the attempt with no table cut), or the strategies
+    of ``names`` that combine with row shards planned again from the same analysis
+    with the model's largest tables cut, if that plans where ``whole`` did not or
+    predicts a faster step (:func:`tfpart.table_cuts.faster_with_tables_cut`)."""
+    def plan_cut(graph, info, row_shards, usable):
+        cut = whole.analysis.with_tables_cut(graph, info, row_shards)
+        return _plan_each_within_headroom(planner, cut, usable, {})
+
+    return table_cuts.faster_with_tables_cut(whole, names, plan_cut)
+
+
+def _record_row_shards(plan, row_shards):
+    """Write into ``plan`` the tables it cuts: each one's rows per shard and the device
+    the plan put each shard on."""
+    if row_shards:
+        plan.row_shards = {table: RowShards(sizes, [plan.assignment[shard_name(table, i)]
+                                                    for i in range(len(sizes))])
+                           for table, sizes in row_shards.items()}
+
+
+def _plan_context(plan, chosen, profiles, mixing, op_libraries):
+    """plan.json's ``context``: what ``plan`` was made from (``chosen``, the
+    :class:`_Attempt` it came from)."""
+    from tfpart.op_libraries import recorded
+
+    analysis, cost = chosen.analysis, chosen.cost
+    info, cluster = analysis.info, cost.cluster
+    context = {"model": str(analysis.model_dir), "cluster": cluster.name,
+               "fusion_groups": info.fusion_groups,
+               "unread_variables": chosen.unread, "memory_headroom": chosen.headroom,
+               "cluster_file": cluster.source, "devices": cluster.device_names,
+               "signature": info.signature, "format": info.format,
+               "batch_size": info.batch_size, "tf32": cost.tf32,
+               "profiles": [str(p) for p in profiles or ()], "inputs": {
+                   k: [list(s), d] for k, (s, d) in info.inputs.items()},
+               "figures": figures_basis(cost, links=cluster_links(cluster))}
+    if op_libraries:
+        context["op_libraries"] = recorded(op_libraries)
+    composites = getattr(info.flat, "composites", ())
+    if composites:  # a model the pipeline pass rebuilds takes their parts as tensors
+        context["composite_inputs"] = [dataclasses.asdict(c) for c in composites]
+    if mixing:
+        context["samples_mixed_by"] = mixing[:10]
+    if plan.reimported:
+        from rewriters.endpoints import kept_endpoints
+
+        context["kept"] = dict(kept_endpoints(analysis.proto, info.signature), runs=(
+            "the original graph's nodes, placed by the plan" if info.format == "tf1" else
+            "the original graphs, not pipelined, reading the placed variables"))
+    return context
 
 
 KERNEL_MODULES = ("costmodel.arrays", "costmodel.simulate", "partitioner.earliest_finish",
@@ -503,15 +450,12 @@ def kernels_to_compile():
     return missing
 
 
-TF1_REBUILT = ("the stages, replicas and splits of a TensorFlow 1 SavedModel are built "
-               "for inference signatures (a training step gets an op placement)")
-
-
-def _partition(chosen, request, cost, proto, model_dir, info, cache, given=None):
-    """``chosen``'s plan for ``request`` (and the ops that mix a batch's samples, if it
-    uses micro-batches and some do: then it keeps whole batches). Replicas of a batch
-    that some op mixes are refused, naming the op."""
+def _partition(chosen, request, cost, analysis):
+    """``chosen``'s plan for ``request`` from ``analysis`` (and the ops that mix a
+    batch's samples, if it uses micro-batches and some do: then it keeps whole
+    batches). Replicas of a batch that some op mixes are refused, naming the op."""
     settings = algorithm_options(chosen.name, None if request.compares else request.options)
+    info, model_dir = analysis.info, analysis.model_dir
     mixing = []
     if chosen.stages:
         fields = {f.name for f in dataclasses.fields(settings)}
@@ -520,7 +464,7 @@ def _partition(chosen, request, cost, proto, model_dir, info, cache, given=None)
         microbatches, schedule = request.microbatches, request.schedule
         if "microbatches" in fields:
             microbatches = settings.microbatches if microbatches is None else microbatches
-        mixing = _samples_mixed_by(proto, model_dir, info, microbatches, cache, given)
+        mixing = _samples_mixed_by(analysis, microbatches)
         if mixing and chosen.replicates:
             raise PlacementError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
                                  f"({mixing[0][1]}), so replicas of it would change the "
@@ -657,11 +601,10 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
             picture = placement_section(plan, graph)
         step("writing the report")
         with timed(inner, "report"):
-            cost = CostModel(graph, cluster, measured=load_profiles(profiles, cluster),
-                             tf32=plan.context.get("tf32"))
             write_report(plan, graph, cluster, Path(staging) / REPORT_FILE,
                          verification=reports[0] if reports else None,
-                         timings={**timings, **inner}, cost=cost, picture=picture)
+                         timings={**timings, **inner}, picture=picture,
+                         run=_simulated_step(planned, profiles))
 
     from rewriters.tf_import import tensorflow
 
@@ -681,6 +624,18 @@ def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force,
                             for f in dataclasses.fields(PlanResult)},
                          out=Path(out), notes=profile_notes(profiles, cluster),
                          verification=reports[0] if reports else None)
+
+
+def _simulated_step(planned, profiles):
+    """The simulated step of ``planned``'s plan (:func:`costmodel.execution.
+    simulate_execution`) on the cost model it was planned with, whose graph arrays and
+    derived tables are built already (a new one only for a :class:`PlanResult` made
+    without it)."""
+    from costmodel.execution import simulate_execution
+
+    cost = planned.cost or CostModel(planned.graph, planned.cluster, tf32=planned.plan.context.get(
+        "tf32"), measured=load_profiles(profiles, planned.cluster))
+    return simulate_execution(planned.plan, cost)
 
 
 def simulate_model(model_dir, plan_file, *, cluster_file=None, profiles=None,

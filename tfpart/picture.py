@@ -192,13 +192,21 @@ def _device_order(plan):
 
 
 def _title(plan, graph, devices):
+    """What the picture shows, and below it the line the plan's algorithm gives on what
+    it made (:func:`partitioner.registry.describe_plan`)."""
+    from partitioner.registry import describe_plan  # the algorithms: slow to import
+
+    described = describe_plan(plan)
+    return _drawn(plan, graph, devices) + (f"\\n{described}" if described else "")
+
+
+def _drawn(plan, graph, devices):
+    """What the picture draws: the plan's assignment, which for replicas is one of them."""
     replicas = plan.replicas
     if replicas and len(replicas.devices) > 1:
-        shares = ", ".join(f"{_short_device(d)} {f:.0%}" for d, f in
-                           zip(replicas.devices, replicas.fractions))
         return (f"data parallel: all {len(graph)} ops on each of "
-                f"{len(replicas.devices)} replicas ({shares} of the batch); drawn "
-                f"once, with the variables on {_short_device(replicas.devices[0])}")
+                f"{len(replicas.devices)} replicas; drawn once, with the variables on "
+                f"{_short_device(replicas.devices[0])}")
     if len(devices) == 1:
         return f"all {len(graph)} ops on {devices[0]}: one device, nothing crosses"
     step = plan.predicted.step_time if plan.predicted else None

@@ -26,7 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tfpart.strategy_lines import replicas_line, row_shards_line
+from tfpart.strategy_lines import row_shards_line
 
 SECTIONS = ("Model", "Cluster", "Algorithm", "Per-device figures", "Step time and bound",
             "Placement", "Schedule", "Link traffic", "Pipeline", "Verification")
@@ -44,12 +44,15 @@ td:first-child, th:first-child { text-align: left; }
 
 
 def write_report(plan, graph, cluster, path, verification=None, timings=None, cost=None,
-                 picture=None):
+                 picture=None, run=None):
     """Write the report of ``plan`` to ``path`` (replaced atomically); return ``path``.
     ``cost`` is the cost model the plan was made with (default: the roofline's),
-    ``picture`` the placement section if already drawn (:func:`placement_section`)."""
+    ``picture`` the placement section if already drawn (:func:`placement_section`),
+    ``run`` the plan's simulated step if already made
+    (:func:`costmodel.execution.simulate_execution`: then neither a cost model is built
+    nor the plan simulated again)."""
     page = report_html(plan, graph, cluster, verification, timings=timings, cost=cost,
-                       picture=picture)
+                       picture=picture, run=run)
     path = Path(path)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False,
                                      encoding="utf-8") as staged:
@@ -60,11 +63,15 @@ def write_report(plan, graph, cluster, path, verification=None, timings=None, co
 
 
 def report_html(plan, graph, cluster, verification=None, timings=None, cost=None,
-                picture=None):
-    """The report page as a string."""
-    from costmodel import CostModel
+                picture=None, run=None):
+    """The report page as a string (``cost``, ``picture`` and ``run`` as
+    :func:`write_report` takes them)."""
+    if run is None:
+        from costmodel import CostModel
+        from costmodel.execution import simulate_execution
 
-    cost = cost or CostModel(graph, cluster, tf32=(plan.context or {}).get("tf32"))
+        cost = cost or CostModel(graph, cluster, tf32=(plan.context or {}).get("tf32"))
+        run = simulate_execution(plan, cost)
     context = plan.context or {}
     parts = [f"<h1>tfpart plan: {_e(Path(str(context.get('model', 'model'))).name)} on "
              f"{_e(cluster.name or 'cluster')}</h1>"]
@@ -75,7 +82,7 @@ def report_html(plan, graph, cluster, verification=None, timings=None, cost=None
         "Per-device figures": _devices(plan),
         "Step time and bound": _bound(plan),
         "Placement": picture or placement_section(plan, graph),
-        "Schedule": _schedule(plan, cost),
+        "Schedule": _schedule(run),
         "Link traffic": _links(plan),
         "Pipeline": (f"<p>{_e(row_shards_line(plan))}.</p>" if plan.row_shards else "")
         + _pipeline(plan),
@@ -117,8 +124,12 @@ def _cluster(cluster):
 
 
 def _algorithm(plan):
+    from partitioner.registry import describe_plan  # what the algorithm says it made
+
     options = json.dumps(plan.options or {}, indent=1, sort_keys=True)
-    return f"<p>{_e(plan.algorithm)}</p><pre>{_e(options)}</pre>"
+    described = describe_plan(plan)
+    return (f"<p>{_e(plan.algorithm)}</p>" + (f"<p>{_e(described)}.</p>" if described else "")
+            + f"<pre>{_e(options)}</pre>")
 
 
 def _devices(plan):
@@ -188,11 +199,9 @@ def placement_section(plan, graph):
             f"<details><summary>DOT</summary><pre>{_e(picture.dot.source)}</pre></details>")
 
 
-def _schedule(plan, cost):
-    from costmodel.execution import simulate_execution
+def _schedule(run):
     from costmodel.gantt import write_gantt
 
-    run = simulate_execution(plan, cost)
     with tempfile.TemporaryDirectory() as directory:
         png = write_gantt(run.schedule, run.cost, Path(directory) / "gantt.png").read_bytes()
     data = base64.b64encode(png).decode()
@@ -212,7 +221,7 @@ def _pipeline(plan):
     if plan.replicas:
         batch = (plan.context or {}).get("batch_size") or 1
         replicas = plan.replicas
-        return (f"<p>{_e(replicas_line(plan))}.</p>" + _table(
+        return (_table(  # described in the Algorithm section
                     ("replica", "device", "share", "samples"),
                     [(r, d, f"{f:.3f}", round(f * batch)) for r, (d, f) in
                      enumerate(zip(replicas.devices, replicas.fractions))]))

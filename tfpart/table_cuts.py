@@ -82,23 +82,25 @@ def _tables(graph, info):
     return tables
 
 
-def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
+def faster_with_tables_cut(whole, names, plan_cut):
     """``whole`` (the compile's attempt with no table cut,
-    :class:`tfpart.compile._Attempt`), or the same model with its largest cuttable
-    tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per device (shares by
-    speed at the work that grows with the rows, within memory, when there is such work;
-    else by memory) planned by ``attempt`` with the strategies of ``names`` that combine
-    with row shards, if that one plans where ``whole`` did not or predicts a faster
-    step. When ``whole`` planned, the cut is tried only if spreading the tables' row
-    work (a dense update) over their shards could save ``MIN_CUT_GAIN`` of its step: a
-    lookup's time barely depends on a shard's rows."""
+    :class:`tfpart.compile._Attempt`, with its ``analysis``), or the same model with its
+    largest cuttable tables (at most ``MAX_TABLES_CUT_FOR_AN_OP``) cut into a shard per
+    device (shares by speed at the work that grows with the rows, within memory, when
+    there is such work; else by memory) planned by ``plan_cut(graph, info, row_shards,
+    names)`` with the strategies of ``names`` that combine with row shards, if that one
+    plans where ``whole`` did not or predicts a faster step. When ``whole`` planned, the
+    cut is tried only if spreading the tables' row work (a dense update) over their
+    shards could save ``MIN_CUT_GAIN`` of its step: a lookup's time barely depends on a
+    shard's rows."""
     from partitioner.row_shards import row_shard_sizes, speed_shares
 
-    info = whole.info
+    analysis = whole.analysis
+    info = analysis.info
     usable = [name for name in names if not refusal(get_algorithm(name), info.training)]
     if info.format == "tf1" or not info.flat or not usable:
         return whole
-    tables = _tables(whole.graph, info)
+    tables = _tables(analysis.graph, info)
     chosen = _largest_cuttable(info, tables)
     memories = [device.memory for device in whole.cost.cluster.devices]
     sizes, gain = {}, 0.0
@@ -111,14 +113,15 @@ def faster_with_tables_cut(whole, names, attempt, proto, model_dir, timings):
             gain += (1 - 1 / len(shares)) / max(speeds)  # its update spread, at best
         else:
             sizes.update(row_shard_sizes({table: (math.inf, rows)}, memories))
-    step = min((plan.step_time for plan, _ in whole.tried.values()), default=math.inf)
+    step = whole.step_time
     if not sizes or gain < MIN_CUT_GAIN * step:  # planned whole, and a cut gains little
         return whole
     try:
-        graph, cut_info, sizes = _read_cut(proto, model_dir, info, sizes, timings)
+        graph, cut_info, sizes = _read_cut(analysis.proto, analysis.model_dir, info, sizes,
+                                           analysis.timings)
     except PlacementError:
         return whole
-    cut = attempt(graph, cut_info, sizes, usable, {})
+    cut = plan_cut(graph, cut_info, sizes, usable)
     if not cut.tried:
         return whole
     steps = {name: plan.step_time for name, (plan, _) in cut.tried.items()}

@@ -157,13 +157,17 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
             signatures = root.signatures
             original = signatures[signature]
 
+            found = {}  # each signature flattened and imported once, not once per batch
+
             def domains(name):
-                try:
-                    return input_domains(original_proto, original_dir, name, root)
-                except TfpartError:
-                    if name == signature:
-                        raise
-                    return {}  # a signature tfpart cannot read: plain random inputs
+                if name not in found:
+                    try:
+                        found[name] = input_domains(original_proto, original_dir, name, root)
+                    except TfpartError:
+                        if name == signature:
+                            raise
+                        found[name] = {}  # a signature tfpart cannot read: random inputs
+                return found[name]
             feeds = _batches(original, sizes, seed, given, lambda: domains(signature),
                              composite_inputs(meta, signature))
             expected = [_as_arrays(original(**feed)) for feed in feeds]

@@ -118,12 +118,12 @@ def test_every_strategy_copes_with_devices_that_cannot_run_some_ops(graph, clust
 
     from partitioner.registry import get
     from partitioner.validate import kernel_problem
-    from tfpart.strategy_request import STRATEGIES
+    from tfpart.strategy_request import auto_strategies
     from tfpart.core.errors import PlacementError
 
     cost = CostModel(graph, cluster)
     kind = {d.name: d.kind.name for d in cluster.devices}
-    for name in STRATEGIES:
+    for name in auto_strategies():
         algorithm = get(name)
         options = algorithm.options()
         if "batch_size" in {f.name for f in dataclasses.fields(options)}:

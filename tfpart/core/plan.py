@@ -278,7 +278,9 @@ class Plan:
 class Stages(Mapping):
     """A pipeline: the stage ``of[op]`` each op runs in, for each of ``microbatches``
     consecutive slices of the batch, in the ``schedule`` order of a training step
-    ("gpipe": every forward, then every backward; "1f1b"; None for inference). Data
+    (a name of ``costmodel.schedules``: "gpipe", every forward, then every backward;
+    "1f1b"; "interleaved", whose stage k runs on the device of stage k mod D, several
+    per device; None for inference). A device may hold several stages. Data
     parallel and hybrid plans are one stage whose micro-batch ``r`` runs on replica
     ``r``. Reads as the mapping op -> stage. Its JSON form (plan.json's ``stages``) is
     :meth:`to_dict`.
