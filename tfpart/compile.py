@@ -197,8 +197,8 @@ def plan_model(model, cluster, *, batch_size=None, signature=None, algorithm=Non
         an entry of :mod:`partitioner.registry`, ``options`` its options. With
         ``pipeline`` (implied by ``microbatches`` and ``schedule``) stages run over
         micro-batches, for throughput, instead of a placement for the latency of one
-        batch; ``schedule`` ("gpipe" or "1f1b") fixes a training step's pipeline
-        schedule, else the faster one within memory.
+        batch; ``schedule`` (one of :data:`costmodel.schedules.SCHEDULES`) fixes a
+        training step's pipeline schedule, else the fastest one within memory.
     profiles : sequence of paths, optional
         Measured profiles (``tfpart profile``, kernel tables) the cost model uses.
     tf32 : bool, optional
@@ -461,20 +461,21 @@ def _partition(chosen, request, cost, analysis):
         fields = {f.name for f in dataclasses.fields(settings)}
         if "batch_size" in fields:
             _check_batch_option(settings, info.batch_size)
-        microbatches, schedule = request.microbatches, request.schedule
-        if "microbatches" in fields:
-            microbatches = settings.microbatches if microbatches is None else microbatches
+        microbatches = request.microbatches
+        if chosen.microbatches and microbatches is None:
+            microbatches = settings.microbatches
         mixing = _samples_mixed_by(analysis, microbatches)
         if mixing and chosen.replicates:
             raise PlacementError(model_dir, f"op {mixing[0][0]} mixes the samples of a batch "
                                  f"({mixing[0][1]}), so replicas of it would change the "
                                  "outputs")
-        settings = dataclasses.replace(settings, batch_size=info.batch_size, **{
-            key: value for key, value in [
-                ("microbatches", 1 if mixing else microbatches),
-                ("schedule", schedule or getattr(settings, "schedule", None)),
-                ("replicas", 1 if mixing else getattr(settings, "replicas", None))]
-            if key in fields})
+        # what the algorithm declares it takes (partitioner.registry), in its options
+        given = {"batch_size": info.batch_size} if "batch_size" in fields else {}
+        if chosen.microbatches:
+            given["microbatches"] = 1 if mixing else microbatches
+        if chosen.schedules and request.schedule:
+            given["schedule"] = request.schedule
+        settings = dataclasses.replace(settings, **given)
         if getattr(settings, "microbatches", None) is not None:
             check_microbatches(settings.microbatches, info.batch_size, len(cost.graph),
                                model_dir, MAX_COMPILED_OPS, "to compile")
