@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+try:  # pytest 9's structured test ids
+    from _pytest.nodeid import NodeId
+except ImportError:  # earlier pytest: xdist adds the group to the id itself
+    NodeId = None
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 LOGICAL_CPUS = 4
 
@@ -31,7 +36,24 @@ def local_cpus():
     return LOGICAL_CPUS
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
     """End-to-end tests first: xdist hands tests out in this order, so the run ends on
-    short ones and neither process waits long for the other's last test."""
+    short ones and neither process waits long for the other's last test.
+
+    ``--dist loadgroup`` sends the tests of one ``xdist_group`` to one xdist worker,
+    which builds their module fixtures once, by the group's name after an ``@`` in
+    each test's id. pytest-xdist 3.8 writes it to ``item._nodeid``, which pytest 9 no
+    longer reads (its ids are ``NodeId``s in ``item._id``): every group was dealt out
+    test by test, and each worker built the group's fixtures. Here the suffix is added
+    where pytest 9 reads it, if xdist has not (``tests/test_xdist_groups.py``)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if not getattr(config.option, "loadgroup", False) or NodeId is None:
+        return
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and isinstance(
+                getattr(item, "_id", None), NodeId):
+            item._id = NodeId.parse(item.nodeid + suffix)

@@ -50,14 +50,23 @@ def test_compile_without_tf32_predicts_a_slower_step_and_says_so(tmp_path, write
     assert plans[False].step_time > plans[None].step_time
 
 
-@pytest.mark.slow
-def test_tfpart_profile_measures_every_op_of_the_example(tmp_path):
-    out = tmp_path / "profile.json"
+@pytest.fixture(scope="module")
+def example_profile(tmp_path_factory):
+    """``tfpart profile`` of the shipped example at batch 2, in a fresh process
+    (profiling sets TensorFlow's threads); the file it wrote."""
+    out = tmp_path_factory.mktemp("profile") / "profile.json"
     done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
                            "--batch-size", "2", "--repeats", "3", "--warmup", "1", "-o", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    profile = MeasuredProfile.load(out)
+    return out
+
+
+# one xdist worker profiles the example for both tests that read the profile
+@pytest.mark.slow
+@pytest.mark.xdist_group("example_profile")
+def test_tfpart_profile_measures_every_op_of_the_example(example_profile):
+    profile = MeasuredProfile.load(example_profile)
     conv = [op for op in profile.ops if op["op_type"] == "Conv2D"]
     assert conv and all(op["time_s"] > 0 and op["input_shapes"][0][0] == 2 for op in conv)
     # Timed as TensorFlow runs it (fused kernels), yet no compute op of a group at zero.
@@ -75,24 +84,23 @@ def test_tfpart_profile_measures_every_op_of_the_example(tmp_path):
 
 
 @pytest.mark.slow
-def test_compile_names_a_profile_measured_with_the_other_onednn_mode(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(DEFAULT_MODEL_DIR),
-                           "--batch-size", "2", "--repeats", "2", "--warmup", "1",
-                           "-o", str(tmp_path / "p.json")], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads((tmp_path / "p.json").read_text())
-    same = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
-                           str(tmp_path / "p.json"), "-o", str(tmp_path / "a")],
-                          capture_output=True, text=True, timeout=600)
-    assert same.returncode == 0 and "Note:" not in same.stdout
+@pytest.mark.xdist_group("example_profile")
+def test_compile_names_a_profile_measured_with_the_other_onednn_mode(example_profile,
+                                                                     tmp_path, capsys):
+    """(The compiles run in this process: what is tested is what they print.)"""
+    from tfpart.cli import main
+
+    data = json.loads(example_profile.read_text())
+    capsys.readouterr()
+    same = main(["compile", "--profile", str(example_profile), "-o", str(tmp_path / "a")])
+    assert same == 0 and "Note:" not in capsys.readouterr().out
     data["hardware"]["onednn"] = not data["hardware"]["onednn"]
     (tmp_path / "other.json").write_text(json.dumps(data))
-    other = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", "--profile",
-                            str(tmp_path / "other.json"), "-o", str(tmp_path / "b")],
-                           capture_output=True, text=True, timeout=600)
-    assert other.returncode == 0, other.stderr
-    notes = [line for line in other.stdout.splitlines() if line.startswith("Note:")]
+    other = main(["compile", "--profile", str(tmp_path / "other.json"), "-o",
+                  str(tmp_path / "b")])
+    printed = capsys.readouterr()
+    assert other == 0, printed.err
+    notes = [line for line in printed.out.splitlines() if line.startswith("Note:")]
     assert len(notes) == 1 and "oneDNN" in notes[0] and "other.json" in notes[0]
 
 

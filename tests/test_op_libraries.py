@@ -70,8 +70,10 @@ def compiled(text_model, tmp_path_factory):
     return get
 
 
+# one xdist worker exports the model and compiles it once per strategy, for both tests
 @pytest.mark.slow
 @pytest.mark.any_onednn
+@pytest.mark.xdist_group("tensorflow_text")
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_a_tensorflow_text_model_compiles_and_verifies(compiled, strategy):
     code, out = compiled(strategy)
@@ -98,6 +100,7 @@ FRESH_PROCESS = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+@pytest.mark.xdist_group("tensorflow_text")
 def test_without_the_library_one_line_names_it_and_verify_loads_the_plans(
         compiled, text_model, tmp_path):
     """In a process that never imported tensorflow_text (TensorFlow's registry is the

@@ -319,6 +319,8 @@ def pipelined(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+# one xdist worker compiles the example once for the three tests that use it
+@pytest.mark.xdist_group("pipelined_example")
 def test_simulate_gantt_writes_each_format_marked_and_replaces_its_own(pipelined, capsys,
                                                                        tmp_path):
     out, _ = pipelined
@@ -336,6 +338,7 @@ def test_simulate_gantt_writes_each_format_marked_and_replaces_its_own(pipelined
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+@pytest.mark.xdist_group("pipelined_example")
 def test_compile_draw_replaces_its_own_picture_and_with_force_a_users(pipelined, tmp_path):
     from tfpart.picture import draw
 
@@ -359,6 +362,7 @@ def test_compile_draw_replaces_its_own_picture_and_with_force_a_users(pipelined,
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
+@pytest.mark.xdist_group("pipelined_example")
 def test_checkpoint_with_force_replaces_a_checkpoint(pipelined, capsys, tmp_path):
     out, _ = pipelined
     args = ["checkpoint", "to-original", str(out), str(out / "variables" / "variables"),

@@ -2,9 +2,9 @@
 side, in this process only (``python -m tests.train_compare DIR MODEL OPTIMIZER``),
 and print what tests/e2e/test_training.py asserts on, as JSON.
 
-One model per process, as a user runs them: TensorFlow keeps the functions of every
-SavedModel loaded into a process in one library, and models exported by separate
-processes reuse function names.
+One case per process: its intra-op threads and logical CPUs are set before TensorFlow
+starts. The training step is exported here, or once per test run by the tests
+(``--source``: ``tests/conftest.py``'s ``training_step``).
 """
 import argparse
 import json
@@ -66,6 +66,8 @@ def main(argv=None):
     parser.add_argument("directory", type=Path)
     parser.add_argument("model")
     parser.add_argument("optimizer")
+    parser.add_argument("--source", type=Path,
+                        help="MODEL's training step with OPTIMIZER, already exported")
     parser.add_argument("--microbatches", type=int)
     parser.add_argument("--schedule")
     parser.add_argument("--workers", type=int)
@@ -94,7 +96,8 @@ def main(argv=None):
     from tfpart.local_workers import LocalWorkers
 
     directory = args.directory
-    source = export_training_step(directory / "model", args.model, args.optimizer)
+    source = args.source or export_training_step(directory / "model", args.model,
+                                                 args.optimizer)
     workers = LocalWorkers(args.workers, directory) if args.workers else nullcontext()
     with workers:
         cluster_file = workers.path if args.workers else directory / "cluster.json"

@@ -13,7 +13,8 @@ import pytest
 from tfpart.compile import compile_model
 from tfpart.local_workers import LocalWorkers, free_port, worker_command
 
-pytestmark = pytest.mark.slow
+# one xdist worker starts the module's two- and three-server clusters, once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
 FAST_LINKS = {"cross_host": {"bandwidth": "50GB/s", "latency": "1us"}}
 FAULT_LIMIT_S = 60
 

@@ -3,8 +3,6 @@ on several logical CPU devices, for several micro-batch counts and batch sizes t
 the micro-batch count does not divide, with every copy of every op where the plan
 says."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -74,16 +72,20 @@ def test_batch_smaller_than_the_microbatch_count_still_matches(exported, local_c
     assert report.outputs_equal, report.max_abs_diff
 
 
-def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster, tmp_path):
+def test_cli_chooses_microbatches_and_reports_throughput(exported, local_cpus, write_cluster,
+                                                         tmp_path, capsys):
+    """(The commands run in this process: what is tested is what they print.)"""
+    from tfpart.cli import main
+
     model = exported("residual_cnn")
     out = tmp_path / "out"
     cluster = write_cluster(dict(local_cluster(3), links=FAST_LINKS))
-    done = subprocess.run([sys.executable, "-m", "tfpart.cli", "compile", str(model),
-                           "--cluster", str(cluster), "--pipeline", "--batch-size", "32",
-                           "-o", str(out)], capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Pipeline:" in done.stdout and "samples/s" in done.stdout
+    capsys.readouterr()
+    code = main(["compile", str(model), "--cluster", str(cluster), "--pipeline",
+                 "--batch-size", "32", "-o", str(out)])
+    done = capsys.readouterr()
+    assert code == 0, done.err[-2000:]
+    assert "Pipeline:" in done.out and "samples/s" in done.out
     plan = json.loads((out / "plan.json").read_text())
     choices = plan["predicted"]["pipeline"]["microbatch_choices"]
     assert set(choices) == {"1", "2", "4", "8", "16", "32"}
@@ -91,11 +93,10 @@ def test_cli_chooses_microbatches_and_reports_throughput(exported, write_cluster
     assert plan["stages"]["microbatches"] == int(best)
     assert plan["predicted"]["pipeline"]["throughput"] == pytest.approx(
         32 / plan["predicted"]["step_time"])
-    run = subprocess.run([sys.executable, "-m", "tfpart.cli", "run", str(out), "--repeats",
-                          "3", "--json"], capture_output=True, text=True, timeout=600,
-                         check=False)
-    assert run.returncode == 0, run.stderr[-2000:]
-    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    code = main(["run", str(out), "--repeats", "3", "--json"])
+    run = capsys.readouterr()
+    assert code == 0, run.err[-2000:]
+    figures = json.loads(run.out.strip().splitlines()[-1])
     assert figures["samples_per_s"] > 0 and figures["microbatches"] == int(best)
 
 

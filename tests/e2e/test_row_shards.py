@@ -18,7 +18,8 @@ from tests.conftest import local_cluster
 from tfpart.core.errors import PlacementError
 from tfpart.core.row_shards import first_rows
 
-pytestmark = pytest.mark.slow
+# one xdist worker compiles and verifies the module's recommender, once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("row_shards")]
 RATIO = 512 / 300
 ITEMS = 100_000
 

@@ -15,6 +15,9 @@ from tests.e2e.test_async_training import START_S, failure, rows, tfpart_train, 
     wait_for_evaluations
 from tfpart.local_workers import LocalWorkers, free_port
 
+# one xdist worker starts the module's workers and parameter servers, once
+pytestmark = pytest.mark.xdist_group("train_output")
+
 
 @pytest.fixture(scope="module")
 def model_and_data(tmp_path_factory):

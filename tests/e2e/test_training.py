@@ -14,14 +14,17 @@ from tfpart.core.splits import part_of
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, workers=None,
-            replicas=None, split=False, hybrid=None, reduce=None):
+def compare(tmp_path, training_step, model, optimizer, microbatches=None, schedule=None,
+            workers=None, replicas=None, split=False, hybrid=None, reduce=None):
+    """Run ``tests.train_compare`` on the test run's one export of ``model``'s
+    training step with ``optimizer`` (the ``training_step`` fixture)."""
     options = [f"--{key}={value}" for key, value in [
         ("microbatches", microbatches), ("schedule", schedule), ("workers", workers),
         ("replicas", replicas), ("reduce", reduce), ("hybrid", hybrid)] if value is not None] \
         + (["--split"] if split else [])
     done = subprocess.run([sys.executable, "-m", "tests.train_compare", str(tmp_path), model,
-                           optimizer, *options], cwd=ROOT, capture_output=True,
+                           optimizer, "--source", str(training_step(model, optimizer)),
+                           *options], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -33,8 +36,9 @@ def compare(tmp_path, model, optimizer, microbatches=None, schedule=None, worker
     # layers Grappler fuses differently in each (batch norm, layer norm, attention). (A
     # plain CNN is placed by the tests below, momentum's slots by the first pipeline.)
     ("cnn_bn", "adam"), ("transformer", "adam")])
-def test_a_placed_training_step_trains_like_the_original(tmp_path, model, optimizer):
-    run = compare(tmp_path, model, optimizer)
+def test_a_placed_training_step_trains_like_the_original(tmp_path, training_step, model,
+                                                         optimizer):
+    run = compare(tmp_path, training_step, model, optimizer)
     assert run["devices_used"] > 1  # really split
     assert run["slots"] > 0 and run["slots_apart"] == []  # each variable with its slots
     assert run["outputs_equal"] and run["ops_checked"] > 50
@@ -81,8 +85,8 @@ def assert_weights_close(got_weights, want_weights, rtol, bulk_rtol=None):
     # across three tfpart worker processes (TensorFlow's distributed runtime)
     pytest.param("mlp", "adam", 4, "1f1b", 3, marks=pytest.mark.any_onednn)])
 def test_a_pipelined_training_step_trains_like_the_original(
-        tmp_path, model, optimizer, microbatches, schedule, workers):
-    run = compare(tmp_path, model, optimizer, microbatches, schedule, workers)
+        tmp_path, training_step, model, optimizer, microbatches, schedule, workers):
+    run = compare(tmp_path, training_step, model, optimizer, microbatches, schedule, workers)
     assert run["stages"] > 1 and run["devices_used"] > 1
     assert (run["microbatches"], run["schedule"]) == (microbatches, schedule)
     assert_split_batches_train_like_the_original(run)
@@ -110,13 +114,13 @@ def assert_split_batches_train_like_the_original(run):
     pytest.param("cnn", "adam", 3, None, "one_device", marks=pytest.mark.any_onednn),
     # three tfpart worker processes, equal shares
     pytest.param("mlp", "adam", 3, 3, "all_reduce", marks=pytest.mark.any_onednn)])
-def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimizer, replicas,
-                                                       workers, reduce):
+def test_data_parallel_replicas_train_like_the_original(tmp_path, training_step, model,
+                                                       optimizer, replicas, workers, reduce):
     """Either reduction: one copy of the variables, or a copy per replica with the
     gradients all-reduced by collective ops on every replica's device, after which
     the copies are equal."""
-    run = compare(tmp_path, model, optimizer, replicas=replicas, workers=workers,
-                  reduce=reduce)
+    run = compare(tmp_path, training_step, model, optimizer, replicas=replicas,
+                  workers=workers, reduce=reduce)
     assert len(run["replicas"]["devices"]) == replicas == run["devices_used"]
     assert run["replicas"]["reduce"] == reduce
     if reduce == "all_reduce":
@@ -136,12 +140,13 @@ def test_data_parallel_replicas_train_like_the_original(tmp_path, model, optimiz
     pytest.param("cnn", "adam", None, "pipeline", "all_reduce", marks=pytest.mark.any_onednn),
     pytest.param("mlp", "adam", 4, "pipeline", "one_device", marks=pytest.mark.any_onednn)])
 def test_replicas_of_a_placement_or_pipeline_train_like_the_original(
-        tmp_path, model, optimizer, workers, form, reduce):
+        tmp_path, training_step, model, optimizer, workers, form, reduce):
     """Hybrid: two replicas on four CPUs, each replica's ops placed across its group
     of two or pipelined over it, the gradients reduced on the first replica's devices
     or all-reduced among copies of the variables: logical CPUs with fast links (the
     fourth a third as fast), or four ``tfpart worker`` processes."""
-    run = compare(tmp_path, model, optimizer, workers=workers, hybrid=form, reduce=reduce)
+    run = compare(tmp_path, training_step, model, optimizer, workers=workers, hybrid=form,
+                  reduce=reduce)
     replicas = run["replicas"]
     groups = [set(placement.values()) for placement in replicas["placements"]]
     assert len(groups) == 2 and not groups[0] & groups[1]
@@ -161,7 +166,8 @@ def test_replicas_of_a_placement_or_pipeline_train_like_the_original(
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_path):
+def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_path,
+                                                                           training_step):
     """At 8 micro-batches, fill-drain keeps every micro-batch's activations until the
     backward passes start; 1F1B keeps at most (stages - stage) of them. The measured
     peak (TensorFlow's CPU allocator during a step, in a fresh process:
@@ -169,16 +175,13 @@ def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_
     from tests.conftest import local_cluster
     from tfpart.compile import compile_model
 
-    subprocess.run([sys.executable, "-c", "import sys; from examples.models import "
-                    "export_training_step as e; e(sys.argv[1], 'conv_tower', 'sgd_momentum')",
-                    str(tmp_path / "model")], check=True, cwd=ROOT, capture_output=True,
-                   timeout=600)
+    model = training_step("conv_tower", "sgd_momentum")
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps(local_cluster(2)))
     predicted, measured = {}, {}
     for schedule in ("gpipe", "1f1b"):
         out = tmp_path / schedule
-        plan = compile_model(tmp_path / "model", cluster, out, batch_size=256,
+        plan = compile_model(model, cluster, out, batch_size=256,
                              signature="train_step", microbatches=8,
                              options={"schedule": schedule}).plan
         predicted[schedule] = sum(d.peak_memory_bytes for d in plan.predicted.devices.values())
@@ -192,21 +195,18 @@ def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_micro_batches_of_a_batch_norm_training_step_are_refused_in_one_line(tmp_path,
-                                                                             capsys):
+def test_micro_batches_of_a_batch_norm_training_step_are_refused_in_one_line(
+        tmp_path, training_step, capsys):
     """Batch-norm statistics in training mode make every sample depend on the whole
     batch: micro-batches would change the step, so they are refused with the op."""
     from tests.conftest import local_cluster
     from tfpart.cli import main
 
-    subprocess.run([sys.executable, "-c", "import sys; from examples.models import "
-                    "export_training_step as e; e(sys.argv[1], 'cnn_bn', 'adam')",
-                    str(tmp_path / "model")], check=True, cwd=ROOT, capture_output=True,
-                   timeout=600)
+    model = training_step("cnn_bn", "adam")
     cluster = tmp_path / "cluster.json"
     cluster.write_text(json.dumps(local_cluster(3)))
     out = tmp_path / "out"
-    code = main(["compile", str(tmp_path / "model"), "--signature", "train_step",
+    code = main(["compile", str(model), "--signature", "train_step",
                  "--batch-size", "8", "--cluster", str(cluster), "--microbatches", "4",
                  "-o", str(out)])
     err = capsys.readouterr().err.strip()
@@ -219,12 +219,12 @@ def test_micro_batches_of_a_batch_norm_training_step_are_refused_in_one_line(tmp
 @pytest.mark.parametrize("model, optimizer, workers, types", [
     ("cnn", "adam", None, {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"}),
     pytest.param("mlp", "adam", 3, {"MatMul"}, marks=pytest.mark.any_onednn)])
-def test_filter_split_training_trains_like_the_original(tmp_path, model, optimizer, workers,
-                                                        types):
+def test_filter_split_training_trains_like_the_original(tmp_path, training_step, model,
+                                                        optimizer, workers, types):
     """Every convolution and matmul of the step split, forward and backward: on three
     logical CPUs (the third a third as fast, so the CNN's slices are uneven) or on three
     ``tfpart worker`` processes."""
-    run = compare(tmp_path, model, optimizer, workers=workers, split=True)
+    run = compare(tmp_path, training_step, model, optimizer, workers=workers, split=True)
     assert set(run["split_types"]) == types
     if model == "cnn":
         assert any(len(set(s["sizes"])) > 1 for s in run["splits"].values())

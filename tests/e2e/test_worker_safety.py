@@ -23,7 +23,9 @@ from tfpart.servers import (HOOKABLE, STATUS_METHOD, address_filter, check_worke
                             filtered_from_the_start, listen_only_on, machine_addresses,
                             status_failures)
 
-pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]  # about processes, not kernels
+# about processes, not kernels; one xdist worker starts the module's frozen cluster, once
+pytestmark = [pytest.mark.slow, pytest.mark.any_onednn,
+              pytest.mark.xdist_group("worker_safety")]
 FAULT_LIMIT_S = 30  # from a fault to the exit
 COMMAND_LIMIT_S = 60  # a whole command, TensorFlow's start-up on a loaded machine included
 
