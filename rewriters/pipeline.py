@@ -213,20 +213,32 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     for name in kept["compiled_endpoints"]:
         setattr(module, name, compiled_endpoint(module.tfpart_pipelined, endpoint_binding(
             meta, flat.info.signature, name)))
-    try:
-        concrete = module.tfpart_pipelined.get_concrete_function()
-    except (ValueError, TypeError, tf.errors.OpError) as exc:
-        raise ModelError(model_dir, "cannot build the pipelined signature: "
-                         f"{first_line(exc)}") from None
     # Custom gradients (Keras's swish) are not saved: in a process that exported the
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    try:
+        concrete = _traced_as_saved(module.tfpart_pipelined, options)
+    except (ValueError, TypeError, tf.errors.OpError) as exc:
+        raise ModelError(model_dir, "cannot build the pipelined signature: "
+                         f"{first_line(exc)}") from None
     signatures = {name: original.signatures[name] for name in kept["signatures"]}
     signatures.update({name: concrete for name in
                        [flat.info.signature, *kept["compiled_signatures"]]})
-    tf.saved_model.save(module, str(staging), signatures=signatures,
-                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+    tf.saved_model.save(module, str(staging), signatures=signatures, options=options)
     return device_of, kept, flat.info.signature, _resource_devices(flat, plan)
+
+
+def _traced_as_saved(function, options):
+    """The concrete function of ``function`` (a ``tf.function`` with an input
+    signature), traced as ``tf.saved_model.save`` with ``options`` traces it: the
+    function's cache then hands the save this trace for the object graph, where a
+    trace made outside a save (another cache key: the save's variable policy) would
+    be traced again."""
+    from tensorflow.python.saved_model import save_context
+
+    with save_context.save_context(options):
+        return function.get_concrete_function()
 
 
 def _with_row_shards(variables, row_shards):
