@@ -200,3 +200,33 @@ def test_a_signal_wrapped_by_a_library_is_still_one_line(capsys, monkeypatch):
     monkeypatch.setattr(cli, "cmd_diff", command_hit_by_a_signal)
     assert main(["diff", "a.json", "b.json"]) == 128 + 15
     assert capsys.readouterr().err.strip() == "tfpart: interrupted (SIGTERM)"
+
+
+def test_a_signal_that_an_extension_turns_into_another_error_is_still_one_line(
+        capsys, monkeypatch):
+    """Ctrl-C landing in an extension's import (protobuf's, as ``tfpart worker`` starts
+    TensorFlow) came back as ``TypeError: expected a message argument`` with no cause:
+    after a stop signal, whatever error ends the command is the signal's line."""
+    import signal
+
+    import tfpart.cli as cli
+
+    def command_hit_by_a_signal(args):
+        try:
+            cli._raise_interrupt(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            pass  # swallowed by the extension, which raises its own error instead
+        raise TypeError("expected a message argument")
+
+    monkeypatch.setattr(cli, "cmd_diff", command_hit_by_a_signal)
+    monkeypatch.setattr(cli, "_STOP_SIGNALS_RECEIVED", [])
+    assert main(["diff", "a.json", "b.json"]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err.strip() == "tfpart: interrupted (SIGINT)"
+
+    def command_failing(args):
+        raise TypeError("expected a message argument")
+
+    cli._STOP_SIGNALS_RECEIVED.clear()  # no signal: the error is the command's own
+    monkeypatch.setattr(cli, "cmd_diff", command_failing)
+    with pytest.raises(TypeError):
+        main(["diff", "a.json", "b.json"])

@@ -388,8 +388,10 @@ def main(argv=None):
         return _interrupted(exc)
     except Exception as exc:
         # A signal that lands inside a C extension's callback (numba's unpickling, for
-        # one) reaches us wrapped in the extension's own error, with ours as its cause.
-        interrupt = _interrupt_behind(exc)
+        # one) reaches us wrapped in the extension's own error, with ours as its cause;
+        # one that lands in an extension's import (protobuf's) may come back as any
+        # error, with no cause: after a stop signal, that error is the signal's doing.
+        interrupt = _interrupt_behind(exc) or _signal_received()
         if interrupt is None:
             raise
         return _interrupted(interrupt)
@@ -441,6 +443,22 @@ def _interrupt_behind(exc):
     return None
 
 
+_STOP_SIGNALS_RECEIVED = []  # since entry() began, in order
+
+
+def _signal_received():
+    """The interrupt of the first stop signal :func:`entry`'s handlers caught, if any."""
+    if not _STOP_SIGNALS_RECEIVED:
+        return None
+    signum = _STOP_SIGNALS_RECEIVED[0]
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def _raise_interrupt(signum, frame):
+    _STOP_SIGNALS_RECEIVED.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP, raised in the main thread like Ctrl-C's KeyboardInterrupt,
     so that every ``finally`` and clean-up on the way out runs."""
@@ -451,6 +469,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum, frame):
+    _STOP_SIGNALS_RECEIVED.append(signum)
     raise Terminated(signum)
 
 
@@ -460,6 +479,8 @@ def entry(argv=None):
     the one line that says so (:func:`_end_at_once`). Once the command is done, such a
     signal only ends the teardown (TensorFlow's can take a second), with the command's
     own exit code."""
+    _STOP_SIGNALS_RECEIVED.clear()
+    signal.signal(signal.SIGINT, _raise_interrupt)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_terminated)
     try:
