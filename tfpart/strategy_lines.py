@@ -6,8 +6,7 @@ or a plug-in's own). A new kind of plan declares its line with its algorithm, an
 nothing here or to the command line.
 
 The lines of tfpart's own kinds of plan, and the units they are written in, are in
-:mod:`tfpart.core.plan_lines` (the registry's algorithms describe with them); they are
-named here too.
+:mod:`tfpart.core.plan_lines` (the registry's algorithms describe with them).
 
 Examples
 --------
@@ -19,12 +18,10 @@ Examples
 """
 from __future__ import annotations
 
-# pipeline_line, replicas_line and splits_line are the registry's describe functions
-from tfpart.core.plan_lines import (byte_text, counted, pipeline_line, replicas_line,
-                                    seconds, splits_line)
+from tfpart.core.plan_lines import byte_text, counted, seconds
 
-__all__ = ["strategy_lines", "transfers_line", "row_shards_line", "byte_text", "counted",
-           "seconds", "pipeline_line", "replicas_line", "splits_line"]
+# byte_text and seconds: the units of every line, read from here by the commands' output
+__all__ = ["strategy_lines", "transfers_line", "row_shards_line", "byte_text", "seconds"]
 
 
 def strategy_lines(plan):
