@@ -41,7 +41,9 @@ from benchmarks.markdown import show_rows
 from benchmarks.pipeline_throughput import tfpart_json
 from tfpart.core.plan import Plan
 from tfpart.local_workers import LocalWorkers
-from tfpart.strategy_request import STRATEGIES
+from partitioner.registry import auto_candidates
+
+STRATEGIES = auto_candidates()  # what auto plans, in its order
 
 WORKERS = 3
 FORCED = {"greedy": "placement"}  # auto's name for a strategy -> the name that forces it

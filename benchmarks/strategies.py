@@ -21,7 +21,9 @@ from rich.table import Table
 from profiles import CLUSTERS_DIR, DEFAULT_MODEL_DIR
 from tfpart.core.cluster import load_cluster
 from tfpart.compile import plan_model
-from tfpart.strategy_request import STRATEGIES
+from partitioner.registry import auto_candidates
+
+STRATEGIES = auto_candidates()  # what auto plans, in its order
 
 CLUSTERS = ["local_3cpu.json", "4xT4_one_host.json", "hetero_2v100_2t4.json",
             "a100_l4_one_host.json", "h100_a100_l4_one_host.json"]
