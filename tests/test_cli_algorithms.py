@@ -117,3 +117,12 @@ def test_every_way_of_asking_for_a_pipeline_is_one(flags, capsys, tmp_path):
     assert main(["compile", *flags, "--batch-size", "4", "-o", str(tmp_path / "out")]) == 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["algorithm"] == "pipeline" and plan["stages"]["of"]
+
+
+def test_a_schedule_asked_of_an_inference_step_is_said_to_be_gpipe(capsys, tmp_path):
+    assert main(["compile", "--schedule", "1f1b", "--batch-size", "4",
+                 "-o", str(tmp_path / "out")]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["stages"]["of"] and not plan["stages"].get("schedule")
+    out = capsys.readouterr().out
+    assert "--schedule 1f1b: the signature has no backward pass" in out, out

@@ -156,6 +156,26 @@ def profile_notes(paths, cluster=None):
     return notes
 
 
+def schedule_notes(request, plan):
+    """A line when ``request`` names a schedule that ``plan`` does not follow: a
+    schedule orders a training step's forward and backward passes, and a step without
+    a backward pass runs its micro-batches forward in order, one stage per device.
+
+    >>> from tfpart.core.plan import Plan, Stages
+    >>> from tfpart.strategy_request import resolve_strategy
+    >>> inference = Plan(assignment={"x": "A"}, stages=Stages({"x": 0}, 2))
+    >>> schedule_notes(resolve_strategy("pipeline", schedule="1f1b"), inference)
+    ['--schedule 1f1b: the signature has no backward pass (not a training step), so its micro-batches run forward in order, one stage per device (gpipe)']
+    >>> schedule_notes(resolve_strategy("pipeline"), inference)
+    []
+    """
+    if not request.schedule or not plan.stages or plan.stages.schedule:
+        return []
+    return [f"--schedule {request.schedule}: the signature has no backward pass (not a "
+            "training step), so its micro-batches run forward in order, one stage per "
+            "device (gpipe)"]
+
+
 def _request(strategy, algorithm, pipeline, microbatches, schedule, options):
     """``strategy`` if it is already a :class:`StrategyRequest`, else the request of the
     Python API's keywords (an op placement by the greedy when none is given)."""
@@ -568,9 +588,10 @@ def compile_model(model, cluster, out, *, batch_size=None, signature=None,
                                  tf32=tf32, strategy=request, whole_tables=whole_tables,
                                  op_libraries=op_libraries, inputs=inputs)
             _forget_temporary_folder(planned.plan, model)
-            return _compile_into(staging, model_dir, cluster, out, planned,
-                                 profiles=profiles, force=force, progress=progress,
-                                 verify=verify, inputs=inputs)
+            result = _compile_into(staging, model_dir, cluster, out, planned,
+                                   profiles=profiles, force=force, progress=progress,
+                                   verify=verify, inputs=inputs)
+    return dataclasses.replace(result, notes=result.notes + schedule_notes(request, result.plan))
 
 
 def _compile_into(staging, model_dir, cluster, out, planned, *, profiles, force, progress,
