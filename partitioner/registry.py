@@ -225,6 +225,17 @@ def auto_candidates():
                  if a.auto)
 
 
+def broken_plugins():
+    """Why each installed plug-in that cannot be loaded cannot, by entry-point name (a
+    PlacementError): ``--strategy auto`` lists them among the strategies it refused,
+    since whether they declare ``auto`` is unknown.
+
+    >>> broken_plugins()
+    {}
+    """
+    return dict(_installed_plugins()[1])
+
+
 def describe_plan(plan):
     """The line ``plan``'s algorithm gives on it (its ``describe``); None for a
     placement of whole ops, or when that algorithm is not installed here.

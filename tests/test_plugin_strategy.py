@@ -56,7 +56,8 @@ def test_a_strategy_in_one_module_runs_end_to_end(tmp_path):
 @pytest.fixture
 def microbatched_installed(tmp_path, monkeypatch):
     """tests/microbatched.py installed in this process as ``pip install`` of a package
-    offering it would: its metadata with the entry point on the path, the registry's
+    offering it would, beside a plug-in whose module is missing: its metadata with the
+    entry points on the path, the registry's
     reading of the installed plug-ins renewed before and after."""
     from partitioner import registry
 
@@ -65,7 +66,8 @@ def microbatched_installed(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tfpart-microbatched\n"
                                    "Version: 1.0\n")
     (info / "entry_points.txt").write_text(
-        "[tfpart.algorithms]\nmicrobatched = tests.microbatched:ALGORITHM\n")
+        "[tfpart.algorithms]\nmicrobatched = tests.microbatched:ALGORITHM\n"
+        "broken = tests.no_such_module:ALGORITHM\n")  # a package installed half-way
     monkeypatch.syspath_prepend(str(ROOT))
     monkeypatch.syspath_prepend(str(info.parent))
     registry._installed_plugins.cache_clear()
@@ -108,3 +110,6 @@ def test_a_strategy_over_microbatches_in_one_module_is_compiled_described_and_tr
                       strategy="auto")
     assert {"greedy", "pipeline", "microbatched"} <= set(auto.compared)
     assert "microbatched " in cli_output.strategy_line(auto.plan.context["strategy"])
+    # the plug-in that cannot be loaded is listed among those auto refused, with why
+    assert "tests.no_such_module" in auto.refused["broken"] and "broken" not in auto.compared
+    assert "broken" in auto.plan.context["strategy"]["refused"]

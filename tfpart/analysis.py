@@ -147,17 +147,19 @@ def analyse(model_dir, cluster, request, *, batch_size=None, signature=None, pro
 
 def refused_strategies(analysis, names):
     """The strategies of ``names`` the model can be planned with, and why each of the
-    others cannot (name -> PlacementError): with an input that has no batch dimension
-    only the first is planned (micro-batches and replicas split every input); a
-    TensorFlow 1 model that writes state gets no rebuilt plan (:data:`TF1_REBUILT`)."""
-    from partitioner.registry import get as get_algorithm
+    others cannot (name -> PlacementError): comparing several, each installed plug-in
+    that cannot be loaded; with an input that has no batch dimension only the first is
+    planned (micro-batches and replicas split every input); a TensorFlow 1 model that
+    writes state gets no rebuilt plan (:data:`TF1_REBUILT`)."""
+    from partitioner.registry import broken_plugins, get as get_algorithm
 
     graph, info, model_dir = analysis.graph, analysis.info, analysis.model_dir
-    names, failures = list(names), {}
+    names, failures = list(names), broken_plugins() if len(names) > 1 else {}
     scalars = [key for key, (shape, _) in info.inputs.items() if not shape]
     if len(names) > 1 and scalars:
-        failures = {name: PlacementError(model_dir, f"input {scalars[0]!r} has no batch "
-                                         "dimension to split") for name in names[1:]}
+        failures.update({name: PlacementError(model_dir, f"input {scalars[0]!r} has no "
+                                              "batch dimension to split")
+                         for name in names[1:]})
         names = names[:1]
     writer = next((op for op, attrs in graph.ops.items() if writes_state(attrs["op_type"])),
                   None) if info.format == "tf1" else None
