@@ -103,7 +103,9 @@ def main(argv=None):
         cluster_file = workers.path if args.workers else directory / "cluster.json"
         if not args.workers:
             cluster_file.write_text(json.dumps(
-                dict(uneven(local_cluster(4)), links=FAST_LINKS) if args.hybrid
+                # the interleaved schedule needs devices of one kind
+                dict(local_cluster(4) if args.schedule == "interleaved"
+                     else uneven(local_cluster(4)), links=FAST_LINKS) if args.hybrid
                 else uneven(local_cluster(3)) if args.replicas or args.split
                 else local_cluster(3)))
         cluster = load_cluster(cluster_file) if args.workers else None

@@ -177,6 +177,9 @@ def _built(result, out):
         "groups": 2, "form": "pipeline"}}, id="replicas-of-a-pipeline"),
     pytest.param("residual_cnn", 16, 4, {"algorithm": "hybrid", "options": {
         "groups": 2, "form": "placement"}}, id="replicas-of-a-placement"),
+    pytest.param("training_step:conv_tower", 8, 4, {"algorithm": "hybrid", "options": {
+        "groups": 2, "form": "pipeline", "schedule": "interleaved"}},
+                 id="training-replicas-of-an-interleaved-pipeline"),
     pytest.param("residual_cnn", 8, 3, {"algorithm": "filter_split", "options": {
         "min_gain": -1e9, "candidates": 10 ** 6}}, id="filter-splits"),
 ])
