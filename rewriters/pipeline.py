@@ -426,23 +426,15 @@ def _lowering(plan, stage_devices, pieces, stand_ins):
     replicas = plan.replicas
     per = (replicas.microbatches or 1) if replicas else plan.microbatches
     count = len(range(0, plan.microbatches, per)) if replicas else 0
-    devices = [{k: _task_device(replicas, stand_ins, r, device)
-                for k, device in stage_devices.items()} for r in range(max(1, count))]
+    # a replica's device standing for the stage's, or the replica's one device
+    devices = [{k: replica_device(replicas, stand_ins, r, None, device)
+                for k, device in stage_devices.items()} for r in range(count)] or [stage_devices]
     try:
         return lower(stage_devices, set(pieces),
                      replicas.microbatches if replicas else plan.microbatches,
                      plan.schedule or "gpipe", count, piece_reads(pieces), devices)
     except ValueError as exc:
         raise PlacementError("", str(exc)) from None
-
-
-def _task_device(replicas, stand_ins, replica, device):
-    """The device replica ``replica`` runs a stage on that the plan runs on ``device``:
-    its device standing for it (replicas of a pipeline), the replica's one device
-    (other replicas), or ``device`` itself (no replicas)."""
-    if stand_ins:
-        return stand_ins[replica].get(device, device)
-    return replicas.devices[replica] if replicas else device
 
 
 def _stage_of_every_node(flat, plan):
