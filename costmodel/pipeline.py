@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from costmodel.lowering import lower
 from costmodel.roofline import CostModel
 from costmodel.schedules import SCHEDULES, bubble, table  # SCHEDULES: read from here too
 from costmodel.schedules import in_flight as schedule_in_flight
@@ -295,18 +296,24 @@ def pinned_ops(graph):
 
 
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
-               into=None, prefix="", reduced=None, replica=None):
+               into=None, prefix="", reduced=None, replica=None, step=None):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
-    barrier between consecutive tasks of each lane of the schedule's task table (a
-    stage's, or a device's: :mod:`costmodel.schedules`): the sinks of one task before
-    the sources of the next. With ``into`` (a graph and
+    barrier for each ordering edge of the step's lowering (:mod:`costmodel.lowering`:
+    consecutive tasks of a lane of the schedule's task table): the sinks of one task
+    before the sources of the next. With ``into`` (a graph and
     placement from an earlier call), the copies, named ``<prefix>mb<m>/<op>``, are
     added to it, sharing its variables and update ops: a replica of the pipeline;
     with ``reduced`` too (the ops whose results the replicas all-reduce), the replica
     has its own variables and update ops, ``<prefix><op>``, and the caller connects
-    the ``reduced`` ops to them. The copies are of ``replica`` (:func:`copy_attrs`)."""
+    the ``reduced`` ops to them. The copies are of ``replica`` (:func:`copy_attrs`),
+    whose tasks ``step`` lowers (by default, a lowering of this pipeline alone)."""
     shared = shared_ops(graph)
     own = reduced is not None
+    piece, sinks, sources = _pieces(graph, stage_of, shared)
+    if step is None:
+        step = lower(_stage_devices(piece, stage_of, device_of), set(sources), microbatches,
+                     schedule)
+    first_microbatch = step.lanes[replica or 0][0]
 
     def name(op, m):
         if op in shared:
@@ -320,7 +327,7 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
         replicated.add_op(name(op, 0), **copy_attrs(
             attrs, op, replica, colocation=f"{prefix}{attrs['colocation']}") if own else attrs)
         placement[name(op, 0)] = device_of[op]
-    for m in range(microbatches):
+    for m in range(len(step.lanes[replica or 0])):
         for op, attrs in graph.ops.items():
             if op not in shared:
                 replicated.add_op(name(op, m), **copy_attrs(attrs, op, replica, m))
@@ -331,6 +338,26 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
                 continue
             replicated.add_edge(name(src, m), name(dst, m), bytes=edge["bytes"],
                                 control=edge["control"], comm=edge.get("comm"))
+    zero = {d: 0.0 for d in cluster_names}
+    for earlier, later in step.ordering:
+        if later.replica != replica:
+            continue
+        m0 = earlier.step_microbatch - first_microbatch
+        m1 = later.step_microbatch - first_microbatch
+        barrier = f"{prefix}mb{m1}/stage{later.stage}-{later.phase}-waits"
+        replicated.add_op(barrier, op_type="NoOp", cost=zero)
+        placement[barrier] = later.device
+        for op in sinks[earlier.piece]:
+            replicated.add_edge(name(op, m0), barrier, control=True)
+        for op in sources[later.piece]:
+            replicated.add_edge(barrier, name(op, m1), control=True)
+    return replicated, placement
+
+
+def _pieces(graph, stage_of, shared):
+    """The piece ``(stage, phase)`` of each per-micro-batch op of ``graph`` (not one of
+    the ``shared``), and each piece's sinks and sources: its ops no op of the piece
+    reads, and those that read no op of it."""
     piece = {op: (stage_of.get(op), _phase(graph.ops[op])) for op in graph.ops if op not in shared}
     same_piece = {(u, v) for u, v, _ in graph.edges()
                   if u != v and u in piece and v in piece and piece[u] == piece[v]}
@@ -340,21 +367,14 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
             sinks.setdefault(key, []).append(op)
         if not any((u, op) in same_piece for u in graph.predecessors(op)):
             sources.setdefault(key, []).append(op)
-    zero = {d: 0.0 for d in cluster_names}
-    # a replica's variable reads run on the first replica's devices: not its stage's
+    return piece, sinks, sources
+
+
+def _stage_devices(piece, stage_of, device_of):
+    """Each stage's device: where most of its per-micro-batch ops (of ``piece``) run (a
+    replica's variable reads run on the first replica's devices: not its stage's)."""
     counts = Counter((stage_of[op], device_of[op]) for op in piece if op in stage_of)
-    stage_device = {stage: device for (stage, device), _ in counts.most_common()[::-1]}
-    for lane in table(stage_device, microbatches, schedule):
-        tasks = [task for task in lane if task[1:] in sources]
-        for (m0, stage0, phase0), (m1, stage1, phase1) in zip(tasks, tasks[1:]):
-            barrier = f"{prefix}mb{m1}/stage{stage1}-{phase1}-waits"
-            replicated.add_op(barrier, op_type="NoOp", cost=zero)
-            placement[barrier] = stage_device[stage1]
-            for op in sinks[(stage0, phase0)]:
-                replicated.add_edge(name(op, m0), barrier, control=True)
-            for op in sources[(stage1, phase1)]:
-                replicated.add_edge(barrier, name(op, m1), control=True)
-    return replicated, placement
+    return {stage: device for (stage, device), _ in counts.most_common()[::-1]}
 
 
 def accumulate_for_update(replicated, placement, graph, copies, home):
@@ -562,15 +582,20 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
     """
     into = None
     gradients = reduced_tensors(graph) if all_reduce else None
+    piece, _, sources = _pieces(graph, stage_of, shared_ops(graph))
+    devices = [_stage_devices(piece, stage_of, device_of) for device_of in device_maps]
+    step = lower(devices[0], set(sources), microbatches, schedule, len(fractions),
+                 devices=devices)
     for r, (fraction, device_of) in enumerate(zip(fractions, device_maps)):
         scaled = scaled_graph(graph, fraction / microbatches)
         for op, attrs in scaled.ops.items():
             if device_of[op] != device_maps[0][op]:  # a colocation group of its own
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
-                          schedule, into, f"rep{r}/", gradients, r)
+                          schedule, into, f"rep{r}/", gradients, r, step)
+
     def copies(r, op):
-        return [f"rep{r}/mb{m}/{op}" for m in range(microbatches)]
+        return [f"rep{r}/mb{m}/{op}" for m in range(len(step.lanes[r]))]
     if all_reduce:
         add_all_reduces(*into, graph, gradients, len(fractions), copies,
                         lambda r, src: device_maps[r][src])

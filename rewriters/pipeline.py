@@ -20,10 +20,15 @@ keeps a mean loss's gradients exact; the update then runs once per step, each op
 its planned device.
 
 Mechanism: the signature is flattened into one GraphDef (:mod:`rewriters.reader`),
-cut into one GraphDef per stage, and each (micro-batch, stage) is imported into a
-``tf.function`` with ``import_graph_def``, its inputs from other stages mapped to the
-tensors those stages produced for the same micro-batch and its variables to captured
-``tf.Variable`` handles holding the checkpoint's values. The function is saved with
+cut into one GraphDef per piece ``(stage, phase)``, and the step is lowered
+(:mod:`costmodel.lowering`, which the simulator reads too) into tasks, a piece for a
+micro-batch of a replica on a device, and the schedule's ordering edges between them.
+An emitter (:class:`_PipelineBody`) runs the passes of :mod:`rewriters.lowered` over
+that lowering: each task is imported into a ``tf.function`` with
+``import_graph_def``, behind a gate that waits for the task before it on its lane,
+its inputs from other stages mapped to the tensors those stages produced for the same
+micro-batch and its variables to captured ``tf.Variable`` handles holding the
+checkpoint's values. The function is saved with
 ``tf.saved_model.save``, so the output is a SavedModel like any other; its variables
 then get their planned devices in the object graph (``SavedVariable.device``), which
 lets the compile machine save plans for devices it does not have. Only the compiled
@@ -38,30 +43,33 @@ stages.
 from __future__ import annotations
 
 import dataclasses
-import zlib
+import functools
 from pathlib import Path
 
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
-from rewriters.composite_inputs import batch_rows, tensor_rows
-from rewriters.copies import stamp_op, stamped
+from costmodel.lowering import lower
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
 from rewriters.flatten import flat_at, flatten_signature
+from rewriters.lowered import GATE
+from rewriters.lowered.accumulation import accumulated, after_every_microbatch
+from rewriters.lowered.collectives import all_reduced
+from rewriters.lowered.gates import import_in_order, piece_reads, sinks
+from rewriters.lowered.imports import import_copy, on_replica
+from rewriters.lowered.slicing import microbatch_envs, whole_batch_env
 from rewriters.row_shard import shard_flat
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
 from rewriters.tf1_reader import is_tf1
 from rewriters.tf_import import tensorflow
 from rewriters.training_regions import FORWARD, UPDATE, StepRegions, step_regions
 from tfpart.core.errors import ModelError, PlacementError, first_line
-from tfpart.core.ops import LOOP_ENTRY_OPS, RESOURCE_WRITE_OPS, STATE_OPS
-from tfpart.core.plan import all_reduces, device_stand_ins, replica_device, replica_of
+from tfpart.core.ops import RESOURCE_WRITE_OPS, STATE_OPS
+from tfpart.core.plan import all_reduces, device_stand_ins, replica_device
 from tfpart.core.splits import SCOPE as SPLIT_SCOPE
 
-GATE = "tfpart_gate"
-ACCUMULATE = "tfpart_accumulate"  # the scope of a sum over micro-batches or replicas
 
 
 def pipeline_pass(model, plan, workdir):
@@ -303,13 +311,14 @@ def _forward_only(flat):
 
 
 class _PipelineBody:
-    """The traced body of the pipelined signature (a callable for ``tf.function``).
-
-    Each micro-batch imports every piece ``(stage, phase)`` of the per-micro-batch ops;
-    on each stage (or device) the pieces run in the order of the plan's schedule's task
-    table (:mod:`costmodel.schedules`), enforced by control edges (gates). A training
-    step then accumulates what the update reads (gradients, the loss), each
-    micro-batch weighted by its share of the batch, and imports the update once.
+    """The traced body of the pipelined signature (a callable for ``tf.function``): an
+    emitter that runs the passes of :mod:`rewriters.lowered` over the step's lowering
+    (:mod:`costmodel.lowering`). The batch is cut into micro-batches; every task, a
+    piece ``(stage, phase)`` for one micro-batch, is imported in the lowering's order
+    behind a gate that waits for the task before it on its lane; a training step then
+    accumulates what the update reads (all-reduces it, for replicas with their own
+    variables) and imports the update once (per such replica); the micro-batches'
+    outputs are concatenated.
     """
 
     def __init__(self, flat, plan, regions, pieces, bind, tokens, outputs):
@@ -319,17 +328,11 @@ class _PipelineBody:
         resource on it that orders its collectives (None without); ``outputs``: the
         signature's output tensors of the flat graph, by key."""
         self.flat, self.plan, self.regions = flat, plan, regions
-        self.bind = bind
-        self.pieces, self.outputs = pieces, outputs
-        self.tokens = tokens
-        self.stages = sorted({k for k, phase in pieces if phase != UPDATE})
+        self.bind, self.pieces, self.outputs, self.tokens = bind, pieces, outputs, tokens
         self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
                        if phase != UPDATE}
-        self.sinks = {key: _sinks(graph) for key, graph in pieces.items()}
-        self.members = {key: {node.name for node in graph.node}
-                        for key, graph in pieces.items()}
-        self.piece_of = {name: key for key, names in self.members.items() for name in names}
-        self.depends = _piece_dependencies(pieces, self.piece_of)
+        self.first_device = self.device[min(self.device)]
+        self.sinks = {key: sinks(graph) for key, graph in pieces.items()}
         self.pinned = set(plan.replicas.pinned) if plan.replicas else set()
         self.stand_ins = device_stand_ins(plan.replicas, plan.assignment)
         # One micro-batch and no replicas (an op placement with row shards or filter
@@ -337,410 +340,101 @@ class _PipelineBody:
         # bounds or gates on one device for the others (each a message between tasks
         # the plan does not price).
         self.whole_batch = plan.microbatches == 1 and not plan.replicas
-        # Replicas that each run their share at once (no micro-batches of their own)
-        # follow no task table: their gates wait for nothing, as the simulator orders
-        # nothing among a replica's phases (costmodel.pipeline.replicas_graph).
-        self.scheduled = not plan.replicas or bool(plan.replicas.microbatches)
 
     def __call__(self, *args):
         tf = tensorflow()
-        graph = tf.compat.v1.get_default_graph()
         keys = sorted(self.flat.inputs)
-        handles = self.bind(graph)
-        first_device = self.device[self.stages[0]]
+        handles = self.bind(tf.compat.v1.get_default_graph())
+        lowering = _lowering(self.plan, self.device, self.pieces, self.stand_ins)
         if self.whole_batch:
-            envs, ops_of = [self._whole_batch_env(handles[0], keys, args)], [{}]
+            envs = [whole_batch_env(self.flat, handles[0], keys, args)]
             real = shares = None
         else:
-            envs, ops_of, real, shares = self._micro_batch_envs(handles, keys, args)
-        done = {}  # device -> sink ops of its previous task
-        for m, k, phase in self._import_order():
-            device = self._device(m, k)
-            gates = {}
-            if not self.whole_batch:
-                with tf.device(device), tf.control_dependencies(
-                        done.get(device, []) if self.scheduled else []):
-                    gates[f"^{GATE}"] = tf.constant(0.0, name=f"{GATE}_mb{m}_stage{k}_{phase}")
-            imported = self._import((k, phase), f"tfpart_mb{m}_stage{k}", envs[m],
-                                    ops_of[m], gates, self._replica(m), self._microbatch(m))
-            done[device] = [imported[name] for name in self.sinks[(k, phase)]]
+            envs, real, shares = microbatch_envs(
+                self.flat, self.plan, self.first_device,
+                [handles[lowering.replica_of(m) if self.tokens else 0]
+                 for m in range(self.plan.microbatches)], keys, args)
+        ops_of = [{} for _ in envs]
+
+        def import_task(task, control):
+            m = task.step_microbatch
+            return self._import(task.piece, f"tfpart_mb{m}_stage{task.stage}", envs[m],
+                                ops_of[m], control, task.replica, task.microbatch)
+
+        import_in_order(lowering, self.sinks, import_task, gated=not self.whole_batch)
+        update_env = self._updated(handles, envs, ops_of, shares, lowering.lanes)
+        return self._outputs(update_env, envs, real)
+
+    def _updated(self, handles, envs, ops_of, shares, lanes):
+        """Import the update (a training step's, per replica with its own variables)
+        after what it reads is accumulated or all-reduced; the tensors it and the
+        outputs read once per step (the first replica's), by name."""
+        update = self.pieces.get((UPDATE, UPDATE))
+        gated = not self.whole_batch
         if self.tokens:
-            lanes = self._lanes()
-            update_envs = [{**handles[r], **totals}
-                           for r, totals in enumerate(self._all_reduced(envs, shares, lanes))]
+            update_envs = [{**handles[r], **totals} for r, totals in enumerate(all_reduced(
+                self.plan, self.regions, self.flat.graph_def, self.stand_ins, self.tokens,
+                envs, shares, lanes))]
             for r, update_env in enumerate(update_envs):
-                if (UPDATE, UPDATE) in self.pieces:
+                if update is not None:
                     self._import((UPDATE, UPDATE), f"tfpart_update{f'_r{r}' if r else ''}",
-                                 update_env, {},
-                                 self._all_microbatches([ops_of[m] for m in lanes[r]]), r)
-            update_env = update_envs[0]
-        else:
-            update_env = dict(handles[0])
-            update_env.update(self._accumulated(envs, shares))
-            if (UPDATE, UPDATE) in self.pieces:
-                control = self._all_microbatches(ops_of)
-                self._import((UPDATE, UPDATE), "tfpart_update", update_env, {}, control)
+                                 update_env, {}, after_every_microbatch(
+                                     update, [ops_of[m] for m in lanes[r]], gated), r)
+            return update_envs[0]
+        update_env = {**handles[0], **accumulated(
+            self.regions, envs, shares,
+            lambda op: self.plan.assignment.get(op, self.first_device))}
+        if update is not None:
+            self._import((UPDATE, UPDATE), "tfpart_update", update_env, {},
+                         after_every_microbatch(update, ops_of, gated))
+        return update_env
+
+    def _outputs(self, update_env, envs, real):
+        """The signature's outputs: a tensor computed once per step as it is, one
+        computed per micro-batch concatenated from their ``real`` rows."""
+        tf = tensorflow()
         results = {}
         for key, tensor in self.outputs.items():
             if tensor in update_env:
                 results[key] = tf.identity(update_env[tensor])
                 continue
-            with tf.device(self.plan.assignment.get(tensor.rsplit(":", 1)[0], first_device)):
+            with tf.device(self.plan.assignment.get(tensor.rsplit(":", 1)[0],
+                                                    self.first_device)):
                 results[key] = tf.identity(envs[0][tensor]) if self.whole_batch else \
                     tf.concat([env[tensor][:r] for env, r in zip(envs, real)], axis=0)
         return results
 
-    def _whole_batch_env(self, handles, keys, args):
-        """The tensors the one piece per stage reads when the batch is not cut: the
-        inputs as they are (no bounds computed on one device and sent to the others)."""
-        env = dict(handles)
-        for key, value in zip(keys, args):
-            env[f"{self.flat.inputs[key][0]}:0"] = value
-        return env
-
-    def _micro_batch_envs(self, handles, keys, args):
-        """Per micro-batch, the tensors its pieces read (its rows of each input), and
-        each micro-batch's rows and share of the batch."""
-        tf = tensorflow()
-        m_count = self.plan.microbatches
-        first_device = self.device[self.stages[0]]
-        inputs = dict(zip(keys, args))
-        with tf.device(first_device):
-            rows = batch_rows(self.flat.composites, inputs, keys)
-            real, offsets = _split(rows, m_count, self.plan.replicas)
-        envs, ops_of = [], []
-        for m in range(m_count):
-            # A micro-batch past the end of a small batch runs on one borrowed row whose
-            # result is dropped: oneDNN's fused convolutions mis-shape empty inputs.
-            with tf.device(first_device):
-                start = tf.maximum(tf.minimum(offsets[m], rows - 1), 0)
-                stop = start + tf.maximum(real[m], 1)
-                composite_rows = tensor_rows(self.flat.composites, inputs, start, stop)
-            env = dict(handles[self._replica(m) if self.tokens else 0])
-            for key, value in zip(keys, args):
-                placeholder = self.flat.inputs[key][0]
-                with tf.device(self.plan.assignment.get(placeholder, first_device)):
-                    env[f"{placeholder}:0"] = composite_rows[key] if key in composite_rows \
-                        else value[start:stop]
-            envs.append(env)
-            ops_of.append({})
-        with tf.device(first_device):
-            shares = [tf.cast(r, tf.float64) / tf.cast(rows, tf.float64) for r in real]
-        return envs, ops_of, real, shares
-
-    def _import_order(self):
-        """``(micro-batch, stage, phase)`` in an order that follows each stage's schedule
-        (each replica's, for replicas of a pipeline) and imports every piece after the
-        pieces it reads."""
-        return [task for lane in self._lanes() for task in self._lane_order(lane[0], len(lane))]
-
-    def _lane_order(self, first, m_count):
-        """:meth:`_import_order` of micro-batches ``first`` … ``first + m_count - 1``,
-        which flow through the same devices: the lanes of the schedule's task table
-        (:mod:`costmodel.schedules`, a stage's or a device's tasks) merged, each lane's
-        next task taken once the pieces it reads are imported."""
-        from costmodel.schedules import table
-
-        schedule = self.plan.schedule or "gpipe"
-        try:
-            lanes = table(self.device, m_count, schedule)
-        except ValueError as exc:
-            raise PlacementError("", str(exc)) from None
-        queues = [[(first + m, k, phase) for m, k, phase in lane if (k, phase) in self.pieces]
-                  for lane in lanes]
-        imported, order = set(), []
-        while any(queues):
-            ready = [queue for queue in queues if queue and all(
-                (queue[0][0], *piece) in imported or piece not in self.pieces
-                for piece in self.depends[queue[0][1:]])]
-            if not ready:
-                m, k, phase = next(queue[0] for queue in queues if queue)
-                raise PlacementError("", f"the {schedule} schedule cannot run stage "
-                                     f"{k}'s {phase} of micro-batch {m}: the stages read "
-                                     "each other's results in both directions")
-            for queue in ready:
-                imported.add(queue[0])
-                order.append(queue.pop(0))
-        return order
-
-    def _accumulated(self, envs, shares):
-        """Each tensor the update reads or the signature returns once per step: the
-        micro-batches' values weighted by their share of the batch if computed from
-        the batch, else micro-batch 0's (a weight read, a constant)."""
-        tf = tensorflow()
-        regions, total = self.regions, {}
-        for tensor in sorted(regions.boundary):
-            op = tensor.rsplit(":", 1)[0]
-            if tensor in regions.batched:
-                continue
-            if shares is None or op not in regions.data_dependent or \
-                    not envs[0][tensor].dtype.is_floating:
-                total[tensor] = envs[0][tensor]
-                continue
-            # every op of the sum in one scope, the op accumulate/<op> of the execution
-            # graph the simulator prices (costmodel.pipeline.accumulate_for_update)
-            with tf.device(self.plan.assignment.get(op, self.device[self.stages[0]])), \
-                    tf.name_scope(f"{ACCUMULATE}/{op}/"):
-                dtype = envs[0][tensor].dtype
-                weights = [tf.cast(share, dtype) for share in shares]
-                weighted = [env[tensor] * weight for env, weight in zip(envs, weights)]
-                total[tensor] = tf.add_n(weighted, name="sum")
-            made = [total[tensor], *weighted, *(w for w, share in zip(weights, shares)
-                                                if w is not share)]  # not a no-op cast
-            for value in made:
-                stamp_op(value.op, f"accumulate/{op}")
-        return total
-
-    def _lanes(self):
-        """The micro-batches of each replica (without replicas: all of them, one
-        lane)."""
-        replicas, m_count = self.plan.replicas, self.plan.microbatches
-        per = (replicas.microbatches or 1) if replicas else m_count
-        return [list(range(first, first + per)) for first in range(0, m_count, per)]
-
-    def _all_reduced(self, envs, shares, lanes):
-        """Per replica, what its copy of the update reads: the replicas' values of
-        each tensor computed from the batch (summed over the replica's micro-batches
-        ``lanes[r]``), weighted by their shares and all-reduced with TensorFlow's
-        collective ops among the devices that hold that tensor in each replica (every
-        replica gets the same sum; tensors flattened into packs,
-        :func:`costmodel.pipeline.gradient_packs`, one collective each), and its own
-        value of the others (its copy's weight reads, constants)."""
-        from costmodel.pipeline import gradient_packs
-
-        replicas, regions = self.plan.replicas, self.regions
-        totals = [{} for _ in lanes]
-        # TensorFlow runs a device's collectives in the order they are made (their
-        # token orders them): the order the graph computes the gradients in.
-        position = {node.name: i for i, node in enumerate(self.flat.graph_def.node)}
-        boundary = sorted(regions.boundary - regions.batched,
-                          key=lambda t: (position.get(t.rsplit(":", 1)[0], -1), t))
-        reduced = {}  # the tensor's device in each replica -> (tensor, dtype, bytes)
-        for tensor in boundary:
-            op, value = tensor.rsplit(":", 1)[0], envs[0][tensor]
-            if op in regions.data_dependent and value.dtype.is_floating:
-                elements = value.shape.num_elements()
-                group = tuple(replica_device(replicas, self.stand_ins, r, op,
-                                             self.plan.assignment.get(op))
-                              for r in range(len(lanes)))
-                reduced.setdefault(group, []).append(
-                    (tensor, value.dtype, elements and elements * value.dtype.size))
-            else:
-                for total, lane in zip(totals, lanes):
-                    total[tensor] = envs[lane[0]][tensor]
-        instance = _collective_keys(replicas.devices, boundary)[1]
-        for group, tensors in reduced.items():
-            group_key = _collective_keys(group, boundary)[0]
-            for pack in gradient_packs(tensors):
-                for r, (device, lane) in enumerate(zip(group, lanes)):
-                    totals[r].update(_all_reduce_pack(
-                        [[envs[m][tensor] for m in lane] for tensor in pack],
-                        [shares[m] for m in lane], device, len(lanes),
-                        (group_key, instance), self.tokens[device], f"pack{instance}", pack))
-                instance += 1
-        return totals
-
-    def _all_microbatches(self, ops_of):
-        """Control inputs of the update on a per-micro-batch op: after every copy."""
-        tf = tensorflow()
-        control = {}
-        for node in self.pieces[(UPDATE, UPDATE)].node:
-            for source in node.input:
-                name = source[1:]
-                if source.startswith("^") and name != GATE and name in ops_of[0]:
-                    with tf.device(ops_of[0][name].device), \
-                            tf.control_dependencies([ops[name] for ops in ops_of]):
-                        control[source] = tf.constant(0.0)
-        if not self.whole_batch:
-            with tf.control_dependencies([]):
-                control[f"^{GATE}"] = tf.constant(0.0)
-        return control
-
-    def _replica(self, m):
-        """The replica micro-batch ``m`` runs in (None without replicas)."""
-        return replica_of(self.plan.replicas, m) if self.plan.replicas else None
-
-    def _microbatch(self, m):
-        """Which micro-batch of its replica micro-batch ``m`` is (None: the replica's,
-        or without replicas the step's, whole batch), as the execution graph counts
-        them."""
-        replicas = self.plan.replicas
-        if replicas:
-            return m % replicas.microbatches if replicas.microbatches else None
-        return m if self.plan.microbatches > 1 else None
-
-    def _device(self, m, k):
-        """The device of stage ``k`` for micro-batch ``m`` (its replica's, if any)."""
-        replicas = self.plan.replicas
-        if self.stand_ins:
-            return self.stand_ins[self._replica(m)].get(self.device[k], self.device[k])
-        return replicas.devices[m] if replicas else self.device[k]
-
     def _import(self, key, prefix, env, ops_of, control, replica=None, microbatch=None):
-        """Import piece ``key`` under ``prefix`` (on ``replica``'s devices when the
-        plan has replicas), each op stamped as the copy of its op for ``replica`` and
-        ``microbatch`` (:mod:`rewriters.copies`); add its tensors to ``env``."""
-        tf = tensorflow()
-        piece, members = stamped(self.pieces[key], replica, microbatch), self.members[key]
-        replicas = self.plan.replicas
+        """Import piece ``key`` under ``prefix`` as the copy for ``replica`` and
+        ``microbatch`` (:func:`rewriters.lowered.imports.import_copy`), on the
+        replica's devices when the plan has replicas."""
+        replicas, place = self.plan.replicas, None
         if replicas and replica is not None:
             placements = replicas.placements
-            piece = _on_replica(piece, replicas.devices[replica], self.pinned,
-                                placements[replica] if placements else None,
-                                self.stand_ins[replica] if self.stand_ins else None)
-        if f"^{GATE}" not in control:  # nothing scheduled: roots wait for no gate
-            piece = _without_gate(piece)
-        input_map = dict(control)
-        for node in piece.node:
-            for source in node.input:
-                if source.startswith("^"):
-                    name = source[1:]
-                    if source not in input_map and name not in members:
-                        input_map[source] = _control_tensor(ops_of[name])
-                elif source.split(":")[0] not in members:
-                    tensor = source if ":" in source else f"{source}:0"
-                    input_map[tensor] = env[tensor]
-        if any(node.op in LOOP_ENTRY_OPS for node in piece.node):
-            piece = _in_own_loop_frames(piece, prefix)
-        names = [node.name for node in piece.node]
-        ops = tf.graph_util.import_graph_def(piece, input_map=input_map,
-                                             return_elements=names, name=prefix)
-        imported = dict(zip(names, ops))
-        for name, op in imported.items():
-            ops_of[name] = op
-            for i, tensor in enumerate(op.outputs):
-                env[f"{name}:{i}"] = tensor
-        return imported
+            place = functools.partial(
+                on_replica, device=replicas.devices[replica], pinned=self.pinned,
+                placement=placements[replica] if placements else None,
+                stand_ins=self.stand_ins[replica] if self.stand_ins else None)
+        return import_copy(self.pieces[key], prefix, env, ops_of, control, replica,
+                           microbatch, place)
 
 
-def _without_gate(piece):
-    """A copy of ``piece`` whose ops do not wait for the schedule's gate."""
-    copy = type(piece)()
-    copy.CopyFrom(piece)
-    for node in copy.node:
-        if f"^{GATE}" in node.input:
-            inputs = [source for source in node.input if source != f"^{GATE}"]
-            del node.input[:]
-            node.input.extend(inputs)
-    return copy
-
-
-def _in_own_loop_frames(piece, prefix):
-    """A copy of ``piece`` whose ``tf.compat.v1.while_loop`` frames are named for
-    ``prefix``: TensorFlow's executor joins loops of one frame name into one loop.
-
-    >>> from tensorflow.core.framework import graph_pb2
-    >>> piece = graph_pb2.GraphDef()
-    >>> enter = piece.node.add(name="while/Enter", op="Enter")
-    >>> enter.attr["frame_name"].s = b"while/while_context"
-    >>> _in_own_loop_frames(piece, "tfpart_mb1_stage0").node[0].attr["frame_name"].s
-    b'tfpart_mb1_stage0/while/while_context'
-    """
-    copy = type(piece)()
-    copy.CopyFrom(piece)
-    for node in copy.node:
-        if node.op in LOOP_ENTRY_OPS:
-            node.attr["frame_name"].s = f"{prefix}/".encode() + node.attr["frame_name"].s
-    return copy
-
-
-def _all_reduce_pack(values, shares, device, group_size, keys, token, name, tensors):
-    """On ``device``: each of ``tensors``' ``values`` (one per micro-batch) weighted by
-    the micro-batches' ``shares`` and summed, flattened into one vector, all-reduced
-    over ``group_size`` devices with ``keys`` (group, instance) and the ordering
-    ``token``; the sums, by ``tensors`` (their names), in their shapes."""
-    from tensorflow.python.ops import collective_ops
-
-    tf = tensorflow()
-    with tf.device(device), tf.name_scope(f"tfpart_allreduce/{name}"):
-        weighted = [tf.add_n([value * tf.cast(share, value.dtype)
-                              for value, share in zip(per_microbatch, shares)])
-                    for per_microbatch in values]
-        flat = tf.concat([tf.reshape(value, [-1]) for value in weighted], axis=0)
-        summed = collective_ops.all_reduce_v2(
-            flat, group_size=group_size, group_key=keys[0], instance_key=keys[1],
-            ordering_token=token.handle)
-        parts = tf.split(summed, tf.stack([tf.size(value) for value in weighted]),
-                         num=len(weighted))
-        return {tensor: tf.reshape(part, tf.shape(value))
-                for tensor, part, value in zip(tensors, parts, weighted)}
-
-
-def _collective_keys(devices, tensors):
-    """The group key of ``devices`` and the first of the instance keys of the
-    all-reduces of ``tensors``: stable across processes (every worker must agree),
-    and unlikely to meet another compiled model's in one process.
-
-    >>> group, first = _collective_keys(["/device:CPU:0", "/device:CPU:1"], ["g:0"])
-    >>> (group, first) == _collective_keys(["/device:CPU:0", "/device:CPU:1"], ["g:0"])
-    True
-    >>> 0 < group < 2 ** 31 and 0 < first < 2 ** 31 - 2 ** 14
-    True
-    """
-    group = 1 + zlib.crc32(",".join(devices).encode()) % (2 ** 30)
-    first_instance = 1 + zlib.crc32(",".join(tensors).encode()) % (2 ** 16) * 2 ** 14
-    return group, first_instance
-
-
-def _split(rows, m_count, replicas):
-    """Rows and first row of each micro-batch (scalar tensors): ``ceil(rows / M)`` each
-    but the last, or the replicas' largest-remainder shares of ``rows`` (as
-    :func:`partitioner.shares.proportional_shares` computes them, the faster replica
-    first on ties), each cut the same way into its micro-batches for replicas of a
-    pipeline."""
-    tf = tensorflow()
-    if not replicas:
-        size = (rows + m_count - 1) // m_count
-        return ([tf.clip_by_value(rows - m * size, 0, size) for m in range(m_count)],
-                [m * size for m in range(m_count)])
-    exact = tf.cast(rows, tf.float64) * tf.constant(replicas.fractions, tf.float64)
-    whole = tf.floor(exact)
-    left = tf.cast(rows, tf.float64) - tf.reduce_sum(whole)
-    rank = tf.argsort(tf.argsort(whole - exact, stable=True), stable=True)
-    sizes = tf.cast(whole + tf.cast(tf.cast(rank, tf.float64) < left, tf.float64), tf.int32)
-    per = replicas.microbatches or 1
-    if per > 1:  # replicas of a pipeline: each share in micro-batches of ceil(share / per)
-        step = (sizes + per - 1) // per
-        sizes = tf.reshape(tf.clip_by_value(
-            sizes[:, None] - step[:, None] * tf.range(per)[None, :], 0, step[:, None]), [-1])
-    offsets = tf.cumsum(sizes, exclusive=True)
-    return [sizes[m] for m in range(m_count)], [offsets[m] for m in range(m_count)]
-
-
-def _on_replica(piece, device, pinned, placement=None, stand_ins=None):
-    """A copy of ``piece`` with its ops on ``device``, but the ``pinned`` ones; with a
-    ``placement`` (a hybrid plan's replica), each op it names on its device there, and
-    with ``stand_ins`` (a replica of a pipeline: its device for each of the first
-    replica's) the others on the device standing for theirs."""
-    copy = type(piece)()
-    copy.CopyFrom(piece)
-    for node in copy.node:
-        if node.name not in pinned:
-            node.device = (placement or {}).get(
-                node.name, stand_ins.get(node.device, device) if stand_ins else device)
-    return copy
-
-
-def _piece_dependencies(pieces, piece_of):
-    """For each piece, the pieces whose ops it reads (by data or control)."""
-    return {key: {piece_of[source.lstrip("^").split(":")[0]] for node in graph.node
-                  for source in node.input
-                  if source.lstrip("^").split(":")[0] in piece_of} - {key}
-            for key, graph in pieces.items()}
-
-
-def _sinks(stage):
-    """Nodes of a stage GraphDef that no other node of it consumes."""
-    consumed = {source.lstrip("^").split(":")[0] for node in stage.node for source in node.input}
-    return [node.name for node in stage.node if node.name not in consumed]
-
-
-def _control_tensor(op):
-    tf = tensorflow()
-    if op.outputs:
-        return op.outputs[0]
-    with tf.control_dependencies([op]):
-        return tf.constant(0.0)
+def _lowering(plan, stage_devices, pieces, stand_ins):
+    """The lowering (:func:`costmodel.lowering.lower`) of ``plan``'s step over its
+    ``pieces`` (key -> GraphDef), stages on ``stage_devices``, each replica's tasks on
+    its devices (``stand_ins``: :func:`tfpart.core.plan.device_stand_ins`)."""
+    replicas = plan.replicas
+    per = (replicas.microbatches or 1) if replicas else plan.microbatches
+    count = len(range(0, plan.microbatches, per)) if replicas else 0
+    # a replica's device standing for the stage's, or the replica's one device
+    devices = [{k: replica_device(replicas, stand_ins, r, None, device)
+                for k, device in stage_devices.items()} for r in range(count)] or [stage_devices]
+    try:
+        return lower(stage_devices, set(pieces),
+                     replicas.microbatches if replicas else plan.microbatches,
+                     plan.schedule or "gpipe", count, piece_reads(pieces), devices)
+    except ValueError as exc:
+        raise PlacementError("", str(exc)) from None
 
 
 def _stage_of_every_node(flat, plan):

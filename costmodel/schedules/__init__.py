@@ -7,7 +7,8 @@ schedule module gives:
 - ``NAME``, the plan's and the CLI's name for it, and ``SUMMARY``, a line of help;
 - ``CHUNKS``, how many stages the pipeline partitioner puts on each device for it;
 - ``lanes(stage_devices, microbatches)``, its task table: lanes of tasks, each run in
-  its order on one device (a stage's or a device's), which the simulator
+  its order on one device (a stage's or a device's), which :mod:`costmodel.lowering`
+  turns into the tasks and ordering edges that the simulator
   (:func:`costmodel.pipeline._replicate`'s barriers) and the pipeline rewriter (its
   import order and gates) both read;
 - ``bubble(devices, chunks, microbatches)``, its idle share.
