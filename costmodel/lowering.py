@@ -135,7 +135,7 @@ def lower(stage_devices, pieces, microbatches, schedule="gpipe", replicas=0, rea
     devices = devices or [stage_devices] * count
     tasks, ordering = [], []
     for r, lane in enumerate(lanes):
-        queues = [[_task(lane[m], stage, phase, r if replicas else None,
+        queues = [[Task(lane[m], stage, phase, r if replicas else None,
                          _numbered(m, per, microbatches, replicas), devices[r][stage])
                    for m, stage, phase in row if (stage, phase) in pieces]
                   for row in layout]
@@ -143,10 +143,6 @@ def lower(stage_devices, pieces, microbatches, schedule="gpipe", replicas=0, rea
             ordering += [pair for queue in queues for pair in zip(queue, queue[1:])]
         tasks += _merged(queues, pieces, reads, schedule)
     return Lowering(tuple(tasks), tuple(ordering), lanes, bool(replicas))
-
-
-def _task(step_microbatch, stage, phase, replica, microbatch, device):
-    return Task(step_microbatch, stage, phase, replica, microbatch, device)
 
 
 def _numbered(m, per, microbatches, replicas):
