@@ -13,11 +13,13 @@ variable's checkpoint key with an ``AssignVariableOp`` to its handle, one ``Save
 every variable's value and of the checkpoint's object graph (what TensorFlow's own
 saver writes, so a checkpoint the TF1 saver writes reads back into the TF2 object
 graph). The keys come from the checkpoint ``tf.saved_model.save`` wrote: its object
-graph numbers its nodes as the SavedModel's object graph does, and each variable's
-handle in the MetaGraph's graph is the op named as the variable (``SavedVariable
-.name``). It refuses (returns False, changing nothing) any model it cannot prove that
-of: a checkpoint value that is not a variable's (a table's contents), two variables of
-one name, a handle it cannot find; the caller then saves with TensorFlow's saver.
+graph numbers its nodes as the SavedModel's object graph does. Each variable's handle
+in the MetaGraph's graph is the op the save named after the variable
+(``SavedVariable.name``), made unique in the order the save makes them
+(:func:`_handle_names`; a Keras export names many variables twice). It refuses
+(returns False, changing nothing) any model it cannot match so: a checkpoint value
+that is not a variable's (a table's contents), a handle missing or of another dtype or
+shape, a handle op it did not expect; the caller then saves with TensorFlow's saver.
 
 Examples
 --------
@@ -35,10 +37,13 @@ True
 """
 from __future__ import annotations
 
+from rewriters.node_defs import make_node, shape_attr, type_attr
+from rewriters.tf_import import tensorflow
+
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 SCOPE = "tfpart_saver"
 SAVER_OPS = ("Placeholder", "Const", "RestoreV2", "AssignVariableOp", "NoOp",
-             "ReadVariableOp", "SaveV2", "Identity")
+             "ReadVariableOp", "SaveV2", "Identity")  # what _saver_nodes uses
 
 
 def add_graph_saver(meta_graph, prefix):
@@ -49,45 +54,64 @@ def add_graph_saver(meta_graph, prefix):
     from tensorflow.core.protobuf import saver_pb2
 
     handles = _variable_handles(meta_graph, prefix)
-    if handles is None:
-        return False
-    graph, device = meta_graph.graph_def, "/device:CPU:0"
-    taken = {node.name for node in graph.node}
-    if any(name.startswith(f"{SCOPE}/") or name == f"{SCOPE}" for name in taken):
+    if handles is None or any(node.name.startswith(f"{SCOPE}/")
+                              for node in meta_graph.graph_def.node):
         return False
     keys = sorted(handles)
-    filename = _node(graph, f"{SCOPE}/filename", "Placeholder", dtype=_dtype("string"),
-                     shape=_shape([]))
-    names = _string_const(graph, f"{SCOPE}/restore/tensor_names", keys, device)
-    slices = _string_const(graph, f"{SCOPE}/restore/shape_and_slices", [""] * len(keys),
-                           device)
     dtypes = [handles[key][1] for key in keys]
-    restore = _node(graph, f"{SCOPE}/restore/RestoreV2", "RestoreV2",
-                    [filename.name, names.name, slices.name], device, dtypes=dtypes)
-    assigns = [_node(graph, f"{SCOPE}/restore/assign_{i}", "AssignVariableOp",
-                     [handles[key][0], f"{restore.name}:{i}"], dtype=dtypes[i])
-               for i, key in enumerate(keys)]
-    restore_all = _node(graph, f"{SCOPE}/restore_all", "NoOp",
-                        [f"^{assign.name}" for assign in assigns])
-    reads = [_node(graph, f"{SCOPE}/save/read_{i}", "ReadVariableOp", [handles[key][0]],
-                   dtype=dtypes[i]) for i, key in enumerate(keys)]
-    object_graph = _string_const(graph, f"{SCOPE}/save/object_graph",
-                                 [_object_graph_bytes(prefix)], device, scalar=True)
-    save_names = _string_const(graph, f"{SCOPE}/save/tensor_names",
-                               [*keys, OBJECT_GRAPH_KEY], device)
-    save_slices = _string_const(graph, f"{SCOPE}/save/shape_and_slices",
-                                [""] * (len(keys) + 1), device)
-    save = _node(graph, f"{SCOPE}/save/SaveV2", "SaveV2",
-                 [filename.name, save_names.name, save_slices.name,
-                  *(read.name for read in reads), object_graph.name], device,
-                 dtypes=[*dtypes, _dtype("string")])
-    saved = _node(graph, f"{SCOPE}/save/saved", "Identity", [filename.name, f"^{save.name}"],
-                  device, T=_dtype("string"))
+    nodes = _saver_nodes(keys, [handles[key][0] for key in keys], dtypes,
+                         _object_graph_bytes(prefix))
+    meta_graph.graph_def.node.extend(nodes)
     _add_op_defs(meta_graph)
     meta_graph.saver_def.CopyFrom(saver_pb2.SaverDef(
-        filename_tensor_name=f"{filename.name}:0", save_tensor_name=f"{saved.name}:0",
-        restore_op_name=restore_all.name, version=saver_pb2.SaverDef.V2))
+        filename_tensor_name=f"{SCOPE}/filename:0", save_tensor_name=f"{SCOPE}/save/saved:0",
+        restore_op_name=f"{SCOPE}/restore_all", version=saver_pb2.SaverDef.V2))
     return True
+
+
+def _saver_nodes(keys, handles, dtypes, object_graph):
+    """The saver's NodeDefs: a filename placeholder; a ``RestoreV2`` of ``keys`` on the
+    CPU, each value assigned to its variable's ``handles`` op (of ``dtypes``), the
+    assignments joined in ``restore_all``; a ``SaveV2`` of the variables' values under
+    ``keys`` and of the checkpoint's ``object_graph`` (bytes), ``save/saved`` the
+    filename once it has run.
+
+    >>> nodes = _saver_nodes(["v/.ATTRIBUTES/VARIABLE_VALUE"], ["v"], [1], b"")
+    >>> [node.op for node in nodes if node.name.endswith("V2")]
+    ['RestoreV2', 'SaveV2']
+    """
+    tf = tensorflow()
+    cpu, string = "/device:CPU:0", type_attr("string")
+    filename = make_node(f"{SCOPE}/filename", "Placeholder", [], dtype=string,
+                         shape=shape_attr([]))
+    restore = make_node(f"{SCOPE}/restore/RestoreV2", "RestoreV2",
+                        [filename.name, f"{SCOPE}/restore/tensor_names",
+                         f"{SCOPE}/restore/shape_and_slices"], dtypes=_types(dtypes))
+    assigns = [make_node(f"{SCOPE}/restore/assign_{i}", "AssignVariableOp",
+                         [handle, f"{restore.name}:{i}"],
+                         dtype=tf.compat.v1.AttrValue(type=dtype))
+               for i, (handle, dtype) in enumerate(zip(handles, dtypes))]
+    reads = [make_node(f"{SCOPE}/save/read_{i}", "ReadVariableOp", [handle],
+                       dtype=tf.compat.v1.AttrValue(type=dtype))
+             for i, (handle, dtype) in enumerate(zip(handles, dtypes))]
+    save = make_node(f"{SCOPE}/save/SaveV2", "SaveV2",
+                     [filename.name, f"{SCOPE}/save/tensor_names",
+                      f"{SCOPE}/save/shape_and_slices", *(read.name for read in reads),
+                      f"{SCOPE}/save/object_graph"],
+                     dtypes=_types([*dtypes, string.type]))
+    constants = [
+        _strings(f"{SCOPE}/restore/tensor_names", keys),
+        _strings(f"{SCOPE}/restore/shape_and_slices", [""] * len(keys)),
+        _strings(f"{SCOPE}/save/tensor_names", [*keys, OBJECT_GRAPH_KEY]),
+        _strings(f"{SCOPE}/save/shape_and_slices", [""] * (len(keys) + 1)),
+        _strings(f"{SCOPE}/save/object_graph", object_graph)]
+    for node in [restore, save, *constants]:
+        node.device = cpu
+    return [filename, *constants, restore, *assigns,
+            make_node(f"{SCOPE}/restore_all", "NoOp", [f"^{a.name}" for a in assigns]),
+            *reads, save,
+            make_node(f"{SCOPE}/save/saved", "Identity", [filename.name, f"^{save.name}"],
+                      T=string)]
 
 
 def _variable_handles(meta_graph, prefix):
@@ -159,50 +183,23 @@ def _unique_name(name, in_use):
 
 
 def _object_graph_bytes(prefix):
-    from rewriters.tf_import import tensorflow
-
+    """The checkpoint's serialized object graph (``TrackableObjectGraph``)."""
     return tensorflow().train.load_checkpoint(str(prefix)).get_tensor(OBJECT_GRAPH_KEY)
 
 
-def _node(graph, name, op, inputs=(), device="", **attrs):
-    """Add NodeDef ``name`` running ``op`` on ``inputs`` to ``graph``; ``attrs``:
-    AttrValue protos, dtype enums or lists of them."""
-    node = graph.node.add(name=name, op=op, device=device)
-    node.input.extend(inputs)
-    for key, value in attrs.items():
-        if isinstance(value, list):
-            node.attr[key].list.type.extend(value)
-        elif isinstance(value, int):
-            node.attr[key].type = value
-        else:
-            node.attr[key].CopyFrom(value)
-    return node
+def _strings(name, values):
+    """A ``Const`` of the strings (or bytes) ``values``; a scalar if ``values`` is
+    one ``bytes``."""
+    tf = tensorflow()
+    return make_node(name, "Const", [], dtype=type_attr("string"),
+                     value=tf.compat.v1.AttrValue(tensor=tf.make_tensor_proto(values,
+                                                                             tf.string)))
 
 
-def _string_const(graph, name, values, device, scalar=False):
-    from tensorflow.core.framework import attr_value_pb2, tensor_pb2, tensor_shape_pb2
-
-    shape = tensor_shape_pb2.TensorShapeProto(
-        dim=[] if scalar else [tensor_shape_pb2.TensorShapeProto.Dim(size=len(values))])
-    tensor = tensor_pb2.TensorProto(dtype=_dtype("string"), tensor_shape=shape,
-                                    string_val=[v if isinstance(v, bytes) else v.encode()
-                                                for v in values])
-    return _node(graph, name, "Const", (), device, dtype=_dtype("string"),
-                 value=attr_value_pb2.AttrValue(tensor=tensor))
-
-
-def _dtype(name):
-    """The enum of dtype ``name``."""
-    from tensorflow.core.framework import types_pb2
-
-    return types_pb2.DataType.Value(f"DT_{name.upper()}")
-
-
-def _shape(dims):
-    from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
-
-    return attr_value_pb2.AttrValue(shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims]))
+def _types(dtypes):
+    """The AttrValue of a list of dtype enums."""
+    tf = tensorflow()
+    return tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(type=dtypes))
 
 
 def _add_op_defs(meta_graph):
