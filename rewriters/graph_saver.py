@@ -19,7 +19,8 @@ in the MetaGraph's graph is the op the save named after the variable
 (:func:`_handle_names`; a Keras export names many variables twice). It refuses
 (returns False, changing nothing) any model it cannot match so: a checkpoint value
 that is not a variable's (a table's contents), a handle missing or of another dtype or
-shape, a handle op it did not expect; the caller then saves with TensorFlow's saver.
+shape, another handle op whose name could have shifted a variable's; the caller then
+saves with TensorFlow's saver.
 
 Examples
 --------
@@ -116,18 +117,21 @@ def _saver_nodes(keys, handles, dtypes, object_graph):
 
 def _variable_handles(meta_graph, prefix):
     """Checkpoint key -> (name of the variable's handle op in the graph, dtype enum),
-    or None if the checkpoint holds a value that is not a variable's or a variable's
-    handle is not found where :func:`_handle_names` says, of its dtype and shape."""
+    or None if the checkpoint holds a value that is not a variable's, a variable's
+    handle is not found where :func:`_handle_names` says (of its dtype and shape), or
+    another handle op could have taken a name the save would give a variable."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     objects = meta_graph.object_graph_def.nodes
     checkpointed = trackable_object_graph_pb2.TrackableObjectGraph()
     checkpointed.ParseFromString(_object_graph_bytes(prefix))
-    if len(checkpointed.nodes) != len(objects):
+    if len(checkpointed.nodes) > len(objects):  # the save appends captured constants
         return None
     ops = {node.name: node for node in meta_graph.graph_def.node if node.op == "VarHandleOp"}
     names = _handle_names(meta_graph.object_graph_def)
-    if sorted(names.values()) != sorted(ops):
+    if not set(names.values()) <= set(ops) or _may_clash(
+            set(ops) - set(names.values()),
+            {obj.variable.name for obj in objects if obj.HasField("variable")}):
         return None
     handles = {}
     for node_id, (obj, saved) in enumerate(zip(objects, checkpointed.nodes)):
@@ -136,11 +140,33 @@ def _variable_handles(meta_graph, prefix):
         for attribute in saved.attributes:
             op = ops.get(names.get(node_id))
             if attribute.name != "VARIABLE_VALUE" or op is None or \
+                    attribute.full_name != obj.variable.name or \
                     op.attr["dtype"].type != obj.variable.dtype or \
                     op.attr["shape"].shape != obj.variable.shape:
                 return None
             handles[attribute.checkpoint_key] = (op.name, op.attr["dtype"].type)
     return handles
+
+
+def _may_clash(others, variable_names):
+    """Whether a handle op of ``others`` (not a variable of the object graph: a
+    resource a function captured) has a name the save might have given a variable of
+    ``variable_names`` (``name``, ``name_1``, ...), which would shift theirs.
+
+    >>> _may_clash({"Variable"}, {"dense/kernel"}), _may_clash({"v_2"}, {"V"})
+    (False, True)
+    """
+    taken = {name.lower() for name in variable_names}
+    for name in others:
+        key = name.lower()
+        while True:
+            if key in taken:
+                return True
+            base, _, suffix = key.rpartition("_")
+            if not (base and suffix.isdigit()):
+                break
+            key = base
+    return False
 
 
 def _handle_names(object_graph):
