@@ -115,6 +115,23 @@ def _saver_nodes(keys, handles, dtypes, object_graph):
                       T=string)]
 
 
+def holds_only_variables(prefix):
+    """Whether the checkpoint at ``prefix`` (a SavedModel's ``variables/variables``;
+    none there: nothing) holds variables' values alone, so that a model saved with its
+    objects can take :func:`add_graph_saver`'s saver."""
+    from pathlib import Path
+
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    if not Path(f"{prefix}.index").is_file():
+        return True
+    checkpointed = trackable_object_graph_pb2.TrackableObjectGraph()
+    checkpointed.ParseFromString(_object_graph_bytes(prefix))
+    return not any(node.HasField("registered_saver") or any(
+        attribute.name != "VARIABLE_VALUE" for attribute in node.attributes)
+        for node in checkpointed.nodes)
+
+
 def _variable_handles(meta_graph, prefix):
     """Checkpoint key -> (name of the variable's handle op in the graph, dtype enum),
     or None if the checkpoint holds a value that is not a variable's, a variable's
@@ -239,4 +256,4 @@ def _add_op_defs(meta_graph):
             listed.op.add().CopyFrom(op_def_registry.get(name))
 
 
-__all__ = ["add_graph_saver"]
+__all__ = ["add_graph_saver", "holds_only_variables"]

@@ -49,7 +49,7 @@ from rewriters.copies import stamp_op, stamped
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
-from rewriters.graph_saver import add_graph_saver
+from rewriters.graph_saver import add_graph_saver, holds_only_variables
 from rewriters.flatten import flat_at, flatten_signature
 from rewriters.row_shard import shard_flat
 from rewriters.savedmodel_io import SavedModelParts, read_saved_model
@@ -218,9 +218,10 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     # model, their registered functions capture tensors of the exporter's graph, which
     # saving refuses; the step's gradients are ops of the graph already. The TF1
     # loader's saver is written as graph nodes after the save (rewriters.graph_saver),
-    # not traced by it.
+    # not traced by it, unless the original's checkpoint holds more than variables.
+    graph_saver = holds_only_variables(Path(model_dir) / "variables" / "variables")
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False,
-                                         experimental_skip_saver=True)
+                                         experimental_skip_saver=graph_saver)
     try:
         concrete = _traced_as_saved(module.tfpart_pipelined, options)
     except (ValueError, TypeError, tf.errors.OpError) as exc:
@@ -231,7 +232,8 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
                        [flat.info.signature, *kept["compiled_signatures"]]})
     tf.saved_model.save(module, str(staging), signatures=signatures, options=options)
     saved = read_saved_model(staging)
-    if not add_graph_saver(saved.meta_graphs[0], Path(staging) / "variables" / "variables"):
+    if graph_saver and not add_graph_saver(saved.meta_graphs[0],
+                                           Path(staging) / "variables" / "variables"):
         options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
         tf.saved_model.save(module, str(staging), signatures=signatures, options=options)
         saved = read_saved_model(staging)

@@ -3,7 +3,7 @@ key into the handle TensorFlow's own traced saver restores it into, and refuses 
 it cannot match."""
 import pytest
 
-from rewriters.graph_saver import add_graph_saver
+from rewriters.graph_saver import add_graph_saver, holds_only_variables
 from rewriters.savedmodel_io import read_saved_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.any_onednn]
@@ -60,6 +60,7 @@ def test_variables_of_one_name_are_restored_where_tensorflow_restores_them(tmp_p
     restored = {key: nodes[f"tfpart_saver/restore/assign_{i}"].input[0]
                 for i, key in enumerate(keys)}
     assert len(restored) == 5 and restored == traced
+    assert holds_only_variables(tmp_path / "nodes" / "variables" / "variables")
 
 
 def test_a_table_with_contents_is_left_to_tensorflows_saver(tmp_path):
@@ -70,5 +71,6 @@ def test_a_table_with_contents_is_left_to_tensorflows_saver(tmp_path):
     module.table = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, -1)
     meta = _saved(module, tmp_path, True)
     before = meta.SerializeToString()
+    assert not holds_only_variables(tmp_path / "variables" / "variables")
     assert not add_graph_saver(meta, tmp_path / "variables" / "variables")
     assert meta.SerializeToString() == before
