@@ -80,6 +80,8 @@ def _saver_nodes(keys, handles, dtypes, object_graph):
     >>> nodes = _saver_nodes(["v/.ATTRIBUTES/VARIABLE_VALUE"], ["v"], [1], b"")
     >>> [node.op for node in nodes if node.name.endswith("V2")]
     ['RestoreV2', 'SaveV2']
+    >>> [node.op for node in _saver_nodes([], [], [], b"") if node.name.endswith("V2")]
+    ['SaveV2']
     """
     tf = tensorflow()
     cpu, string = "/device:CPU:0", type_attr("string")
@@ -100,17 +102,17 @@ def _saver_nodes(keys, handles, dtypes, object_graph):
                       f"{SCOPE}/save/shape_and_slices", *(read.name for read in reads),
                       f"{SCOPE}/save/object_graph"],
                      dtypes=_types([*dtypes, string.type]))
-    constants = [
-        _strings(f"{SCOPE}/restore/tensor_names", keys),
-        _strings(f"{SCOPE}/restore/shape_and_slices", [""] * len(keys)),
-        _strings(f"{SCOPE}/save/tensor_names", [*keys, OBJECT_GRAPH_KEY]),
-        _strings(f"{SCOPE}/save/shape_and_slices", [""] * (len(keys) + 1)),
-        _strings(f"{SCOPE}/save/object_graph", object_graph)]
-    for node in [restore, save, *constants]:
+    restores = [restore, _strings(f"{SCOPE}/restore/tensor_names", keys),
+                _strings(f"{SCOPE}/restore/shape_and_slices", [""] * len(keys))] \
+        if keys else []  # RestoreV2 takes one tensor or more
+    saves = [save, _strings(f"{SCOPE}/save/tensor_names", [*keys, OBJECT_GRAPH_KEY]),
+             _strings(f"{SCOPE}/save/shape_and_slices", [""] * (len(keys) + 1)),
+             _strings(f"{SCOPE}/save/object_graph", object_graph)]
+    for node in [*restores, *saves]:
         node.device = cpu
-    return [filename, *constants, restore, *assigns,
+    return [filename, *restores, *assigns,
             make_node(f"{SCOPE}/restore_all", "NoOp", [f"^{a.name}" for a in assigns]),
-            *reads, save,
+            *reads, *saves,
             make_node(f"{SCOPE}/save/saved", "Identity", [filename.name, f"^{save.name}"],
                       T=string)]
 

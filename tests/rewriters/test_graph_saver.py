@@ -74,3 +74,28 @@ def test_a_table_with_contents_is_left_to_tensorflows_saver(tmp_path):
     assert not holds_only_variables(tmp_path / "variables" / "variables")
     assert not add_graph_saver(meta, tmp_path / "variables" / "variables")
     assert meta.SerializeToString() == before
+
+
+def test_a_model_without_variables_loads_under_the_tf1_loader(tmp_path):
+    """Regression: RestoreV2 takes one tensor or more, so a saver over no variable
+    restores nothing, and saves the object graph alone."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"y": x * 2.0},
+                           input_signature=[tf.TensorSpec([None], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "model"),
+                        signatures={"serving_default": module.f.get_concrete_function()},
+                        options=tf.saved_model.SaveOptions(experimental_skip_saver=True))
+    proto = read_saved_model(tmp_path / "model")
+    assert add_graph_saver(proto.meta_graphs[0], tmp_path / "model" / "variables" / "variables")
+    (tmp_path / "model" / "saved_model.pb").write_bytes(proto.SerializeToString())
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(tmp_path / "model"))
+        signature = meta.signature_def["serving_default"]
+        assert session.run(signature.outputs["y"].name,
+                           {signature.inputs["x"].name: [1.5]}).tolist() == [3.0]
+        session.run(meta.saver_def.save_tensor_name,
+                    {meta.saver_def.filename_tensor_name: str(tmp_path / "saved")})
+    assert list(tf.train.load_checkpoint(str(tmp_path / "saved")).get_variable_to_dtype_map()) \
+        == ["_CHECKPOINTABLE_OBJECT_GRAPH"]
