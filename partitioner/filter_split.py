@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.simulate import fits_memory, simulate
+from costmodel.simulate import simulate
 from costmodel.splits import split_cost
 from partitioner.greedy_placement import GreedyOptions, greedy_placement
 from partitioner.finish import make_plan
@@ -152,8 +152,9 @@ def _channels(attrs):
 
 
 def _simulated_step(cost, splits, device_of):
-    """The simulated step with ``splits``, or None if it does not fit in memory."""
+    """The simulated step with ``splits``, or None if it does not fit in memory: one
+    simulation gives both (its peak is :func:`costmodel.simulate.live_peak`'s)."""
     split_costs, split_device_of = split_cost(cost, splits, device_of)
-    if not fits_memory(split_costs, split_device_of):
-        return None
-    return simulate(split_costs, split_device_of, memory=False).makespan
+    schedule = simulate(split_costs, split_device_of)
+    capacity = np.array([device.memory for device in cost.cluster.devices], dtype=float)
+    return schedule.makespan if np.all(schedule.peak_memory <= capacity) else None

@@ -53,6 +53,7 @@ from costmodel.lowering import lower
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
+from rewriters.graph_saver import add_graph_saver, holds_only_variables
 from rewriters.flatten import flat_at, flatten_signature
 from rewriters.lowered import GATE
 from rewriters.lowered.accumulation import accumulated, after_every_microbatch
@@ -99,9 +100,8 @@ def pipeline_pass(model, plan, workdir):
         return SavedModelParts(_pipelined_tf1(model.directory, model.proto, plan),
                                model.directory)
     target = Path(workdir) / "pipelined"
-    device_of, kept, signature, resources = _save_pipelined(model.directory, model.proto,
-                                                            plan, target, model.flat)
-    proto = read_saved_model(target)
+    proto, device_of, kept, signature, resources = _save_pipelined(
+        model.directory, model.proto, plan, target, model.flat)
     run_without_xla(proto.meta_graphs[0], kept["without_xla"], signature)
     objects = proto.meta_graphs[0].object_graph_def
     host = plan.context.get("unread_variables", {}).get("device") or \
@@ -165,12 +165,13 @@ def _resource_devices(flat, plan):
 
 
 def _save_pipelined(model_dir, proto, plan, staging, read=None):
-    """Save the pipelined model into ``staging``; return the planned device of each
-    saved variable, by its name (the caller writes them into the object graph, which
-    lets the compile machine save plans for devices it does not have), what it kept of
-    the original (:func:`rewriters.endpoints.kept_endpoints`), the signature and the
-    planned device of each table (:func:`_resource_devices`). ``read``: the reader's
-    flattening of the signature, to start from (:func:`rewriters.flatten.flat_at`)."""
+    """Save the pipelined model into ``staging``; return its proto, the planned device
+    of each saved variable, by its name (the caller writes them into the object graph,
+    which lets the compile machine save plans for devices it does not have), what it
+    kept of the original (:func:`rewriters.endpoints.kept_endpoints`), the signature
+    and the planned device of each table (:func:`_resource_devices`). ``read``: the
+    reader's flattening of the signature, to start from
+    (:func:`rewriters.flatten.flat_at`)."""
     tf = tensorflow()
     context = plan.context
     flat = flat_at(proto, model_dir, context.get("batch_size"), context.get("signature"), read)
@@ -223,8 +224,12 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
             meta, flat.info.signature, name)))
     # Custom gradients (Keras's swish) are not saved: in a process that exported the
     # model, their registered functions capture tensors of the exporter's graph, which
-    # saving refuses; the step's gradients are ops of the graph already.
-    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    # saving refuses; the step's gradients are ops of the graph already. The TF1
+    # loader's saver is written as graph nodes after the save (rewriters.graph_saver),
+    # not traced by it, unless the original's checkpoint holds more than variables.
+    graph_saver = holds_only_variables(Path(model_dir) / "variables" / "variables")
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False,
+                                         experimental_skip_saver=graph_saver)
     try:
         concrete = _traced_as_saved(module.tfpart_pipelined, options)
     except (ValueError, TypeError, tf.errors.OpError) as exc:
@@ -234,7 +239,13 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     signatures.update({name: concrete for name in
                        [flat.info.signature, *kept["compiled_signatures"]]})
     tf.saved_model.save(module, str(staging), signatures=signatures, options=options)
-    return device_of, kept, flat.info.signature, _resource_devices(flat, plan)
+    saved = read_saved_model(staging)
+    if graph_saver and not add_graph_saver(saved.meta_graphs[0],
+                                           Path(staging) / "variables" / "variables"):
+        options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+        tf.saved_model.save(module, str(staging), signatures=signatures, options=options)
+        saved = read_saved_model(staging)
+    return saved, device_of, kept, flat.info.signature, _resource_devices(flat, plan)
 
 
 def _traced_as_saved(function, options):
