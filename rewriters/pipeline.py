@@ -46,10 +46,10 @@ import dataclasses
 import functools
 from pathlib import Path
 
+from costmodel.lowering import lower
 from rewriters.captures import (HANDLE_KINDS, load_captured, load_root, loaded_objects,
                                 object_paths, state_input_map, variable_values)
 from rewriters.channel_split import split_channels
-from costmodel.lowering import lower
 from rewriters.endpoints import (check_nothing_kept_reads, compiled_endpoint,
                                  endpoint_binding, kept_endpoints, run_without_xla)
 from rewriters.functions import private_library
@@ -70,7 +70,6 @@ from tfpart.core.errors import ModelError, PlacementError, first_line
 from tfpart.core.ops import RESOURCE_WRITE_OPS, STATE_OPS
 from tfpart.core.plan import all_reduces, device_stand_ins, replica_device
 from tfpart.core.splits import SCOPE as SPLIT_SCOPE
-
 
 
 def pipeline_pass(model, plan, workdir):
