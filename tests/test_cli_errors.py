@@ -230,3 +230,20 @@ def test_a_signal_that_an_extension_turns_into_another_error_is_still_one_line(
     monkeypatch.setattr(cli, "cmd_diff", command_failing)
     with pytest.raises(TypeError):
         main(["diff", "a.json", "b.json"])
+
+
+def test_a_signal_while_the_command_line_is_read_is_one_line(capsys, monkeypatch):
+    """Ctrl-C landing as the parser is built (``--schedule``'s choices import the cost
+    model, and numba with it: found by the signal-at-any-moment test) is the one line,
+    not a traceback."""
+    import signal
+
+    import tfpart.cli as cli
+
+    def parser_hit_by_a_signal():
+        cli._raise_interrupt(signal.SIGINT, None)
+
+    monkeypatch.setattr(cli, "build_parser", parser_hit_by_a_signal)
+    monkeypatch.setattr(cli, "_STOP_SIGNALS_RECEIVED", [])
+    assert main(["diff", "a.json", "b.json"]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err.strip() == "tfpart: interrupted (SIGINT)"

@@ -361,12 +361,14 @@ def option_problem(args):
 def main(argv=None):
     """Run one command; returns the exit code (0 done, 2 bad input, a failed run or a
     failed verification, 128 + the signal's number when interrupted)."""
-    args = build_parser().parse_args(argv)
-    problem = option_problem(args)
-    if problem:
-        print(f"tfpart: error: {problem}", file=user_stderr())
-        return 2
     try:
+        # the parser reads --schedule's choices from the cost model, whose import
+        # (numba's) a Ctrl-C can land in: inside, so that it is the one line too
+        args = build_parser().parse_args(argv)
+        problem = option_problem(args)
+        if problem:
+            print(f"tfpart: error: {problem}", file=user_stderr())
+            return 2
         return args.run(args)
     except TfpartError as exc:
         print(f"tfpart: error: {exc}", file=user_stderr())
