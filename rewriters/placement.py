@@ -17,7 +17,10 @@ Mechanism only; the policy is the Plan. The rewritten proto carries
 * ``SavedResource.device`` for every resource (a hash table: the plan's device of its
   op, else the host device), the functions that create and fill it when the model
   is loaded wholly on that device, and its top-level op on it too;
-* ``_class`` colocation attributes only where both ends share a device.
+* ``_class`` colocation attributes only where both ends share a device;
+* no device on the call and return ops of each signature's own function (the wrapper
+  TensorFlow writes around it): they run where the caller is, as in a function
+  TensorFlow traces (:func:`leave_to_the_caller`).
 
 As a pass of :mod:`rewriters.passes` it is :func:`placement_pass`, run for plans
 without pipeline stages.
@@ -31,9 +34,11 @@ from __future__ import annotations
 
 from rewriters.captures import capture_kind, capture_op_name, resource_functions
 from rewriters.function_devices import FunctionWriter
-from rewriters.functions import callee, split_input
+from rewriters.functions import callee, library_index, split_input
 from rewriters.flat_signature import choose_signature, signature_call
 from rewriters.savedmodel_io import SavedModelParts
+from tfpart.core.errors import ModelError
+from tfpart.core.ops import IDENTITY_OPS
 
 
 def placement_pass(model, plan, workdir):
@@ -102,7 +107,50 @@ def place_devices(proto, plan, default_device=None):
             args = [None] * (n_args - len(bound)) + [variable_device.get(b) for b in bound]
             writer.place_by_rule(fname, args)
     _place_top_level(meta, writer, objects, variable_device, top_nodes)
+    for name, signature_def in meta.signature_def.items():
+        if not name.startswith("__") and signature_def.outputs:
+            leave_to_the_caller(meta, name)
     return new
+
+
+def leave_to_the_caller(meta, signature):
+    """Clear the device of :func:`caller_ops` of ``signature``.
+
+    Placed on a remote task, they make the whole call one remote function whose outputs
+    stay on that task, fetched by one more round trip each when the caller reads them:
+    about 0.6 ms a step over loopback, for a step the cost model prices with its outputs
+    delivered (as :func:`tfpart.link_probe.launch_cost` measures a launch). The body's
+    ops keep their planned devices, which inlining keeps.
+    """
+    for node in caller_ops(meta, signature):
+        node.device = ""
+
+
+def caller_ops(meta, signature):
+    """The call and return ops (``Identity``, ``NoOp``, calls) of ``signature``'s own
+    function, the wrapper TensorFlow writes around what it computes: none if a node of
+    the top-level graph computes it.
+
+    >>> from tensorflow.core.protobuf import meta_graph_pb2
+    >>> meta = meta_graph_pb2.MetaGraphDef()
+    >>> f = meta.graph_def.library.function.add(); f.signature.name = "wrapper"
+    >>> call = f.node_def.add(name="call", op="StatefulPartitionedCall", device="/task:1")
+    >>> call.attr["f"].func.name = "body"
+    >>> _ = f.node_def.add(name="Identity", op="Identity", device="/task:1")
+    >>> _ = f.node_def.add(name="mul", op="Mul", device="/task:1")
+    >>> top = meta.graph_def.node.add(name="sig", op="StatefulPartitionedCall")
+    >>> top.attr["f"].func.name = "wrapper"
+    >>> meta.signature_def["serving"].outputs["y"].name = "sig:0"
+    >>> [node.name for node in caller_ops(meta, "serving")]
+    ['call', 'Identity']
+    """
+    functions = library_index(meta.graph_def.library)
+    try:
+        _, root, _ = signature_call(meta, signature, "")
+    except ModelError:
+        return []
+    return [node for node in functions[root].node_def
+            if node.op in IDENTITY_OPS | {"NoOp"} or callee(node, functions)]
 
 
 def _top_level_variable_devices(meta, objects, variable_device, functions):

@@ -142,6 +142,7 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     register the models' custom ops) are loaded first.
     """
     from rewriters.copies import OpCopy, copies_in, copy_of
+    from rewriters.placement import caller_ops
 
     tf = tensorflow()
     with runnable(compiled_dir, cluster, watch, op_libraries) as compiled:
@@ -196,8 +197,10 @@ def verify(original_dir, compiled_dir, *, rtol=1e-5, atol=1e-6, seed=0, batch_si
     batches = [(size, *_compare(a, e, rtol, atol))
                for size, a, e in zip(sizes, actual, expected)]
     copies = copies_in(proto.meta_graphs[0])
+    callers = set() if plan.context.get("format") == "tf1" else {
+        node.name for node in caller_ops(proto.meta_graphs[0], signature) if not node.device}
     runs = [(name, copy_of(name, copies), device, op_types[name])
-            for name, device in placed.items()]
+            for name, device in placed.items() if name not in callers]
     # each micro-batch's imported copy of the source's ops (a TF1 model's variables and
     # tables are its graph's own, shared by the copies)
     if plan.reimported and plan.context.get("format") != "tf1":
