@@ -1,8 +1,8 @@
 """``--strategy auto`` held to measured runs (issue 56): every strategy it compares,
 compiled, run and timed on three local workers, beside the one it chose.
 
-    .venv/bin/python -m benchmarks.auto_regret [--models cnn,mlp] [--rounds 1]
-                                               [--repeats 10] [--markdown]
+    .venv/bin/python -m benchmarks.auto_regret [--models cnn,mlp] [--rounds 2]
+                                               [--interleave 5] [--markdown]
 
 Three ``tfpart worker`` processes on loopback, pinned with ``taskset`` (task k on core k
 mod cores: on a 2-core machine tasks 0 and 2 share core 0, which the cluster file says
@@ -15,9 +15,14 @@ made for the probed file. For each model the script:
    strategy (``result.compared``: each one's predicted step) and keeps the least;
 3. compiles each other strategy ``auto`` planned, forced with ``strategy=`` (the chosen
    one's plan is ``auto``'s own output);
-4. times each compiled model on freshly started workers (they keep state from earlier
-   clients) by a fresh client, ``tfpart run --cluster`` (:mod:`tfpart.timing`): the
-   median of ``--repeats`` steps after ``--warmup``, pooled over ``--rounds``.
+4. times the compiled models in turn: per round, freshly started workers and one fresh
+   client that loads every plan, then times ``--repeats`` steps of each plan in turn,
+   ``--interleave`` times (:func:`tfpart.timing.time_models`); the median of every
+   round's steps. Timed in turn, the plans see the same drift of two shared cores:
+   timed in separate runs, one plan's median moved up to 2x from run to run. A
+   strategy whose plan is the same as another's (the same assignment, stages,
+   replicas, splits and row shards) is rewritten into the same model: it is timed
+   once, for both.
 
 The table gives per strategy the predicted and measured step and the prediction's
 error, the strategy ``auto`` chose, the fastest measured one and auto's regret: the
@@ -30,6 +35,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,7 +117,9 @@ def probe(work, rounds, console):
 
 def compile_all(name, work, cluster_file, args, console):
     """Export and profile model ``name``, compile it with ``auto`` and with each strategy
-    forced: ``(chosen, {strategy: (out, predicted)}, refused, notes)``."""
+    forced: ``(chosen, {strategy: (out, predicted)}, twins, refused, notes)``; ``twins``
+    maps each strategy to the first one whose plan is the same (itself if none is): the
+    same plan is rewritten into the same model."""
     import tfpart
 
     _, exporter, signature, batch = MODELS[name]
@@ -160,7 +168,8 @@ def compile_all(name, work, cluster_file, args, console):
             "") for s, plan in loaded.items()))
     console.print(f"{name}: auto chose {auto.strategy}; predicted " + ", ".join(
         f"{s} {t * 1e3:.2f} ms" for s, t in auto.compared.items()))
-    return auto.strategy, plans, auto.refused, notes
+    twins = {s: next(t for t in keys if keys[t] == keys[s]) for s in keys}
+    return auto.strategy, plans, twins, auto.refused, notes
 
 
 def shape(plan):
@@ -179,35 +188,44 @@ def shape(plan):
     return " ".join(words)
 
 
-def time_on_fresh_workers(out, predicted, probed, work, args):
-    """Each timed step (seconds) of compiled model ``out`` on freshly started workers
-    whose file has the probed links."""
+def time_in_turn(plans, probed, work, args, reverse=False):
+    """Each plan's timed steps (seconds), timed in turn by one client on freshly started
+    workers whose file has the probed links (:func:`tfpart.timing.time_models`:
+    ``--interleave`` rounds of every plan in turn), in reverse order if ``reverse``."""
     (work / "run").mkdir(exist_ok=True)
+    order = list(plans)[::-1] if reverse else list(plans)
+    shortest = min(predicted for _, predicted in plans.values())
+    # a short step gets more repeats: at least --min-seconds of each plan's timed steps
+    repeats = max(args.repeats, min(40, int(args.min_seconds / shortest / args.interleave)))
     with LocalWorkers(WORKERS, work / "run") as workers:
         path = work / "run" / "timed.json"
         path.write_text(json.dumps(dict(probed, cluster=workers.cluster["cluster"])))
-        # a short step gets more repeats: at least --min-seconds of timed steps
-        repeats = max(args.repeats, min(200, int(args.min_seconds / predicted)))
-        text = tfpart_json("run", out, "--cluster", path, "--repeats", repeats,
-                           "--warmup", args.warmup, "--json", timeout=args.run_timeout)
-    return json.loads(text.strip().splitlines()[-1])["times_s"]
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.run_compiled",
+             *(str(plans[s][0]) for s in order), "--cluster", str(path), "--rounds",
+             str(args.interleave), "--repeats", str(repeats), "--warmup", str(args.warmup)],
+            capture_output=True, text=True, timeout=args.run_timeout, check=False)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-300:])
+    times = json.loads(done.stdout.strip().splitlines()[-1])["times_s"]
+    return {strategy: times[str(out)] for strategy, (out, _) in plans.items()}
 
 
 def measure(name, probed, work, args, console):
     """One finished row of model ``name``."""
-    chosen, plans, refused, notes = compile_all(name, work, work / "probed.json", args,
-                                                console)
-    samples = {strategy: [] for strategy in plans}
-    for _ in range(args.rounds):  # rounds alternate over the plans: drift hits them alike
-        for strategy, (out, predicted) in plans.items():
-            if samples[strategy] is None:
-                continue
-            try:
-                samples[strategy] += time_on_fresh_workers(out, predicted, probed, work, args)
-            except Exception as error:  # noqa: BLE001
-                notes.append(f"{name}: {strategy} failed to run ({str(error)[-160:]})")
-                samples[strategy] = None
-    measured = {s: statistics.median(t) for s, t in samples.items() if t}
+    chosen, plans, twins, refused, notes = compile_all(name, work, work / "probed.json",
+                                                       args, console)
+    timed = {strategy: plans[strategy] for strategy in plans if twins[strategy] == strategy}
+    samples = {strategy: [] for strategy in timed}
+    for round_ in range(args.rounds):  # each on fresh workers, the order reversed by turns
+        try:
+            for strategy, times in time_in_turn(timed, probed, work, args,
+                                                reverse=round_ % 2).items():
+                samples[strategy] += times
+        except Exception as error:  # noqa: BLE001
+            notes.append(f"{name}: round {round_ + 1} failed to run ({str(error)[-160:]})")
+    # a plan the same as another's is that one's model: timed once, for both
+    measured = {s: statistics.median(samples[twins[s]]) for s in plans if samples[twins[s]]}
     return {"name": name, "chosen": chosen, "refused": refused, "notes": notes,
             "predicted": {s: p for s, (_, p) in plans.items()}, "measured": measured}
 
@@ -274,10 +292,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--rounds", type=int, default=1, help="fresh-worker runs per plan")
-    parser.add_argument("--repeats", type=int, default=10, help="steps timed per round")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="fresh workers and client per model, timing every plan")
+    parser.add_argument("--interleave", type=int, default=5,
+                        help="turns over the plans per round, each timing --repeats steps")
+    parser.add_argument("--repeats", type=int, default=10, help="steps timed per turn")
     parser.add_argument("--min-seconds", type=float, default=0.5,
-                        help="a plan predicted faster gets more repeats (at most 200)")
+                        help="short steps get more repeats: this long per plan and round "
+                             "(at most 40 a turn)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile-repeats", type=int, default=10)
     parser.add_argument("--probe-rounds", type=int, default=2)

@@ -2,12 +2,14 @@
 
     python -m benchmarks.run_compiled OUT --logical-cpus 3
     python -m benchmarks.run_compiled OUT --cluster cluster.json      # across its servers
+    python -m benchmarks.run_compiled OUT1 OUT2 --cluster cluster.json --rounds 5
     python -m benchmarks.run_compiled --measure-link --cluster cluster.json
     python -m benchmarks.run_compiled --measure-call
 
 Prints one JSON line: the median step time over ``--repeats`` calls after ``--warmup``
 (or, with ``--measure-link``, the fitted latency and bandwidth between the first two
-tasks). TensorFlow gets ``--intra``/``--inter`` threads, one each by default, so a
+tasks; with several models, each one's timed calls, ``--rounds`` rounds of
+``--repeats`` calls of every model in turn: :func:`tfpart.timing.time_models`). TensorFlow gets ``--intra``/``--inter`` threads, one each by default, so a
 device is one core running one op at a time, as the simulator assumes.
 """
 import argparse
@@ -31,7 +33,7 @@ def measure_link(tf, cluster, repeats):
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("model", nargs="?")
+    parser.add_argument("model", nargs="*")
     parser.add_argument("--logical-cpus", type=int, default=1)
     parser.add_argument("--cluster")
     parser.add_argument("--measure-link", action="store_true")
@@ -42,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--intra", type=int, default=1)
     parser.add_argument("--inter", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5, help="with several models")
     args = parser.parse_args(argv)
 
     from tfpart.core.cluster import load_cluster
@@ -65,6 +68,13 @@ def main(argv=None):
         print(json.dumps({"call_overhead_s": median_call(lambda: nothing().numpy(),
                                                          args.repeats, 5)}))
         return 0
+    if len(args.model) > 1:
+        from tfpart.timing import time_models
+
+        print(json.dumps({"times_s": time_models(args.model, load_cluster(args.cluster),
+                                                 rounds=args.rounds, repeats=args.repeats,
+                                                 warmup=args.warmup)}))
+        return 0
     if args.cluster:
         cluster = load_cluster(args.cluster)
         connect(cluster)
@@ -73,8 +83,8 @@ def main(argv=None):
             return 0
     else:
         ensure_local_cpus(args.logical_cpus)
-    plan = Plan.load(f"{args.model}/plan.json")
-    model = load(args.model)
+    plan = Plan.load(f"{args.model[0]}/plan.json")
+    model = load(args.model[0])
     fn = model.signatures[plan.context["signature"]]
     inputs = random_inputs(fn, args.batch_size or plan.context["batch_size"])
     median = median_call(lambda: [t.numpy() for t in tf.nest.flatten(fn(**inputs))],

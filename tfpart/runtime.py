@@ -224,6 +224,23 @@ class RunnableModel:
     device_map: dict
 
 
+def on_connected_cluster(compiled_dir, cluster):
+    """A compiled model of ``cluster``, to which this process is connected already (by
+    :func:`runnable` or :func:`tfpart.servers.connect`), as it is: connecting again
+    would reset TensorFlow's context and with it every model loaded so far."""
+    from rewriters.savedmodel_io import read_saved_model
+
+    compiled_dir = Path(compiled_dir)
+    plan_file = compiled_dir / "plan.json"
+    if not plan_file.is_file():
+        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
+    plan = Plan.load(plan_file)
+    _check_plan_devices(plan, cluster, plan_file)
+    devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
+    return RunnableModel(plan, read_saved_model(compiled_dir), compiled_dir,
+                         {d: d for d in devices})
+
+
 @contextmanager
 def runnable(compiled_dir, cluster=None, watch=False, op_libraries=()):
     """A compiled model made runnable here, for the length of the ``with`` block.
@@ -272,8 +289,7 @@ def runnable(compiled_dir, cluster=None, watch=False, op_libraries=()):
         _check_plan_devices(plan, cluster, plan_file)
         connect(cluster, watch=watch)
         with _naming_a_broken_checkpoint(compiled_dir):
-            yield RunnableModel(plan, read_saved_model(compiled_dir), compiled_dir,
-                                {d: d for d in devices})
+            yield on_connected_cluster(compiled_dir, cluster)
         return
     device_map = local_device_map(devices)
     host = plan.context.get("unread_variables", {}).get("device")

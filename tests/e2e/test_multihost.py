@@ -68,6 +68,21 @@ def test_pipelined_mlp_runs_across_two_servers(microbatches, exported, two_worke
     assert "/job:worker/replica:0/task:1" in done.stdout
 
 
+@pytest.mark.any_onednn  # about timing plans in turn, not kernels
+def test_plans_timed_in_turn_on_one_connection(exported, two_workers, tmp_path):
+    model = exported("mlp_module")
+    placed = compile_model(model, two_workers.path, tmp_path / "placed", batch_size=16)
+    piped = compile_model(model, two_workers.path, tmp_path / "piped", batch_size=16,
+                          microbatches=2)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.run_compiled", placed.out,
+                           piped.out, "--cluster", two_workers.path, "--rounds", "2",
+                           "--repeats", "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    times = json.loads(done.stdout.strip().splitlines()[-1])["times_s"]
+    assert sorted(times) == sorted([str(placed.out), str(piped.out)])
+    assert all(len(seconds) == 6 and min(seconds) > 0 for seconds in times.values())
+
+
 # Grappler's convolution fusions in both oneDNN modes (a transformer's pipeline is held
 # to the original on logical devices: tests/e2e/test_pipeline.py)
 @pytest.mark.parametrize("name", ["residual_cnn"])
