@@ -3,16 +3,17 @@
 For each model (MLP, residual CNN, transformer encoder, ResNet50) the script measures a
 per-op profile here (``tfpart profile``: one core, one op at a time), compiles the model
 for several placements with that profile, and compares the simulator's predicted step
-time with the compiled model's measured step time (median of repeated calls in a fresh
-process with one intra-op and one inter-op thread):
+time with the compiled model's measured step time (the median over ``--rounds`` fresh
+processes, the cases timed in turn, of each one's median of ``--repeats`` calls; one
+intra-op and one inter-op thread):
 
 * ``1 device``: the whole model on one CPU device;
 * ``3 logical CPUs``: greedy, and a contiguous three-way split, on three logical CPU
   devices of one process (they share its executor: ``core_group``);
 * ``2 workers``: greedy, and a two-way split, across two local ``tfpart worker``
-  processes pinned to separate cores (``taskset``), linked over loopback gRPC with the
-  latency and bandwidth measured at the start of the run (a ``cpu_copy`` link: the
-  workers' own cores copy the tensors).
+  processes pinned to separate cores (``taskset``), linked over loopback gRPC, the
+  link probed at the start of the run by ``tfpart cluster probe`` (latency, bandwidth
+  and each message's executor time at both ends, which the workers' own cores pay).
 
 Each cluster's ``step_overhead`` is measured at the start too: the cost of calling a
 trivial ``tf.function`` from Python (and, for the workers, of launching it remotely).
@@ -71,13 +72,17 @@ class AccuracyWorkers(LocalWorkers):
     def __init__(self, directory):
         super().__init__(2, directory, extra={"name": "2 local workers"})
 
-    def with_link(self, link, call_overhead):
-        data = dict(self.cluster, step_overhead=call_overhead + link["step_overhead_s"],
-                    links={"cross_host": {"bandwidth": link["bandwidth"],
-                                          "latency": link["latency_s"], "cpu_copy": True}})
-        path = self.path.with_name("workers_measured.json")
+    def probed(self, call_overhead, rounds=2):
+        """Their cluster file with links probed by ``tfpart cluster probe`` (latency,
+        bandwidth, the executor time per message) and a step's launch; its
+        ``step_overhead`` also holds ``call_overhead``, the local call of the step."""
+        path = self.path.with_name("workers_probed.json")
+        subprocess.run([tfpart_command(), "cluster", "probe", str(self.path), "-o", str(path),
+                        "--rounds", str(rounds)], check=True, capture_output=True)
+        data = json.loads(path.read_text())
+        data["step_overhead"] += call_overhead
         path.write_text(json.dumps(data))
-        return path
+        return path, data
 
 
 def logical_cluster(directory, n, call_overhead):
@@ -92,7 +97,10 @@ def logical_cluster(directory, n, call_overhead):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=15, help="steps timed per process")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="fresh processes per case, the cases in turn; the median of "
+                             "their medians")
     parser.add_argument("--markdown", action="store_true", help="also print Markdown")
     parser.add_argument("--gpu", action="store_true", help="the GPU section instead: "
                         "cross-validated on measured H100 kernels "
@@ -115,20 +123,21 @@ def main(argv=None):
     rows = []
     try:
         call = run_json(["--measure-call", "--repeats", "200"])["call_overhead_s"]
-        link = run_json(["--measure-link", "--cluster", str(workers.path)])
-        console.print(f"Loopback gRPC between workers: latency {link['latency_s'] * 1e6:.0f} µs, "
-                      f"bandwidth {link['bandwidth'] / 1e9:.2f} GB/s; launching a step on "
-                      f"the workers {link['step_overhead_s'] * 1e6:.0f} µs beyond a local call "
+        probed, data = workers.probed(call)
+        pair = data["links"]["pairs"][0]
+        console.print(f"Loopback gRPC between workers (tfpart cluster probe): latency "
+                      f"{pair['latency'] * 1e6:.0f} µs, bandwidth {pair['bandwidth'] / 1e9:.2f} "
+                      f"GB/s, {pair.get('message_cost', 0) * 1e6:.0f} µs of executor time a "
+                      f"message; launching a step on the workers "
+                      f"{(data['step_overhead'] - call) * 1e6:.0f} µs beyond a local call "
                       f"({call * 1e6:.0f} µs)")
         cases = [("1 device", logical_cluster(work, 1, call), "single", ["--logical-cpus", "1"]),
                  ("3 logical CPUs, greedy", logical_cluster(work, 3, call), "greedy",
                   ["--logical-cpus", "3"]),
                  ("3 logical CPUs, split", logical_cluster(work, 3, call), "topo_split",
                   ["--logical-cpus", "3"]),
-                 ("2 workers, greedy", workers.with_link(link, call), "greedy",
-                  ["--cluster", str(workers.path)]),
-                 ("2 workers, split", workers.with_link(link, call), "topo_split",
-                  ["--cluster", str(workers.path)])]
+                 ("2 workers, greedy", probed, "greedy", ["--cluster", str(workers.path)]),
+                 ("2 workers, split", probed, "topo_split", ["--cluster", str(workers.path)])]
         for name in args.models.split(","):
             exporter, batch = MODELS[name]
             model = exporter(work / name)
@@ -138,15 +147,21 @@ def main(argv=None):
                             "-o", str(profile_path)], check=True, capture_output=True)
             console.print(f"{name}: profiled in {time.perf_counter() - t0:.1f} s "
                           "(a fresh `tfpart profile` process)")
+            compiled = []
             for case, cluster, algorithm, run_args in cases:
                 out = work / f"{name}-{case.replace(' ', '_').replace(',', '')}"
                 result = compile_model(model, cluster, out, batch_size=batch,
                                        algorithm=algorithm, profiles=[profile_path], force=True)
-                measured = run_json([str(out), "--repeats", str(args.repeats), *run_args])
-                used = sum(1 for d in result.plan.predicted.devices.values()
-                           if d.busy_s > 0)
-                rows.append((name, batch, case, used, result.plan.step_time,
-                             measured["median_s"]))
+                compiled.append((case, out, run_args, result.plan))
+            medians = {case: [] for case, *_ in compiled}
+            for _ in range(args.rounds):  # the cases in turn: drift hits them alike
+                for case, out, run_args, _ in compiled:
+                    medians[case].append(run_json([str(out), "--repeats", str(args.repeats),
+                                                   *run_args])["median_s"])
+            for case, _, _, plan in compiled:
+                used = sum(1 for d in plan.predicted.devices.values() if d.busy_s > 0)
+                rows.append((name, batch, case, used, plan.step_time,
+                             statistics.median(medians[case])))
     finally:
         workers.stop()
         shutil.rmtree(work, ignore_errors=True)
