@@ -21,6 +21,16 @@ Examples
 (4, True, {})
 >>> analysis.once("answer", lambda: 42), analysis.once("answer", lambda: 0)
 (42, 42)
+
+Begun in the background (:meth:`Analysis.start`), an answer is waited for, and what
+its work raised is raised where it is asked for:
+
+>>> analysis.start("ratio", lambda: 1 / 0)
+>>> analysis.settle()
+>>> analysis.once("ratio", lambda: 0)
+Traceback (most recent call last):
+...
+ZeroDivisionError: division by zero
 """
 from __future__ import annotations
 
