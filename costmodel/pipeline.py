@@ -296,7 +296,7 @@ def pinned_ops(graph):
 
 
 def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule,
-               into=None, prefix="", reduced=None, replica=None, step=None):
+               into=None, prefix="", reduced=None, replica=None, step=None, pieces=None):
     """M copies of the per-micro-batch ops (variables and update ops shared), with a
     barrier for each ordering edge of the step's lowering (:mod:`costmodel.lowering`:
     consecutive tasks of a lane of the schedule's task table): the sinks of one task
@@ -306,10 +306,11 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
     with ``reduced`` too (the ops whose results the replicas all-reduce), the replica
     has its own variables and update ops, ``<prefix><op>``, and the caller connects
     the ``reduced`` ops to them. The copies are of ``replica`` (:func:`copy_attrs`),
-    whose tasks ``step`` lowers (by default, a lowering of this pipeline alone)."""
+    whose tasks ``step`` lowers (by default, a lowering of this pipeline alone);
+    ``pieces``: :func:`_pieces` of ``graph``, if the caller has them."""
     shared = shared_ops(graph)
     own = reduced is not None
-    piece, sinks, sources = _pieces(graph, stage_of, shared)
+    piece, sinks, sources = pieces or _pieces(graph, stage_of, shared)
     if step is None:
         step = lower(_stage_devices(piece, stage_of, device_of), set(sources), microbatches,
                      schedule)
@@ -327,7 +328,7 @@ def _replicate(graph, cluster_names, device_of, stage_of, microbatches, schedule
         replicated.add_op(name(op, 0), **copy_attrs(
             attrs, op, replica, colocation=f"{prefix}{attrs['colocation']}") if own else attrs)
         placement[name(op, 0)] = device_of[op]
-    for m in range(len(step.lanes[replica or 0])):
+    for m in range(microbatches):
         for op, attrs in graph.ops.items():
             if op not in shared:
                 replicated.add_op(name(op, m), **copy_attrs(attrs, op, replica, m))
@@ -582,7 +583,8 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
     """
     into = None
     gradients = reduced_tensors(graph) if all_reduce else None
-    piece, _, sources = _pieces(graph, stage_of, shared_ops(graph))
+    pieces = _pieces(graph, stage_of, shared_ops(graph))  # scaling keeps them
+    piece, _, sources = pieces
     devices = [_stage_devices(piece, stage_of, device_of) for device_of in device_maps]
     step = lower(devices[0], set(sources), microbatches, schedule, len(fractions),
                  devices=devices)
@@ -592,7 +594,7 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
             if device_of[op] != device_maps[0][op]:  # a colocation group of its own
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
-                          schedule, into, f"rep{r}/", gradients, r, step)
+                          schedule, into, f"rep{r}/", gradients, r, step, pieces)
 
     def copies(r, op):
         return [f"rep{r}/mb{m}/{op}" for m in range(len(step.lanes[r]))]

@@ -293,7 +293,7 @@ def _last_event(end, transfers):
 FINISHED, READY, WAKE = 0, 1, 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # a compile's batch-mixing probe runs meanwhile
 def _simulate_events(device_of, priority, tie, compute, executor_of, accelerator,
                      dispatch_time, succ_ptr, succ_op, succ_edge, edge_bytes,
                      edge_control, comm_row, comm, latency, inverse_bandwidth, cpu_copy,

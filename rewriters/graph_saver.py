@@ -54,14 +54,14 @@ def add_graph_saver(meta_graph, prefix):
     checkpoint holds anything but variables or the handles cannot be matched."""
     from tensorflow.core.protobuf import saver_pb2
 
-    handles = _variable_handles(meta_graph, prefix)
+    object_graph = _object_graph_bytes(prefix)  # read once: the handles and the saver's
+    handles = _variable_handles(meta_graph, object_graph)
     if handles is None or any(node.name.startswith(f"{SCOPE}/")
                               for node in meta_graph.graph_def.node):
         return False
     keys = sorted(handles)
     dtypes = [handles[key][1] for key in keys]
-    nodes = _saver_nodes(keys, [handles[key][0] for key in keys], dtypes,
-                         _object_graph_bytes(prefix))
+    nodes = _saver_nodes(keys, [handles[key][0] for key in keys], dtypes, object_graph)
     meta_graph.graph_def.node.extend(nodes)
     _add_op_defs(meta_graph)
     meta_graph.saver_def.CopyFrom(saver_pb2.SaverDef(
@@ -134,16 +134,17 @@ def holds_only_variables(prefix):
         for node in checkpointed.nodes)
 
 
-def _variable_handles(meta_graph, prefix):
+def _variable_handles(meta_graph, object_graph):
     """Checkpoint key -> (name of the variable's handle op in the graph, dtype enum),
-    or None if the checkpoint holds a value that is not a variable's, a variable's
+    of the checkpoint whose serialized object graph is ``object_graph``; or None if
+    the checkpoint holds a value that is not a variable's, a variable's
     handle is not found where :func:`_handle_names` says (of its dtype and shape), or
     another handle op could have taken a name the save would give a variable."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     objects = meta_graph.object_graph_def.nodes
     checkpointed = trackable_object_graph_pb2.TrackableObjectGraph()
-    checkpointed.ParseFromString(_object_graph_bytes(prefix))
+    checkpointed.ParseFromString(object_graph)
     if len(checkpointed.nodes) > len(objects):  # the save appends captured constants
         return None
     ops = {node.name: node for node in meta_graph.graph_def.node if node.op == "VarHandleOp"}

@@ -21,6 +21,16 @@ Examples
 (4, True, {})
 >>> analysis.once("answer", lambda: 42), analysis.once("answer", lambda: 0)
 (42, 42)
+
+Begun in the background (:meth:`Analysis.start`), an answer is waited for, and what
+its work raised is raised where it is asked for:
+
+>>> analysis.start("ratio", lambda: 1 / 0)
+>>> analysis.settle()
+>>> analysis.once("ratio", lambda: 0)
+Traceback (most recent call last):
+...
+ZeroDivisionError: division by zero
 """
 from __future__ import annotations
 
@@ -90,16 +100,63 @@ class Analysis:
 
     def once(self, name, work):
         """``work()`` the first time ``name`` is asked for by this compile, its answer
-        after."""
+        after (that of :meth:`start`'s thread, once it is done, if one works it out)."""
         if name not in self.answers:
             self.answers[name] = work()
-        return self.answers[name]
+        answer = self.answers[name]
+        return answer.result() if isinstance(answer, _Background) else answer
+
+    def start(self, name, work):
+        """Begin ``work()`` for ``name`` in a thread of its own, so that what this
+        process does meanwhile overlaps it (TensorFlow's kernels, for one, let go of
+        Python's lock); :meth:`once` of ``name`` waits for it, raising what it raised."""
+        if name not in self.answers:
+            self.answers[name] = _Background(work)
+
+    def settle(self):
+        """Wait for every thread :meth:`start` began (what they raised is kept for
+        :meth:`once`): nothing of this compile runs behind the caller's back after."""
+        for answer in self.answers.values():
+            if isinstance(answer, _Background):
+                answer.done()
 
     def with_tables_cut(self, graph, info, row_shards):
         """The same analysis of the model with its tables cut (``graph`` and ``info``
         read from the cut graph, :func:`rewriters.reader.read_with_row_shards`;
         ``row_shards`` the rows of each shard); what :meth:`once` found is kept."""
         return dataclasses.replace(self, graph=graph, info=info, row_shards=row_shards)
+
+
+class _Background:
+    """``work()`` run in a daemon thread (one an interrupted compile does not wait for);
+    :meth:`result` waits for its answer and raises what it raised.
+
+    >>> _Background(lambda: 6 * 7).result()
+    42
+    """
+
+    def __init__(self, work):
+        import threading
+
+        self._answer, self._error = None, None
+
+        def run():
+            try:
+                self._answer = work()
+            except BaseException as exc:  # noqa: B036 -- handed to whoever waits
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="tfpart-analysis", daemon=True)
+        self._thread.start()
+
+    def done(self):
+        self._thread.join()
+
+    def result(self):
+        self.done()
+        if self._error is not None:
+            raise self._error
+        return self._answer
 
 
 def analyse(model_dir, cluster, request, *, batch_size=None, signature=None, profiles=(),

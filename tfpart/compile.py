@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from tfpart import table_cuts
 from tfpart.analysis import (MEMORY_HEADROOM, analyse, load_profiles, planning_cluster,
                              refused_strategies, unread_variables)
 from tfpart.core.cluster import Cluster, load_cluster
+from tfpart.core.collector import long_lived_frozen
 from tfpart.core.errors import ModelError, PlacementError, VerificationError
 from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_MICROBATCHES, check_microbatches,
                                 check_planned_devices, largest_microbatches)
@@ -120,13 +122,24 @@ def _samples_mixed_by(analysis, microbatches):
     for, else the pipeline keeps whole batches."""
     if microbatches == 1:
         return []
-    mixing = analysis.once("samples mixed", lambda: _mixing_ops(analysis))
+    mixing = analysis.once(MIXING, lambda: _mixing_ops(analysis))
     if mixing and microbatches is not None:
         raise ModelError(analysis.model_dir, f"op {mixing[0][0]} mixes the samples of a "
                          f"batch ({mixing[0][1]}), so {microbatches} micro-batches would "
                          "change the outputs; use --microbatches 1 (stages without "
                          "micro-batches)")
     return mixing
+
+
+MIXING = "samples mixed"  # the name of the batch-mixing answer in Analysis.once
+
+
+def _start_mixing_probe(analysis, request, names):
+    """Begin the batch-mixing probe (:func:`_samples_mixed_by`) in the background if a
+    strategy of ``names`` will ask for it: it runs the model in TensorFlow, which lets
+    go of Python's lock, while the strategies before it plan (the greedy first)."""
+    if request.microbatches != 1 and any(get_algorithm(name).stages for name in names):
+        analysis.start(MIXING, lambda: _mixing_ops(analysis))
 
 
 def _mixing_ops(analysis):
@@ -251,14 +264,14 @@ def plan_model(model, cluster, *, batch_size=None, signature=None, algorithm=Non
     >>> result.strategy, result.step_time == result.plan.step_time
     ('greedy', True)
     """
-    with saved_model_folder(model) as model_dir:
+    with saved_model_folder(model) as model_dir, long_lived_frozen() as freeze:
         planned = _plan_saved_model(model_dir, _cluster_of(cluster), batch_size=batch_size,
                                     signature=signature, algorithm=algorithm,
                                     options=options, profiles=profiles, progress=progress,
                                     pipeline=pipeline, microbatches=microbatches,
                                     schedule=schedule, tf32=tf32, strategy=strategy,
                                     whole_tables=whole_tables, op_libraries=op_libraries,
-                                    inputs=inputs)
+                                    inputs=inputs, freeze=freeze)
         _forget_temporary_folder(planned.plan, model)
     return planned
 
@@ -279,16 +292,19 @@ def _cluster_of(cluster):
 def _plan_saved_model(model_dir, cluster, *, batch_size=None, signature=None,
                       algorithm=None, options=None, profiles=(), progress=None,
                       pipeline=False, microbatches=None, schedule=None, tf32=None,
-                      strategy=None, whole_tables=False, op_libraries=(), inputs=None):
+                      strategy=None, whole_tables=False, op_libraries=(), inputs=None,
+                      freeze=lambda: None):
     """:func:`plan_model` of the SavedModel folder ``model_dir`` for ``cluster`` (a
     :class:`~tfpart.core.cluster.Cluster`): analyse once, plan each strategy from the
     analysis, retry as the plans ask (:func:`_plan_each_within_headroom`,
-    :func:`_retry_with_tables_cut`), keep the fastest."""
+    :func:`_retry_with_tables_cut`), keep the fastest. ``freeze`` is called once the
+    analysis is made (:func:`tfpart.core.collector.long_lived_frozen`)."""
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     check_planned_devices(cluster)
     analysis = analyse(model_dir, cluster, request, batch_size=batch_size,
                        signature=signature, profiles=profiles, tf32=tf32,
                        op_libraries=op_libraries, inputs=inputs, progress=progress)
+    freeze()  # the model read and analysed lives to the end of the compile
     timings = analysis.timings
     t0 = time.perf_counter()
     if request.compares or get_algorithm(request.algorithms[0]).stages:
@@ -301,7 +317,13 @@ def _plan_saved_model(model_dir, cluster, *, batch_size=None, signature=None,
     planner = _Planner(request, progress or (lambda name: None), " (the first run compiles "
                        "tfpart's numba kernels, once: about 25 s)" if kernels_to_compile()
                        else "")
-    chosen = _plan_each_within_headroom(planner, analysis, names, refused)
+    if request.compares:
+        _start_mixing_probe(analysis, request, names)
+    try:
+        chosen = _plan_each_within_headroom(planner, analysis, names, refused)
+    finally:  # an interrupted compile leaves the probe's daemon thread behind
+        if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            analysis.settle()
     if not analysis.row_shards and not whole_tables:
         chosen = _retry_with_tables_cut(planner, chosen, names)
     if not chosen.tried:
@@ -572,7 +594,7 @@ def compile_model(model, cluster, out, *, batch_size=None, signature=None,
     """
     request = _request(strategy, algorithm, pipeline, microbatches, schedule, options)
     cluster = _cluster_of(cluster)
-    with saved_model_folder(model) as model_dir:
+    with saved_model_folder(model) as model_dir, long_lived_frozen() as freeze:
         check_inputs_outside(out, [model_dir, *([cluster.source] if cluster.source else []),
                                    *(profiles or ()), *([inputs] if inputs else [])])
         # twice the model: the rewriters' working copy and the output
@@ -588,6 +610,7 @@ def compile_model(model, cluster, out, *, batch_size=None, signature=None,
                                  tf32=tf32, strategy=request, whole_tables=whole_tables,
                                  op_libraries=op_libraries, inputs=inputs)
             _forget_temporary_folder(planned.plan, model)
+            freeze()  # the plan, its cost model and the model read: kept to the end
             result = _compile_into(staging, model_dir, cluster, out, planned,
                                    profiles=profiles, force=force, progress=progress,
                                    verify=verify, inputs=inputs)
