@@ -9,8 +9,9 @@
 Prints one JSON line: the median step time over ``--repeats`` calls after ``--warmup``
 (or, with ``--measure-link``, the fitted latency and bandwidth between the first two
 tasks; with several models, each one's timed calls, ``--rounds`` rounds of
-``--repeats`` calls of every model in turn: :func:`tfpart.timing.time_models`). TensorFlow gets ``--intra``/``--inter`` threads, one each by default, so a
-device is one core running one op at a time, as the simulator assumes.
+``--repeats`` calls of every model in turn: :func:`tfpart.timing.time_models`).
+TensorFlow gets ``--intra``/``--inter`` threads, one each by default, so a device is
+one core running one op at a time, as the simulator assumes.
 """
 import argparse
 import json

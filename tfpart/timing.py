@@ -8,7 +8,8 @@ import numpy as np
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import model_errors
 from tfpart.core.phases import timed_calls
-from tfpart.runtime import SessionSignature, compiled_inputs, load, runnable
+from tfpart.runtime import (SessionSignature, compiled_inputs, load, on_connected_cluster,
+                            runnable)
 from tfpart.servers import cluster_errors
 
 
@@ -63,8 +64,6 @@ def time_models(compiled_dirs, cluster, *, rounds=5, repeats=10, warmup=3, seed=
     dict
         Each folder of ``compiled_dirs`` (as given) -> the seconds of its timed calls.
     """
-    from tfpart.runtime import on_connected_cluster
-
     with runnable(compiled_dirs[0], cluster) as first, cluster_errors(cluster):
         steps = {}
         for directory in compiled_dirs:
