@@ -20,6 +20,7 @@ from tfpart.analysis import (MEMORY_HEADROOM, analyse, load_profiles, planning_c
 from tfpart.core.cluster import Cluster, load_cluster
 from tfpart.core.collector import long_lived_frozen
 from tfpart.core.errors import ModelError, PlacementError, VerificationError
+from tfpart.core.forked import ChildLost, fork_can_pay, start_forked
 from tfpart.core.limits import (MAX_COMPILED_OPS, MAX_MICROBATCHES, check_microbatches,
                                 check_planned_devices, largest_microbatches)
 from tfpart.core.output_folders import check_free_space, check_inputs_outside, folder_bytes, \
@@ -317,8 +318,6 @@ def _plan_saved_model(model_dir, cluster, *, batch_size=None, signature=None,
     planner = _Planner(request, progress or (lambda name: None), " (the first run compiles "
                        "tfpart's numba kernels, once: about 25 s)" if kernels_to_compile()
                        else "")
-    if request.compares:
-        _start_mixing_probe(analysis, request, names)
     try:
         chosen = _plan_each_within_headroom(planner, analysis, names, refused)
     finally:  # an interrupted compile leaves the probe's daemon thread behind
@@ -391,7 +390,10 @@ def _plan_each_within_headroom(planner, analysis, names, known):
 
 def _plan_each(planner, analysis, names, known, unread, headroom):
     """Every strategy of ``names`` planned from ``analysis`` for the cluster with
-    ``headroom`` of each device's memory kept free: an :class:`_Attempt`."""
+    ``headroom`` of each device's memory kept free: an :class:`_Attempt`. tfpart's own
+    placements (strategies that make no stages, so never run the model) plan in a forked
+    process while this one plans the rest (:func:`_forked_names`); the outcomes are
+    those of planning each in turn, in the order of ``names``."""
     cluster, unread_on = planning_cluster(analysis.cluster, unread, headroom)
     with timed(analysis.timings, "cost"):
         cost = CostModel(analysis.graph, cluster, measured=analysis.measured,
@@ -400,18 +402,67 @@ def _plan_each(planner, analysis, names, known, unread, headroom):
         check_kernels(cost)
     except PlacementError as exc:
         raise PlacementError(cluster.source, exc.problem) from None
-    tried, failures = {}, dict(known)
+    analysis.settle()  # no thread of this process runs TensorFlow while it forks
+    beside = _forked_names(names)
+    child = None
+    if beside:
+        planner.step(f"partitioning {len(cost.graph)} ops into "
+                     f"{', '.join(get_algorithm(name).making for name in beside)}"
+                     f" (in a second process){planner.first_run}")
+        child = start_forked(lambda: {name: _planned(name, planner.request, cost, analysis)
+                                      for name in beside})
+    try:
+        if planner.request.compares:
+            _start_mixing_probe(analysis, planner.request, names)
+        outcomes = {}
+        for name in names:
+            if name not in beside:
+                planner.step(f"partitioning {len(cost.graph)} ops into "
+                             f"{get_algorithm(name).making}{planner.first_run}")
+                outcomes[name] = _planned(name, planner.request, cost, analysis)
+        if child is not None:
+            outcomes.update(_forked_outcomes(child, beside, planner.request, cost, analysis))
+    except BaseException:
+        if child is not None:
+            child.cancel()
+        raise
+    tried = {name: outcomes[name] for name in names if not isinstance(outcomes[name],
+                                                                       Exception)}
+    failures = dict(known)
     for name in names:
-        chosen = get_algorithm(name)
-        planner.step(f"partitioning {len(cost.graph)} ops into {chosen.making}"
-                     f"{planner.first_run}")
-        try:
-            table_cuts.check_combines(chosen, analysis.row_shards, analysis.info,
-                                      analysis.model_dir)
-            tried[name] = _partition(chosen, planner.request, cost, analysis)
-        except (PlacementError, ModelError) as exc:
-            failures[name] = type(exc)(exc.path or cluster.source, exc.problem)
+        if isinstance(outcomes[name], Exception):
+            failures[name] = type(outcomes[name])(outcomes[name].path or cluster.source,
+                                                  outcomes[name].problem)
     return _Attempt(analysis, cost, unread, unread_on, headroom, tried, failures)
+
+
+def _forked_names(names):
+    """The strategies of ``names`` planned in a forked process (:mod:`tfpart.core.forked`):
+    tfpart's own that make no stages (they never run TensorFlow, which a forked process
+    must not), when others are left for this process and forking can pay."""
+    own = [name for name in names if not get_algorithm(name).stages
+           and get_algorithm(name).partition.__module__.startswith("partitioner.")]
+    return own if own and len(own) < len(names) and fork_can_pay() else []
+
+
+def _planned(name, request, cost, analysis):
+    """Strategy ``name``'s ``(plan, ops that mix samples)`` (:func:`_partition`), or the
+    PlacementError or ModelError it raised."""
+    chosen = get_algorithm(name)
+    try:
+        table_cuts.check_combines(chosen, analysis.row_shards, analysis.info,
+                                  analysis.model_dir)
+        return _partition(chosen, request, cost, analysis)
+    except (PlacementError, ModelError) as exc:
+        return exc
+
+
+def _forked_outcomes(child, names, request, cost, analysis):
+    """The forked process's outcomes of ``names``; planned here if it died."""
+    try:
+        return child.result()
+    except ChildLost:
+        return {name: _planned(name, request, cost, analysis) for name in names}
 
 
 def _retry_with_tables_cut(planner, whole, names):

@@ -9,6 +9,9 @@ Examples
 >>> err = ClusterError("cluster.json", "devices[1].memory: must be positive")
 >>> str(err)
 'cluster.json: devices[1].memory: must be positive'
+>>> import pickle
+>>> pickle.loads(pickle.dumps(err)).problem
+'devices[1].memory: must be positive'
 """
 import re
 from contextlib import contextmanager
@@ -21,6 +24,9 @@ class TfpartError(Exception):
         self.path = str(path) if path else ""
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
+
+    def __reduce__(self):  # pickled by its fields (a forked planner sends it back)
+        return type(self), (self.path, self.problem)
 
 
 class ModelError(TfpartError):
