@@ -224,18 +224,25 @@ class RunnableModel:
     device_map: dict
 
 
-def on_connected_cluster(compiled_dir, cluster):
+def _compiled_plan(compiled_dir):
+    """The plan of the compiled model in ``compiled_dir`` and its file."""
+    plan_file = Path(compiled_dir) / "plan.json"
+    if not plan_file.is_file():
+        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
+    return Plan.load(plan_file), plan_file
+
+
+def on_connected_cluster(compiled_dir, cluster, plan=None):
     """A compiled model of ``cluster``, to which this process is connected already (by
     :func:`runnable` or :func:`tfpart.servers.connect`), as it is: connecting again
-    would reset TensorFlow's context and with it every model loaded so far."""
+    would reset TensorFlow's context and with it every model loaded so far. ``plan``:
+    its plan, read and held to ``cluster`` already (else read and checked here)."""
     from rewriters.savedmodel_io import read_saved_model
 
     compiled_dir = Path(compiled_dir)
-    plan_file = compiled_dir / "plan.json"
-    if not plan_file.is_file():
-        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
-    plan = Plan.load(plan_file)
-    _check_plan_devices(plan, cluster, plan_file)
+    if plan is None:
+        plan, plan_file = _compiled_plan(compiled_dir)
+        _check_plan_devices(plan, cluster, plan_file)
     devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
     return RunnableModel(plan, read_saved_model(compiled_dir), compiled_dir,
                          {d: d for d in devices})
@@ -278,10 +285,7 @@ def runnable(compiled_dir, cluster=None, watch=False, op_libraries=()):
     from tfpart.op_libraries import load_op_libraries
 
     compiled_dir = Path(compiled_dir)
-    plan_file = compiled_dir / "plan.json"
-    if not plan_file.is_file():
-        raise ModelError(compiled_dir, "not a tfpart output (plan.json is missing)")
-    plan = Plan.load(plan_file)
+    plan, plan_file = _compiled_plan(compiled_dir)
     load_op_libraries(plan.op_libraries, plan_file)
     load_op_libraries(op_libraries)
     devices = plan.context.get("devices") or sorted(set(plan.assignment.values()))
@@ -289,7 +293,7 @@ def runnable(compiled_dir, cluster=None, watch=False, op_libraries=()):
         _check_plan_devices(plan, cluster, plan_file)
         connect(cluster, watch=watch)
         with _naming_a_broken_checkpoint(compiled_dir):
-            yield on_connected_cluster(compiled_dir, cluster)
+            yield on_connected_cluster(compiled_dir, cluster, plan)
         return
     device_map = local_device_map(devices)
     host = plan.context.get("unread_variables", {}).get("device")
