@@ -49,8 +49,12 @@ def fork_can_pay():
 def start_forked(work):
     """``work()`` begun in a forked child: a :class:`Forked` whose :meth:`~Forked.result`
     gives its answer."""
+    import warnings
+
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of any fork beside threads:
+        warnings.simplefilter("ignore", DeprecationWarning)  # the child runs none of theirs
+        pid = os.fork()
     if pid == 0:  # the child: answer, or the exception raised, then leave at once
         os.close(read_end)
         code = 0
