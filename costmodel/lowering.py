@@ -81,6 +81,19 @@ class Lowering:
         """Replica ``replica``'s tasks (every task without replicas), in order."""
         return [task for task in self.tasks if task.replica in (replica, None)]
 
+    def copies(self, replica):
+        """The micro-batch numbers of replica ``replica``'s copies of an op, as the
+        execution graph stamps them: ``[None]`` where it runs its rows at once.
+
+        >>> lower({0: "a"}, {(0, "forward")}, 2, replicas=2).copies(1)
+        [0, 1]
+        >>> lower({0: "a"}, {(0, "forward")}, None, replicas=2).copies(1)
+        [None]
+        """
+        if any(task.microbatch is None for task in self.tasks if task.replica == replica):
+            return [None]
+        return list(range(len(self.lanes[replica])))
+
     def waits_for(self):
         """Each task that waits for another on its lane -> that task."""
         return {later: earlier for earlier, later in self.ordering}

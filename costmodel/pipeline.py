@@ -33,6 +33,7 @@ instead of 2 × 4.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -528,33 +529,68 @@ def replicas_graph(graph, fractions, replica_devices, home, pinned):
     2000000000.0
     """
     shared = shared_ops(graph)
+    step = replicas_step(replica_devices)
+    copies = replica_copies(step)
     replicated, placement = OpGraph(), {}
     for op in [op for op in graph.ops if op in shared]:  # graph order: sets vary by process
         replicated.add_op(op, **graph.ops[op])
         placement[op] = home
-    for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
-        scaled = scaled_graph(graph, fraction)
+    for task in step.tasks:
+        r, device = task.replica, task.device
+        scaled = scaled_graph(graph, fractions[r])
+        name = {op: op if op in shared else copies(r, op)[0] for op in graph.ops}
         for op, attrs in scaled.ops.items():
             if op in shared:
                 continue
             own = op not in pinned  # its colocation group is this replica's alone
-            replicated.add_op(f"rep{r}/{op}", **copy_attrs(
-                attrs, op, r, colocation=f"rep{r}/{attrs['colocation']}" if own
+            replicated.add_op(name[op], **copy_attrs(
+                attrs, op, r, colocation=copies(r, attrs["colocation"])[0] if own
                 else attrs["colocation"]))
-            placement[f"rep{r}/{op}"] = home if not own else \
+            placement[name[op]] = home if not own else \
                 device[op] if isinstance(device, dict) else device
         for src, dst, edge in scaled.edges():
             if src in shared and dst in shared:
                 if r == 0:
                     replicated.add_edge(src, dst, **edge)
                 continue
-            replicated.add_edge(src if src in shared else f"rep{r}/{src}",
-                                dst if dst in shared else f"rep{r}/{dst}", **edge)
-    accumulate_for_update(replicated, placement, graph,
-                          lambda op: [f"rep{r}/{op}" for r in range(len(fractions))],
-                          lambda op: placement[f"rep0/{op}"])
-    feed_and_merge(replicated, placement, graph, fractions, lambda r, op: [f"rep{r}/{op}"])
+            replicated.add_edge(name[src], name[dst], **edge)
+    accumulate_for_update(replicated, placement, graph, functools.partial(copies, None),
+                          lambda op: placement[copies(0, op)[0]])
+    feed_and_merge(replicated, placement, graph, fractions, copies)
     return replicated, placement
+
+
+def replicas_step(replica_devices):
+    """The lowering (:func:`costmodel.lowering.lower`) of data-parallel replicas that
+    run their shares at once: one task each, replica ``r``'s on ``replica_devices[r]``
+    (a device index, or op -> device index for a replica placed across devices).
+
+    >>> [(task.replica, task.microbatch, task.device) for task in replicas_step([2, 0]).tasks]
+    [(0, None, 2), (1, None, 0)]
+    """
+    return lower({0: replica_devices[0]}, {(0, "forward")}, None, replicas=len(replica_devices),
+                 devices=[{0: device} for device in replica_devices])
+
+
+def replica_copies(step):
+    """``copies(r, op)``: the names of replica ``r``'s copies of op ``op`` in ``step``
+    (a :class:`~costmodel.lowering.Lowering` with replicas), ``rep<r>/mb<m>/<op>`` per
+    micro-batch or ``rep<r>/<op>`` where the replica runs its rows at once; ``r`` None:
+    every replica's, in order.
+
+    >>> copies = replica_copies(lower({0: 0}, {(0, "forward")}, 2, replicas=2))
+    >>> copies(1, "y"), copies(None, "y")
+    (['rep1/mb0/y', 'rep1/mb1/y'], ['rep0/mb0/y', 'rep0/mb1/y', 'rep1/mb0/y', 'rep1/mb1/y'])
+    >>> replica_copies(replicas_step([0, 1]))(1, "y")
+    ['rep1/y']
+    """
+    prefixes = [[f"rep{r}/" if m is None else f"rep{r}/mb{m}/" for m in step.copies(r)]
+                for r in range(len(step.lanes))]
+    every = [prefix for replica in prefixes for prefix in replica]
+
+    def copies(r, op):
+        return [prefix + op for prefix in (every if r is None else prefixes[r])]
+    return copies
 
 
 def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_of,
@@ -595,16 +631,13 @@ def pipeline_replicas_graph(graph, cluster_names, fractions, device_maps, stage_
                 attrs["colocation"] = f"rep{r}/{attrs['colocation']}"
         into = _replicate(scaled, cluster_names, device_of, stage_of, microbatches,
                           schedule, into, f"rep{r}/", gradients, r, step, pieces)
-
-    def copies(r, op):
-        return [f"rep{r}/mb{m}/{op}" for m in range(len(step.lanes[r]))]
+    copies = replica_copies(step)
     if all_reduce:
         add_all_reduces(*into, graph, gradients, len(fractions), copies,
                         lambda r, src: device_maps[r][src])
     else:
-        accumulate_for_update(*into, graph, lambda op: [
-            copy for r in range(len(fractions)) for copy in copies(r, op)],
-            device_maps[0].get)
+        accumulate_for_update(*into, graph, functools.partial(copies, None),
+                              device_maps[0].get)
     feed_and_merge(*into, graph, fractions, copies)
     return into
 
@@ -685,18 +718,22 @@ def all_reduce_replicas_graph(graph, fractions, replica_devices, pinned):
     replicated, placement = OpGraph(), {}
     count = len(fractions)
     gradients = reduced_tensors(graph, pinned) if count > 1 else {}
-    for r, (fraction, device) in enumerate(zip(fractions, replica_devices)):
-        scaled = scaled_graph(graph, fraction)
+    step = replicas_step(replica_devices)
+    copies = replica_copies(step)
+    for task in step.tasks:
+        r = task.replica
+        scaled = scaled_graph(graph, fractions[r])
+        name = {op: copies(r, op)[0] for op in graph.ops}
         for op, attrs in scaled.ops.items():
-            replicated.add_op(f"rep{r}/{op}", **copy_attrs(
-                attrs, op, r, colocation=f"rep{r}/{attrs['colocation']}"))
-            placement[f"rep{r}/{op}"] = replica_devices[0] if op in tables else device
+            replicated.add_op(name[op], **copy_attrs(
+                attrs, op, r, colocation=copies(r, attrs["colocation"])[0]))
+            placement[name[op]] = replica_devices[0] if op in tables else task.device
         for src, dst, edge in scaled.edges():
             if not (src in gradients and dst in shared):
-                replicated.add_edge(f"rep{r}/{src}", f"rep{r}/{dst}", **edge)
-    add_all_reduces(replicated, placement, graph, gradients, count,
-                    lambda r, src: [f"rep{r}/{src}"], lambda r, src: replica_devices[r])
-    feed_and_merge(replicated, placement, graph, fractions, lambda r, op: [f"rep{r}/{op}"])
+                replicated.add_edge(name[src], name[dst], **edge)
+    add_all_reduces(replicated, placement, graph, gradients, count, copies,
+                    lambda r, src: replica_devices[r])
+    feed_and_merge(replicated, placement, graph, fractions, copies)
     return replicated, placement
 
 

@@ -205,16 +205,16 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
     # saved with the model: loading it makes and fills each table on its device
     module.tfpart_resources = [captured[name] for name in sorted(captured)]
     device_of = {}
-    if all_reduces(plan.replicas):
-        device_of.update(_add_replica_copies(module, plan,
-                                             variable_values(model_dir, proto, flat)))
-    copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
 
     def bind(graph):
+        copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
         return [state_input_map(graph, captured, copy) for copy in copies]
 
-    pipeline = _PipelineBody(flat, plan, regions, pieces, bind,
-                             getattr(module, "collective_tokens", None), outputs)
+    pipeline = _PipelineBody(flat, plan, regions, pieces, bind, None, outputs)
+    if all_reduces(plan.replicas):  # each replica of the lowering its own variables
+        device_of.update(_add_replica_copies(module, plan, pipeline.lowering,
+                                             variable_values(model_dir, proto, flat)))
+        pipeline.tokens = module.collective_tokens
     module.tfpart_pipelined = tf.function(pipeline, input_signature=specs, autograph=False)
     for name in kept["endpoints"]:
         setattr(module, name, getattr(original, name))
@@ -272,9 +272,10 @@ def _with_row_shards(variables, row_shards):
     return remaining
 
 
-def _add_replica_copies(module, plan, values):
+def _add_replica_copies(module, plan, lowering, values):
     """Give ``module`` a copy of every variable (``values``, by op name) for each
-    replica but the first (``module.replica_variables``), on the replica's device (for
+    replica of ``lowering`` (the step's) but the first
+    (``module.replica_variables``), on the replica's device (for
     replicas of a pipeline: on its device standing for the variable's), and a
     collective-ordering token per device of a replica (``module.collective_tokens``,
     by device); return their devices by saved name."""
@@ -283,7 +284,7 @@ def _add_replica_copies(module, plan, values):
     stand_ins = device_stand_ins(replicas, plan.assignment)
     device_of = {}
     module.replica_variables = []
-    for r in range(1, len(replicas.devices)):
+    for r in range(1, len(lowering.lanes)):
         copies = {}
         for name in sorted(values):
             saved = f"{name.replace('/', '_')}_replica{r}"
@@ -335,8 +336,9 @@ class _PipelineBody:
         """``bind(graph)``: per copy of the variables (one, or one per replica of an
         all-reducing plan), the tensors, by name, that stand in the traced graph for the
         flat graph's variables and tables; ``tokens``: per device of a replica, a
-        resource on it that orders its collectives (None without); ``outputs``: the
-        signature's output tensors of the flat graph, by key."""
+        resource on it that orders its collectives (None without; set once the
+        replicas' variables are made); ``outputs``: the signature's output tensors of
+        the flat graph, by key."""
         self.flat, self.plan, self.regions = flat, plan, regions
         self.bind, self.pieces, self.outputs, self.tokens = bind, pieces, outputs, tokens
         self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
@@ -350,12 +352,13 @@ class _PipelineBody:
         # bounds or gates on one device for the others (each a message between tasks
         # the plan does not price).
         self.whole_batch = plan.microbatches == 1 and not plan.replicas
+        self.lowering = _lowering(plan, self.device, pieces, self.stand_ins)
 
     def __call__(self, *args):
         tf = tensorflow()
         keys = sorted(self.flat.inputs)
         handles = self.bind(tf.compat.v1.get_default_graph())
-        lowering = _lowering(self.plan, self.device, self.pieces, self.stand_ins)
+        lowering = self.lowering
         if self.whole_batch:
             envs = [whole_batch_env(self.flat, handles[0], keys, args)]
             real = shares = None
