@@ -46,6 +46,15 @@ NODE_DEFAULTS = {
 }
 
 
+def op_attributes(name, attrs):
+    """The attributes :meth:`OpGraph.add_op` gives op ``name``: ``attrs`` over the
+    schema defaults, its own colocation group unless ``attrs`` names one."""
+    node = dict(NODE_DEFAULTS)
+    node.update(attrs)
+    node.setdefault("colocation", name)
+    return node
+
+
 @dataclass
 class OpGraph:
     """A DAG of ops with the tfpart attribute schema.
@@ -73,10 +82,27 @@ class OpGraph:
     # -- building -------------------------------------------------------------------
     def add_op(self, name, **attrs):
         """Add an op; missing attributes take the schema defaults."""
-        node = dict(NODE_DEFAULTS)
-        node.update(attrs)
-        node.setdefault("colocation", name)
-        self.nx_graph.add_node(name, **node)
+        self.nx_graph.add_node(name, **op_attributes(name, attrs))
+
+    @classmethod
+    def from_tables(cls, ops, edges):
+        """A graph of ``ops`` (name -> attributes as :func:`op_attributes` makes them)
+        and ``edges`` (``(src, dst) -> attributes``, one entry per pair, as
+        :meth:`add_edge` leaves them), kept in their order and taken as they are: the
+        graph that adding them one by one gives, built without the per-call checks.
+
+        >>> g = OpGraph.from_tables({n: op_attributes(n, {}) for n in "ab"},
+        ...                         {("a", "b"): {"bytes": 4.0, "control": False}})
+        >>> g.edge("a", "b")["bytes"], list(g.predecessors("b")), g.ops["a"]["colocation"]
+        (4.0, ['a'], 'a')
+        """
+        graph = nx.DiGraph()
+        node, succ, pred = graph._node, graph._succ, graph._pred
+        for name, attrs in ops.items():
+            node[name], succ[name], pred[name] = attrs, {}, {}
+        for (src, dst), attrs in edges.items():
+            succ[src][dst] = pred[dst][src] = attrs
+        return cls(graph)
 
     def add_edge(self, src, dst, bytes=0.0, control=False, comm=None):
         """Add (or widen) a dependency; parallel tensors between two ops add up.
