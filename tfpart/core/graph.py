@@ -82,7 +82,12 @@ class OpGraph:
     # -- building -------------------------------------------------------------------
     def add_op(self, name, **attrs):
         """Add an op; missing attributes take the schema defaults."""
-        self.nx_graph.add_node(name, **op_attributes(name, attrs))
+        graph, node = self.nx_graph, op_attributes(name, attrs)
+        if name in graph._node:  # networkx's add_node, without copying the attributes
+            graph._node[name].update(node)
+        else:
+            graph._succ[name], graph._pred[name], graph._node[name] = {}, {}, node
+        nx._clear_cache(graph)
 
     @classmethod
     def from_tables(cls, ops, edges):
@@ -107,14 +112,16 @@ class OpGraph:
     def add_edge(self, src, dst, bytes=0.0, control=False, comm=None):
         """Add (or widen) a dependency; parallel tensors between two ops add up.
         ``comm`` sets the edge's explicit transfer table (see the module docstring)."""
-        if self.nx_graph.has_edge(src, dst):
-            edge = self.nx_graph.edges[src, dst]
+        edge = self.nx_graph._succ.get(src, {}).get(dst)
+        if edge is not None:
             edge["bytes"] += bytes
             edge["control"] = edge["control"] and control
         else:
-            self.nx_graph.add_edge(src, dst, bytes=float(bytes), control=control)
+            edge = {"bytes": float(bytes), "control": control}
+            self.nx_graph.add_edge(src, dst, **edge)
+            edge = self.nx_graph._succ[src][dst]
         if comm is not None:
-            self.nx_graph.edges[src, dst]["comm"] = comm
+            edge["comm"] = comm
 
     def relabeled(self, names):
         """A copy whose ops are renamed by the mapping ``names`` (others kept)."""
