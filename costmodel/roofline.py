@@ -346,6 +346,10 @@ def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerat
     column = np.asarray(column, dtype=np.int64)
     compute = np.empty((len(ops), len(devices)))
     per_kind = np.empty(len(kinds))
+    # without profiles an op's times are the roofline's of a few attributes: ops alike
+    # in those (a micro-batch's copies, repeated layers) share one computation
+    roofline_only = not any(kind.name in profiles for kind in kinds)
+    alike = {}
     done = np.zeros(len(ops), dtype=bool)
     if known is not None:
         compute[known[0]] = known[1]
@@ -360,11 +364,29 @@ def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerat
             compute[i] = [np.inf if allowed is not None and d.kind.name not in allowed
                           else table.get(d.name, np.inf) for d in devices]
             continue
-        for k, kind in enumerate(kinds):
-            per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32,
-                                     dispatch[k])
-        compute[i] = per_kind[column]
+        key = _roofline_key(attrs) if roofline_only else None
+        row = alike.get(key) if key is not None else None
+        if row is None:
+            for k, kind in enumerate(kinds):
+                per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32,
+                                         dispatch[k])
+            row = per_kind[column]
+            if key is not None:
+                alike[key] = row
+        compute[i] = row
     return compute
+
+
+def _roofline_key(attrs):
+    """What an op's roofline times depend on (:func:`_kind_time` without a profile),
+    or None if that cannot key a dict."""
+    key = (attrs["op_type"], attrs["flops"], attrs["bytes_accessed"],
+           attrs["allowed_kinds"], op_dtype(attrs))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _kind_time(attrs, kind, profile, tf32, dispatch=None):
