@@ -29,6 +29,7 @@ networkx, so the IR can change underneath them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import networkx as nx
 
@@ -130,8 +131,8 @@ class OpGraph:
     # -- reading --------------------------------------------------------------------
     @property
     def ops(self):
-        """Op name -> attribute dict (a mapping; iterating gives the names)."""
-        return self.nx_graph.nodes
+        """Op name -> attribute dict (a read-only mapping; iterating gives the names)."""
+        return MappingProxyType(self.nx_graph._node)  # networkx's views: a call per lookup
 
     def __len__(self):
         return self.nx_graph.number_of_nodes()
@@ -155,11 +156,11 @@ class OpGraph:
 
     def in_edges(self, name):
         """``{producer: edge attributes}`` of the ops ``name`` depends on."""
-        return self.nx_graph.pred[name]
+        return MappingProxyType(self.nx_graph._pred[name])
 
     def out_edges(self, name):
         """``{consumer: edge attributes}`` of the ops that depend on ``name``."""
-        return self.nx_graph.succ[name]
+        return MappingProxyType(self.nx_graph._succ[name])
 
     def predecessors(self, name):
         return self.nx_graph.predecessors(name)
