@@ -113,14 +113,18 @@ class OpGraph:
     def add_edge(self, src, dst, bytes=0.0, control=False, comm=None):
         """Add (or widen) a dependency; parallel tensors between two ops add up.
         ``comm`` sets the edge's explicit transfer table (see the module docstring)."""
-        edge = self.nx_graph._succ.get(src, {}).get(dst)
+        graph = self.nx_graph
+        succ, pred = graph._succ, graph._pred
+        edge = succ[src].get(dst) if src in succ else None
         if edge is not None:
             edge["bytes"] += bytes
             edge["control"] = edge["control"] and control
+        elif src in succ and dst in succ:  # networkx's add_edge, both ops already there
+            edge = succ[src][dst] = pred[dst][src] = {"bytes": float(bytes), "control": control}
+            nx._clear_cache(graph)
         else:
-            edge = {"bytes": float(bytes), "control": control}
-            self.nx_graph.add_edge(src, dst, **edge)
-            edge = self.nx_graph._succ[src][dst]
+            graph.add_edge(src, dst, bytes=float(bytes), control=control)
+            edge = succ[src][dst]
         if comm is not None:
             edge["comm"] = comm
 
