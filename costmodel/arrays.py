@@ -108,7 +108,8 @@ def _build(cost):
         edge_control=np.array([edge["control"] for _, _, edge in edges], dtype=np.bool_),
         comm_row=comm_row, comm=comm.reshape(len(tables), n_dev, n_dev),
         tie=tie, topological=topological_order(succ_ptr, succ_op, tie),
-        out_bytes=out_bytes, own_bytes=np.where(aliasing, 0.0, out_bytes),  # new_output_bytes
+        out_bytes=out_bytes,
+        own_bytes=np.where(aliasing, 0.0, out_bytes),  # memory.new_output_bytes
         param_bytes=param_bytes, aliasing=aliasing,
         forwarding=np.array([a["op_type"] in FORWARDING_OPS for a in attrs], dtype=np.bool_),
         constant=np.array([a["op_type"] in WEIGHT_OPS for a in attrs], dtype=np.bool_),

@@ -201,7 +201,8 @@ class CostModel:
         self.accelerator, self.host_dispatch = device_lanes(
             cluster.devices, {p.device_kind: p for p in self.measured})
         self.compute = _compute_times(graph, self.ops, cluster.devices, self.measured,
-                                      self.tf32, self.host_dispatch, self.accelerator, known)
+                                      self.tf32, self.host_dispatch, self.accelerator,
+                                      known)
 
     # Dense tables over device pairs (n_dev x n_dev), for the solvers and the simulator;
     # built on first use, and only for clusters they can take.

@@ -120,7 +120,8 @@ class OpGraph:
             edge["bytes"] += bytes
             edge["control"] = edge["control"] and control
         elif src in succ and dst in succ:  # networkx's add_edge, both ops already there
-            edge = succ[src][dst] = pred[dst][src] = {"bytes": float(bytes), "control": control}
+            edge = {"bytes": float(bytes), "control": control}
+            succ[src][dst] = pred[dst][src] = edge
             nx._clear_cache(graph)
         else:
             graph.add_edge(src, dst, bytes=float(bytes), control=control)
