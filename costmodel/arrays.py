@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from costmodel.memory import new_output_bytes, output_bytes, scratch_bytes
+from costmodel.memory import output_bytes, scratch_bytes
 from tfpart.core.ops import ALIASING_OPS, FORWARDING_OPS, SHAPE_ONLY_OPS, WEIGHT_OPS
 
 
@@ -90,10 +90,14 @@ def _build(cost):
     pred_ptr = pointers(predecessors)
     pred_pairs = [(u, v) for v in cost.ops for u in predecessors[v]]
     attrs = [graph.ops[name] for name in cost.ops]
+    out_bytes = np.array([output_bytes(a) for a in attrs], dtype=float)
+    aliasing = np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_)
     tie = _structural_ranks(cost.ops, attrs, np.diff(pred_ptr), np.diff(succ_ptr))
     param_bytes = np.array([a["param_bytes"] for a in attrs], dtype=float)
-    group_names, group_of = np.unique([a["colocation"] for a in attrs], return_inverse=True)
-    group_of = group_of.astype(np.int64)
+    groups = [a["colocation"] for a in attrs]
+    group_names = np.array(sorted(set(groups)))  # np.unique's, sorted by Python, faster
+    rank = {name: k for k, name in enumerate(group_names.tolist())}
+    group_of = np.array([rank[group] for group in groups], dtype=np.int64)
     blocked = np.zeros((len(group_names), n_dev), dtype=np.int64)
     np.add.at(blocked, group_of, ~np.isfinite(cost.compute))
     return GraphArrays(
@@ -104,10 +108,9 @@ def _build(cost):
         edge_control=np.array([edge["control"] for _, _, edge in edges], dtype=np.bool_),
         comm_row=comm_row, comm=comm.reshape(len(tables), n_dev, n_dev),
         tie=tie, topological=topological_order(succ_ptr, succ_op, tie),
-        out_bytes=np.array([output_bytes(a) for a in attrs], dtype=float),
-        own_bytes=np.array([new_output_bytes(a) for a in attrs], dtype=float),
-        param_bytes=param_bytes,
-        aliasing=np.array([a["op_type"] in ALIASING_OPS for a in attrs], dtype=np.bool_),
+        out_bytes=out_bytes,
+        own_bytes=np.where(aliasing, 0.0, out_bytes),  # memory.new_output_bytes
+        param_bytes=param_bytes, aliasing=aliasing,
         forwarding=np.array([a["op_type"] in FORWARDING_OPS for a in attrs], dtype=np.bool_),
         constant=np.array([a["op_type"] in WEIGHT_OPS for a in attrs], dtype=np.bool_),
         shape_only=np.array([a["op_type"] in SHAPE_ONLY_OPS for a in attrs], dtype=np.bool_),

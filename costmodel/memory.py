@@ -18,9 +18,10 @@ def output_bytes(attrs):
     """Bytes of all outputs of an op (from its ``outputs`` list of (shape, dtype), times
     its ``memory_fraction`` when it runs on a part of the batch: a micro-batch, a
     replica's share)."""
-    fraction = attrs.get("memory_fraction", 1.0)
-    return sum(chunk_bytes(tensor_bytes(shape, dtype) * fraction)
-               for shape, dtype in attrs["outputs"])
+    fraction, total = attrs.get("memory_fraction", 1.0), 0
+    for shape, dtype in attrs["outputs"]:  # a loop, not sum(): the simulator's hot path
+        total += chunk_bytes(tensor_bytes(shape, dtype) * fraction)
+    return total
 
 
 def new_output_bytes(attrs):

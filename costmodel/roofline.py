@@ -189,7 +189,7 @@ class CostModel:
     (0.0, True)
     """
 
-    def __init__(self, graph, cluster, measured=(), tf32=None):
+    def __init__(self, graph, cluster, measured=(), tf32=None, known=None):
         self.graph = graph
         self.cluster = cluster
         self.tf32 = cluster.tf32 if tf32 is None else tf32
@@ -201,7 +201,8 @@ class CostModel:
         self.accelerator, self.host_dispatch = device_lanes(
             cluster.devices, {p.device_kind: p for p in self.measured})
         self.compute = _compute_times(graph, self.ops, cluster.devices, self.measured,
-                                      self.tf32, self.host_dispatch, self.accelerator)
+                                      self.tf32, self.host_dispatch, self.accelerator,
+                                      known)
 
     # Dense tables over device pairs (n_dev x n_dev), for the solvers and the simulator;
     # built on first use, and only for clusters they can take.
@@ -224,10 +225,19 @@ class CostModel:
             cache[name] = build()
         return cache[name]
 
-    def of(self, graph):
+    def of(self, graph, unchanged=()):
         """The cost model of another graph (a micro-batch's, a coarsened one) on the
-        same cluster, with the same measured profiles and precision policy."""
-        return CostModel(graph, self.cluster, measured=self.measured, tf32=self.tf32)
+        same cluster, with the same measured profiles and precision policy.
+        ``unchanged``: ops of ``graph`` whose attributes are those they have in this
+        model's graph; their times are copied rather than computed again (an op's time
+        depends on its attributes alone)."""
+        known = None
+        rows = [(i, self.index[op]) for i, op in enumerate(graph.ops) if op in unchanged]
+        if rows:
+            mine, theirs = np.array(rows, dtype=np.int64).T
+            known = mine, self.compute[theirs]
+        return CostModel(graph, self.cluster, measured=self.measured, tf32=self.tf32,
+                         known=known)
 
     def transfer_time(self, nbytes, src, dst):
         """Alpha-beta time to move ``nbytes`` from device ``src`` to ``dst``."""
@@ -318,12 +328,14 @@ class CostModel:
         return total / np.maximum(runnable.sum(axis=1), 1)
 
 
-def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerator):
+def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerator,
+                   known=None):
     """``compute[i, d]``: the time of ``ops[i]`` on ``devices[d]`` (see
     :class:`CostModel`; ``host_dispatch`` and ``accelerator``: per device, from
     :func:`~costmodel.lanes.device_lanes`). Devices of one kind share a column,
     computed once per kind (a cluster of 10,000 devices of two kinds costs two
-    columns), except for ops with their own per-device ``cost`` table."""
+    columns), except for ops with their own per-device ``cost`` table. ``known``:
+    ``(op indices, their rows)`` already computed, or None."""
     profiles = {p.device_kind: p for p in measured}
     kinds, column = {}, []
     for d, device in enumerate(devices):
@@ -335,7 +347,17 @@ def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerat
     column = np.asarray(column, dtype=np.int64)
     compute = np.empty((len(ops), len(devices)))
     per_kind = np.empty(len(kinds))
-    for i, name in enumerate(ops):
+    # without profiles an op's times are the roofline's of a few attributes: ops alike
+    # in those (a micro-batch's copies, repeated layers) share one computation
+    roofline_only = not any(kind.name in profiles for kind in kinds)
+    alike = {}
+    done = np.zeros(len(ops), dtype=bool)
+    if known is not None:
+        compute[known[0]] = known[1]
+        done[known[0]] = True
+    for i, (name, skip) in enumerate(zip(ops, done.tolist())):
+        if skip:
+            continue
         attrs = graph.ops[name]
         table = attrs.get("cost")
         if table is not None:
@@ -343,11 +365,29 @@ def _compute_times(graph, ops, devices, measured, tf32, host_dispatch, accelerat
             compute[i] = [np.inf if allowed is not None and d.kind.name not in allowed
                           else table.get(d.name, np.inf) for d in devices]
             continue
-        for k, kind in enumerate(kinds):
-            per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32,
-                                     dispatch[k])
-        compute[i] = per_kind[column]
+        key = _roofline_key(attrs) if roofline_only else None
+        row = alike.get(key) if key is not None else None
+        if row is None:
+            for k, kind in enumerate(kinds):
+                per_kind[k] = _kind_time(attrs, kind, profiles.get(kind.name), tf32,
+                                         dispatch[k])
+            row = per_kind[column]
+            if key is not None:
+                alike[key] = row
+        compute[i] = row
     return compute
+
+
+def _roofline_key(attrs):
+    """What an op's roofline times depend on (:func:`_kind_time` without a profile),
+    or None if that cannot key a dict."""
+    key = (attrs["op_type"], attrs["flops"], attrs["bytes_accessed"],
+           attrs["allowed_kinds"], op_dtype(attrs))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _kind_time(attrs, kind, profile, tf32, dispatch=None):

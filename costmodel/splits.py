@@ -36,7 +36,7 @@ import numpy as np
 
 from tfpart.core.dtypes import tensor_bytes
 from tfpart.core.errors import PlacementError
-from tfpart.core.graph import OpGraph
+from tfpart.core.graph import OpGraph, op_attributes
 from tfpart.core.splits import SCOPE, part_name
 
 
@@ -73,29 +73,41 @@ def split_graph(graph, splits, device_of):
         if not attrs.get("sliced") or not attrs["outputs"]:
             raise PlacementError("", f"splits op {op} ({attrs['op_type']}), which has no "
                                  "output channels to split")
-    split, where = OpGraph(), dict(device_of)
+    ops, edges, where = {}, {}, dict(device_of)
+
+    def add_edge(src, dst, nbytes, control=False, comm=None):  # OpGraph.add_edge's
+        edge = edges.get((src, dst))
+        if edge is None:
+            edge = edges[src, dst] = {"bytes": float(nbytes), "control": control}
+        else:
+            edge["bytes"] += nbytes
+            edge["control"] = edge["control"] and control
+        if comm is not None:
+            edge["comm"] = comm
+
     for op, attrs in graph.ops.items():
         if op not in splits:
-            split.add_op(op, **attrs)
+            ops[op] = op_attributes(op, attrs)
             continue
         devices, sizes = splits[op]
         out_shape, dtype = attrs["outputs"][0]
         out_bytes = tensor_bytes(out_shape, dtype)
-        split.add_op(op, **dict(attrs, op_type="ConcatV2", flops=0.0, sliced=None,
-                                bytes_accessed=2.0 * out_bytes, cost=None))
+        ops[op] = op_attributes(op, dict(attrs, op_type="ConcatV2", flops=0.0, sliced=None,
+                                         bytes_accessed=2.0 * out_bytes, cost=None))
         operand = attrs["sliced"]
         operand_shape = tuple(attrs["input_shapes"][operand["input"]])
-        split.add_op(slicer_name(op), op_type="SplitV", phase=attrs.get("phase"),
-                     bytes_accessed=2.0 * tensor_bytes(operand_shape, dtype),
-                     outputs=[(_resized(operand_shape, operand["axis"], size), dtype)
-                              for size in sizes])
+        ops[slicer_name(op)] = op_attributes(slicer_name(op), dict(
+            op_type="SplitV", phase=attrs.get("phase"),
+            bytes_accessed=2.0 * tensor_bytes(operand_shape, dtype),
+            outputs=[(_resized(operand_shape, operand["axis"], size), dtype)
+                     for size in sizes]))
         where[slicer_name(op)] = device_of[operand["producer"]]
         broadcast = sum(edge["bytes"] for src, edge in graph.in_edges(op).items()
                         if not edge["control"]) - tensor_bytes(operand_shape, dtype)
         for i, (device, size) in enumerate(zip(devices, sizes)):
             share = size / sum(sizes)
             table = attrs.get("cost")
-            split.add_op(part_name(op, i), **dict(
+            ops[part_name(op, i)] = op_attributes(part_name(op, i), dict(
                 attrs, flops=attrs["flops"] * share, colocation=part_name(op, i),
                 bytes_accessed=broadcast + share * (attrs["bytes_accessed"] - broadcast),
                 outputs=[(_resized(out_shape, len(out_shape) - 1, size), dtype)],
@@ -104,25 +116,24 @@ def split_graph(graph, splits, device_of):
             where[part_name(op, i)] = device
     for src, dst, edge in graph.edges():
         if dst not in splits:
-            split.add_edge(src, dst, bytes=edge["bytes"], control=edge["control"],
-                           comm=edge.get("comm"))
+            add_edge(src, dst, edge["bytes"], edge["control"], edge.get("comm"))
             continue
         operand = graph.ops[dst]["sliced"]
         nbytes = edge["bytes"]
         if src == operand["producer"] and not edge["control"]:
             shape = graph.ops[dst]["input_shapes"][operand["input"]]
             operand_bytes = tensor_bytes(shape, graph.ops[dst]["outputs"][0][1])
-            split.add_edge(src, slicer_name(dst), bytes=operand_bytes)
+            add_edge(src, slicer_name(dst), operand_bytes)
             nbytes -= operand_bytes  # what else it sends (the same tensor twice: x @ x)
             if nbytes <= 0:
                 continue
         for i in range(len(splits[dst][0])):
-            split.add_edge(src, part_name(dst, i), bytes=nbytes, control=edge["control"])
+            add_edge(src, part_name(dst, i), nbytes, edge["control"])
     for op in splits:
-        for i, slice_bytes in enumerate(_output_bytes(split.ops[slicer_name(op)])):
-            split.add_edge(slicer_name(op), part_name(op, i), bytes=slice_bytes)
-            split.add_edge(part_name(op, i), op,
-                           bytes=_output_bytes(split.ops[part_name(op, i)])[0])
+        for i, slice_bytes in enumerate(_output_bytes(ops[slicer_name(op)])):
+            add_edge(slicer_name(op), part_name(op, i), slice_bytes)
+            add_edge(part_name(op, i), op, _output_bytes(ops[part_name(op, i)])[0])
+    split = OpGraph.from_tables(ops, edges)
     return split, where
 
 
@@ -131,7 +142,7 @@ def split_cost(cost, splits, device_of):
     and the device index of each of its ops, from ``device_of`` (an array over
     ``cost.ops``)."""
     split, where = split_graph(cost.graph, splits, dict(zip(cost.ops, map(int, device_of))))
-    split_costs = cost.of(split)
+    split_costs = cost.of(split, unchanged=set(cost.index).difference(splits))
     return split_costs, np.array([where[op] for op in split_costs.ops])
 
 

@@ -130,8 +130,8 @@ def coarsen(graph, cost, options=CoarsenOptions()):
     """Merge ``graph``'s ops into units; see the module docstring."""
     part = _Partition(graph)
     groups = {}
-    for op, group in graph.ops(data="colocation"):
-        groups.setdefault(group, []).append(op)
+    for op, attrs in graph.ops.items():
+        groups.setdefault(attrs.get("colocation"), []).append(op)
     for members in groups.values():
         for other in members[1:]:
             part.union(members[0], other)

@@ -85,6 +85,7 @@ def pipeline_plan(cost, options=PipelineOptions()):
     schedules = ([options.schedule] if options.schedule else list(SCHEDULES)) \
         if training else ["gpipe"]
     failure = None
+    micro = _Microbatches(cost)
     for reserve in _activation_reserves(cost, graph, training):
         try:
             problem = stage_problem(staged, staged_cost, kinds, units, coarse.members, kept,
@@ -103,9 +104,9 @@ def pipeline_plan(cost, options=PipelineOptions()):
                                      f"{schedule_named(schedules[0]).CHUNKS} stages on each "
                                      "of at least two devices of one kind")
             layout_of = {s: layouts[schedule_named(s).CHUNKS] for s in tried}
-            runs = {(m, s): _simulate_units(cost, layout_of[s][2], *layout_of[s][:2], m, s)
+            runs = {(m, s): _simulate_units(micro, layout_of[s][2], *layout_of[s][:2], m, s)
                     for m in microbatch_candidates(options) for s in tried}
-            (chosen, schedule), best, peaks = _fastest_fitting(cost, runs, layout_of)
+            (chosen, schedule), best, peaks = _fastest_fitting(micro, runs, layout_of)
             device_of, stage_of, _, solution = layout_of[schedule]
             break
         except PlacementError as exc:
@@ -144,20 +145,43 @@ def pipeline_plan(cost, options=PipelineOptions()):
                         **({"peak_memory_bytes": max(peaks[key].values())} if key in peaks
                            else {})}
                     for key, run in runs.items()})),
-        lower_bound=pipeline_lower_bound(cost, best.microbatches))
+        lower_bound=pipeline_lower_bound(cost, best.microbatches,
+                                         micro.cost_of(best.microbatches)))
     check_plan(plan, graph, cluster)
     return plan
 
 
-def _fastest_fitting(cost, runs, layout_of):
+class _Microbatches:
+    """The micro-batch graphs of ``cost``'s graph and their cost models, each built once
+    for one plan however many schedules and searches price it."""
+
+    def __init__(self, cost):
+        self.cost, self._graphs, self._costs = cost, {}, {}
+
+    def graph(self, microbatches):
+        """:func:`~costmodel.pipeline.microbatch_graph` of ``microbatches``."""
+        if microbatches not in self._graphs:
+            self._graphs[microbatches] = microbatch_graph(self.cost.graph, microbatches)
+        return self._graphs[microbatches]
+
+    def cost_of(self, microbatches):
+        """The cost model of :meth:`graph`."""
+        if microbatches not in self._costs:
+            self._costs[microbatches] = self.cost.of(self.graph(microbatches))
+        return self._costs[microbatches]
+
+
+def _fastest_fitting(micro, runs, layout_of):
     """The (micro-batches, schedule) key of least coarse batch time among ``runs``
     whose op-by-op simulation fits every device's memory, that simulation, and the
-    peaks per device of every key simulated so. ``layout_of``: schedule -> its
-    stages' ``(device_of, stage_of, …)``."""
+    peaks per device of every key simulated so. ``micro``: the :class:`_Microbatches`
+    of the cost model; ``layout_of``: schedule -> its stages' ``(device_of, stage_of,
+    …)``."""
+    cost = micro.cost
     cluster, peaks = cost.cluster, {}
     for key in sorted(runs, key=lambda key: (runs[key].batch_time, key[0], key[1])):
         device_of, stage_of = layout_of[key[1]][:2]
-        run = simulate_pipeline(microbatch_graph(cost.graph, key[0]), cluster, device_of,
+        run = simulate_pipeline(micro.graph(key[0]), cluster, device_of,
                                 stage_of, key[0], cost, key[1], memory=True)
         peaks[key] = run.peak_memory
         if all(run.peak_memory[d.name] <= d.memory for d in cluster.devices):
@@ -265,10 +289,11 @@ def _training_units(graph, members, stage_of):
     return units
 
 
-def _simulate_units(cost, members, device_of, stage_of, microbatches, schedule):
-    """Pipelined simulation of the coarse units (fast enough to try every M)."""
-    micro = microbatch_graph(cost.graph, microbatches)
-    units = regroup(micro, cost.of(micro), members)
+def _simulate_units(micro, members, device_of, stage_of, microbatches, schedule):
+    """Pipelined simulation of the coarse units (fast enough to try every M);
+    ``micro``: the :class:`_Microbatches` of the cost model."""
+    cost = micro.cost
+    units = regroup(micro.graph(microbatches), micro.cost_of(microbatches), members)
     first = {unit: ops[0] for unit, ops in members.items()}
     for unit, op in first.items():
         units.graph.ops[unit]["phase"] = cost.graph.ops[op].get("phase")
@@ -352,13 +377,15 @@ def stage_problem(graph, cost, kinds, units, members, kept=None, transient=0.0):
                         capacity=capacity, count=tuple(len(d) for d in kinds))
 
 
-def pipeline_lower_bound(cost, microbatches):
+def pipeline_lower_bound(cost, microbatches, micro=None):
     """No schedule of M micro-batches beats the fastest total work spread over every
-    executor, nor one micro-batch's critical path (a valid bound on the batch time)."""
+    executor, nor one micro-batch's critical path (a valid bound on the batch time).
+    ``micro``: the cost model of the micro-batch graph, if the caller has it."""
     from partitioner.lower_bound import critical_path_bound
 
     cluster = cost.cluster
-    micro = cost.of(microbatch_graph(cost.graph, microbatches))
+    if micro is None:
+        micro = cost.of(microbatch_graph(cost.graph, microbatches))
     times = micro.device_time()  # an accelerator's kernels: its host issues ahead
     fastest = np.where(np.isfinite(times), times, np.inf).min(axis=1)
     work = float(fastest.sum()) * microbatches / len(set(micro.lane_of))

@@ -29,6 +29,7 @@ networkx, so the IR can change underneath them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import networkx as nx
 
@@ -44,6 +45,15 @@ NODE_DEFAULTS = {
     "phase": None,  # in a training step: "forward", "backward" or "update"
     "body_bytes": 0,
 }
+
+
+def op_attributes(name, attrs):
+    """The attributes :meth:`OpGraph.add_op` gives op ``name``: ``attrs`` over the
+    schema defaults, its own colocation group unless ``attrs`` names one."""
+    node = dict(NODE_DEFAULTS)
+    node.update(attrs)
+    node.setdefault("colocation", name)
+    return node
 
 
 @dataclass
@@ -73,22 +83,51 @@ class OpGraph:
     # -- building -------------------------------------------------------------------
     def add_op(self, name, **attrs):
         """Add an op; missing attributes take the schema defaults."""
-        node = dict(NODE_DEFAULTS)
-        node.update(attrs)
-        node.setdefault("colocation", name)
-        self.nx_graph.add_node(name, **node)
+        graph, node = self.nx_graph, op_attributes(name, attrs)
+        if name in graph._node:  # networkx's add_node, without copying the attributes
+            graph._node[name].update(node)
+        else:
+            graph._succ[name], graph._pred[name], graph._node[name] = {}, {}, node
+        nx._clear_cache(graph)
+
+    @classmethod
+    def from_tables(cls, ops, edges):
+        """A graph of ``ops`` (name -> attributes as :func:`op_attributes` makes them)
+        and ``edges`` (``(src, dst) -> attributes``, one entry per pair, as
+        :meth:`add_edge` leaves them), kept in their order and taken as they are: the
+        graph that adding them one by one gives, built without the per-call checks.
+
+        >>> g = OpGraph.from_tables({n: op_attributes(n, {}) for n in "ab"},
+        ...                         {("a", "b"): {"bytes": 4.0, "control": False}})
+        >>> g.edge("a", "b")["bytes"], list(g.predecessors("b")), g.ops["a"]["colocation"]
+        (4.0, ['a'], 'a')
+        """
+        graph = nx.DiGraph()
+        node, succ, pred = graph._node, graph._succ, graph._pred
+        for name, attrs in ops.items():
+            node[name], succ[name], pred[name] = attrs, {}, {}
+        for (src, dst), attrs in edges.items():
+            succ[src][dst] = pred[dst][src] = attrs
+        return cls(graph)
 
     def add_edge(self, src, dst, bytes=0.0, control=False, comm=None):
         """Add (or widen) a dependency; parallel tensors between two ops add up.
         ``comm`` sets the edge's explicit transfer table (see the module docstring)."""
-        if self.nx_graph.has_edge(src, dst):
-            edge = self.nx_graph.edges[src, dst]
+        graph = self.nx_graph
+        succ, pred = graph._succ, graph._pred
+        edge = succ[src].get(dst) if src in succ else None
+        if edge is not None:
             edge["bytes"] += bytes
             edge["control"] = edge["control"] and control
+        elif src in succ and dst in succ:  # networkx's add_edge, both ops already there
+            edge = {"bytes": float(bytes), "control": control}
+            succ[src][dst] = pred[dst][src] = edge
+            nx._clear_cache(graph)
         else:
-            self.nx_graph.add_edge(src, dst, bytes=float(bytes), control=control)
+            graph.add_edge(src, dst, bytes=float(bytes), control=control)
+            edge = succ[src][dst]
         if comm is not None:
-            self.nx_graph.edges[src, dst]["comm"] = comm
+            edge["comm"] = comm
 
     def relabeled(self, names):
         """A copy whose ops are renamed by the mapping ``names`` (others kept)."""
@@ -97,8 +136,8 @@ class OpGraph:
     # -- reading --------------------------------------------------------------------
     @property
     def ops(self):
-        """Op name -> attribute dict (a mapping; iterating gives the names)."""
-        return self.nx_graph.nodes
+        """Op name -> attribute dict (a read-only mapping; iterating gives the names)."""
+        return MappingProxyType(self.nx_graph._node)  # networkx's views: a call per lookup
 
     def __len__(self):
         return self.nx_graph.number_of_nodes()
@@ -122,11 +161,11 @@ class OpGraph:
 
     def in_edges(self, name):
         """``{producer: edge attributes}`` of the ops ``name`` depends on."""
-        return self.nx_graph.pred[name]
+        return MappingProxyType(self.nx_graph._pred[name])
 
     def out_edges(self, name):
         """``{consumer: edge attributes}`` of the ops that depend on ``name``."""
-        return self.nx_graph.succ[name]
+        return MappingProxyType(self.nx_graph._succ[name])
 
     def predecessors(self, name):
         return self.nx_graph.predecessors(name)
