@@ -47,6 +47,14 @@ NODE_DEFAULTS = {
 }
 
 
+def _forget_conversions(graph):
+    """What networkx's own ``add_node``/``add_edge`` do besides storing: drop the
+    converted copies of ``graph`` it may cache (networkx 3.3 and later)."""
+    cache = getattr(graph, "__networkx_cache__", None)
+    if cache:
+        cache.clear()
+
+
 def op_attributes(name, attrs):
     """The attributes :meth:`OpGraph.add_op` gives op ``name``: ``attrs`` over the
     schema defaults, its own colocation group unless ``attrs`` names one."""
@@ -88,7 +96,7 @@ class OpGraph:
             graph._node[name].update(node)
         else:
             graph._succ[name], graph._pred[name], graph._node[name] = {}, {}, node
-        nx._clear_cache(graph)
+        _forget_conversions(graph)
 
     @classmethod
     def from_tables(cls, ops, edges):
@@ -122,7 +130,7 @@ class OpGraph:
         elif src in succ and dst in succ:  # networkx's add_edge, both ops already there
             edge = {"bytes": float(bytes), "control": control}
             succ[src][dst] = pred[dst][src] = edge
-            nx._clear_cache(graph)
+            _forget_conversions(graph)
         else:
             graph.add_edge(src, dst, bytes=float(bytes), control=control)
             edge = succ[src][dst]
