@@ -25,6 +25,15 @@ def model_and_data(tmp_path_factory):
     return model, blobs(directory / "blobs.npz")
 
 
+@pytest.fixture(scope="module")
+def one_worker_two_servers(tmp_path_factory):
+    """One worker and two parameter servers, started once for the tests that train on
+    them (their xdist group, ``one_worker``, runs them on one xdist worker)."""
+    with LocalWorkers(1, tmp_path_factory.mktemp("one_worker"), ps=2, pin=False,
+                      timeout=START_S) as workers:
+        yield workers
+
+
 def tfpart_train(model, cluster, data, out, *extra, wait=True, log=None):
     """Run ``tfpart train``; TensorFlow's log (with the full error behind a one-line
     message) goes to ``log`` (default: ``train.log`` beside ``out``), for
@@ -94,7 +103,9 @@ def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps, *ex
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
+@pytest.mark.xdist_group("one_worker")
+def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, one_worker_two_servers,
+                                                  tmp_path):
     """One worker, so every delay is zero; lambda0 = 0: the asynchronous modes give the
     weights of plain SGD with momentum after 20 updates. Two parameter servers share the
     variables by size, as plan.json records; with ``--min-shard-bytes 0`` (DDC-ASGD
@@ -105,37 +116,37 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
-    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
-        for mode in ("async", "dc-asgd", "ddc-asgd"):
-            out = tmp_path / mode
-            cut = mode == "ddc-asgd"
-            calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
-            assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
-                                   "--updates-per-call", calls, "--op-library", "json",
-                                   *(["--min-shard-bytes", 0] if cut else []))
-            updates = rows(out / "updates.csv")
-            assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
-            evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
-            # evaluated once the servers' count reaches 10, and at the end
-            assert evaluated[0] == 0 and evaluated[-1] == 20 and len(evaluated) >= 2
-            assert evaluated == sorted(set(evaluated)) and all(
-                count >= 10 for count in evaluated[1:])
-            plan = Plan.load(out / "plan.json")
-            assert plan.algorithm == "ps_shards" and plan.op_libraries == ["json"]
-            assert set(plan.assignment.values()) == {
-                "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
-            pieces = plan.context["pieces"]
-            if cut:  # every weight, its rows halved over the two servers
-                assert sorted(pieces) == sorted(expected) and all(
-                    rows_ == [-(-len(expected[name]) // 2), len(expected[name]) // 2]
-                    for name, rows_ in pieces.items())
-                assert len(plan.assignment) == 2 * len(expected)
-                assert all(plan.assignment[f"{name}/part_0"] !=
-                           plan.assignment[f"{name}/part_1"] for name in expected)
-            else:  # weights of a few KB: whole
-                assert pieces == {} and sorted(plan.assignment) == sorted(expected)
-            summary = json.loads((out / "train.json").read_text())
-            assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
+    workers = one_worker_two_servers
+    for mode in ("async", "dc-asgd", "ddc-asgd"):
+        out = tmp_path / mode
+        cut = mode == "ddc-asgd"
+        calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
+        assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
+                               "--updates-per-call", calls, "--op-library", "json",
+                               *(["--min-shard-bytes", 0] if cut else []))
+        updates = rows(out / "updates.csv")
+        assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
+        evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
+        # evaluated once the servers' count reaches 10, and at the end
+        assert evaluated[0] == 0 and evaluated[-1] == 20 and len(evaluated) >= 2
+        assert evaluated == sorted(set(evaluated)) and all(
+            count >= 10 for count in evaluated[1:])
+        plan = Plan.load(out / "plan.json")
+        assert plan.algorithm == "ps_shards" and plan.op_libraries == ["json"]
+        assert set(plan.assignment.values()) == {
+            "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+        pieces = plan.context["pieces"]
+        if cut:  # every weight, its rows halved over the two servers
+            assert sorted(pieces) == sorted(expected) and all(
+                rows_ == [-(-len(expected[name]) // 2), len(expected[name]) // 2]
+                for name, rows_ in pieces.items())
+            assert len(plan.assignment) == 2 * len(expected)
+            assert all(plan.assignment[f"{name}/part_0"] !=
+                       plan.assignment[f"{name}/part_1"] for name in expected)
+        else:  # weights of a few KB: whole
+            assert pieces == {} and sorted(plan.assignment) == sorted(expected)
+        summary = json.loads((out / "train.json").read_text())
+        assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
 
 
 @pytest.mark.slow
@@ -167,7 +178,8 @@ def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_batch_norm_statistics_train_on_the_servers(tmp_path):
+@pytest.mark.xdist_group("one_worker")
+def test_batch_norm_statistics_train_on_the_servers(one_worker_two_servers, tmp_path):
     """A classifier with batch normalisation: with one worker and lambda0 = 0, DC-ASGD
     gives plain SGD's weights and the moving statistics its steps leave (kept on the
     parameter servers, written back by every step), and they moved from the export's."""
@@ -176,9 +188,8 @@ def test_batch_norm_statistics_train_on_the_servers(tmp_path):
     data = blobs(tmp_path / "blobs.npz")
     expected = sgd_by_hand(model, data, 12, 8, 0.1, 0.5, seed=3)
     assert sum(name.startswith("s") for name in expected) == 2  # the moving mean, variance
-    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
-        got = assert_trains_like_sgd(model, data, workers, tmp_path / "run", "dc-asgd",
-                                     expected, 12)
+    got = assert_trains_like_sgd(model, data, one_worker_two_servers, tmp_path / "run",
+                                 "dc-asgd", expected, 12)
     import tensorflow as tf
     exported = tf.saved_model.load(str(model)).signatures["states"]()
     assert all(not np.allclose(got[name], value.numpy()) for name, value in exported.items())
