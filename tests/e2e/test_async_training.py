@@ -25,6 +25,37 @@ def model_and_data(tmp_path_factory):
     return model, blobs(directory / "blobs.npz")
 
 
+@pytest.fixture(scope="module")
+def _tasks_left_running(tmp_path_factory):
+    """The tasks :func:`live_tasks` started last (none or one ``LocalWorkers``)."""
+    running = []
+    yield running
+    for tasks in running:
+        tasks.stop()
+
+
+@pytest.fixture
+def live_tasks(_tasks_left_running, tmp_path_factory):
+    """``live_tasks(workers, ps)``: local tasks, that many workers and parameter
+    servers, every one up: those a test before left running (the xdist group
+    ``local_tasks`` runs the tests that take them on one xdist worker, in turn), or new
+    ones where a test killed one of them or asked for other numbers. (A task starts in
+    10-20 s: it imports TensorFlow.)"""
+    running = _tasks_left_running
+
+    def live(workers, ps):
+        if running and (running[0].ps, len(running[0].processes)) == (ps, workers + ps) \
+                and all(process.poll() is None for process in running[0].processes):
+            return running[0]
+        while running:
+            running.pop().stop()
+        running.append(LocalWorkers(workers, tmp_path_factory.mktemp("tasks"), ps=ps,
+                                    pin=False, timeout=START_S))
+        return running[0]
+
+    return live
+
+
 def tfpart_train(model, cluster, data, out, *extra, wait=True, log=None):
     """Run ``tfpart train``; TensorFlow's log (with the full error behind a one-line
     message) goes to ``log`` (default: ``train.log`` beside ``out``), for
@@ -94,7 +125,8 @@ def assert_trains_like_sgd(model, data, workers, out, mode, expected, steps, *ex
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, live_tasks, tmp_path):
     """One worker, so every delay is zero; lambda0 = 0: the asynchronous modes give the
     weights of plain SGD with momentum after 20 updates. Two parameter servers share the
     variables by size, as plan.json records; with ``--min-shard-bytes 0`` (DDC-ASGD
@@ -105,37 +137,37 @@ def test_one_worker_every_async_mode_is_plain_sgd(model_and_data, tmp_path):
 
     model, data = model_and_data
     expected = sgd_by_hand(model, data, 20, 8, 0.1, 0.5, seed=3)
-    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
-        for mode in ("async", "dc-asgd", "ddc-asgd"):
-            out = tmp_path / mode
-            cut = mode == "ddc-asgd"
-            calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
-            assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
-                                   "--updates-per-call", calls, "--op-library", "json",
-                                   *(["--min-shard-bytes", 0] if cut else []))
-            updates = rows(out / "updates.csv")
-            assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
-            evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
-            # evaluated once the servers' count reaches 10, and at the end
-            assert evaluated[0] == 0 and evaluated[-1] == 20 and len(evaluated) >= 2
-            assert evaluated == sorted(set(evaluated)) and all(
-                count >= 10 for count in evaluated[1:])
-            plan = Plan.load(out / "plan.json")
-            assert plan.algorithm == "ps_shards" and plan.op_libraries == ["json"]
-            assert set(plan.assignment.values()) == {
-                "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
-            pieces = plan.context["pieces"]
-            if cut:  # every weight, its rows halved over the two servers
-                assert sorted(pieces) == sorted(expected) and all(
-                    rows_ == [-(-len(expected[name]) // 2), len(expected[name]) // 2]
-                    for name, rows_ in pieces.items())
-                assert len(plan.assignment) == 2 * len(expected)
-                assert all(plan.assignment[f"{name}/part_0"] !=
-                           plan.assignment[f"{name}/part_1"] for name in expected)
-            else:  # weights of a few KB: whole
-                assert pieces == {} and sorted(plan.assignment) == sorted(expected)
-            summary = json.loads((out / "train.json").read_text())
-            assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
+    workers = live_tasks(1, ps=2)
+    for mode in ("async", "dc-asgd", "ddc-asgd"):
+        out = tmp_path / mode
+        cut = mode == "ddc-asgd"
+        calls = {"async": 1, "dc-asgd": 3}.get(mode, 4)  # 20 = 6 × 3 + 2 for DC-ASGD
+        assert_trains_like_sgd(model, data, workers, out, mode, expected, 20,
+                               "--updates-per-call", calls, "--op-library", "json",
+                               *(["--min-shard-bytes", 0] if cut else []))
+        updates = rows(out / "updates.csv")
+        assert len(updates) == 20 and {u["delay"] for u in updates} == {"0"}
+        evaluated = [int(e["update"]) for e in rows(out / "evaluations.csv")]
+        # evaluated once the servers' count reaches 10, and at the end
+        assert evaluated[0] == 0 and evaluated[-1] == 20 and len(evaluated) >= 2
+        assert evaluated == sorted(set(evaluated)) and all(
+            count >= 10 for count in evaluated[1:])
+        plan = Plan.load(out / "plan.json")
+        assert plan.algorithm == "ps_shards" and plan.op_libraries == ["json"]
+        assert set(plan.assignment.values()) == {
+            "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+        pieces = plan.context["pieces"]
+        if cut:  # every weight, its rows halved over the two servers
+            assert sorted(pieces) == sorted(expected) and all(
+                rows_ == [-(-len(expected[name]) // 2), len(expected[name]) // 2]
+                for name, rows_ in pieces.items())
+            assert len(plan.assignment) == 2 * len(expected)
+            assert all(plan.assignment[f"{name}/part_0"] !=
+                       plan.assignment[f"{name}/part_1"] for name in expected)
+        else:  # weights of a few KB: whole
+            assert pieces == {} and sorted(plan.assignment) == sorted(expected)
+        summary = json.loads((out / "train.json").read_text())
+        assert summary["delays"]["0"]["max"] == 0 and summary["updates"] == 20
 
 
 @pytest.mark.slow
@@ -167,7 +199,8 @@ def test_one_worker_sync_is_plain_sgd_after_its_warm_up(model_and_data, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_batch_norm_statistics_train_on_the_servers(tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_batch_norm_statistics_train_on_the_servers(live_tasks, tmp_path):
     """A classifier with batch normalisation: with one worker and lambda0 = 0, DC-ASGD
     gives plain SGD's weights and the moving statistics its steps leave (kept on the
     parameter servers, written back by every step), and they moved from the export's."""
@@ -176,9 +209,8 @@ def test_batch_norm_statistics_train_on_the_servers(tmp_path):
     data = blobs(tmp_path / "blobs.npz")
     expected = sgd_by_hand(model, data, 12, 8, 0.1, 0.5, seed=3)
     assert sum(name.startswith("s") for name in expected) == 2  # the moving mean, variance
-    with LocalWorkers(1, tmp_path, ps=2, pin=False, timeout=START_S) as workers:
-        got = assert_trains_like_sgd(model, data, workers, tmp_path / "run", "dc-asgd",
-                                     expected, 12)
+    got = assert_trains_like_sgd(model, data, live_tasks(1, ps=2), tmp_path / "run",
+                                 "dc-asgd", expected, 12)
     import tensorflow as tf
     exported = tf.saved_model.load(str(model)).signatures["states"]()
     assert all(not np.allclose(got[name], value.numpy()) for name, value in exported.items())
@@ -195,17 +227,16 @@ def wait_for_evaluations(out, count, process, timeout=120):
     raise AssertionError(f"no {count} evaluations within {timeout} s")
 
 
-def killed_mid_run(model, data, tmp_path, workers, kill, *options, wait=300):
-    """Run ``tfpart train`` on ``workers`` local workers and one ps; after three
-    evaluations call ``kill(workers)``. Returns (return code, stderr, output folder,
-    evaluations written when the task was killed)."""
+def killed_mid_run(model, data, tmp_path, tasks, kill, *options, wait=300):
+    """Run ``tfpart train`` on the local ``tasks``; after three evaluations call
+    ``kill(tasks)``. Returns (return code, stderr, output folder, evaluations written
+    when the task was killed)."""
     out = tmp_path / "run"
-    with LocalWorkers(workers, tmp_path, ps=1, pin=False, timeout=START_S) as tasks:
-        process = tfpart_train(model, tasks.path, data, out, *options, wait=False)
-        wait_for_evaluations(out, 3, process, timeout=wait)
-        kill(tasks)
-        killed_at = len(rows(out / "evaluations.csv"))
-        _, stderr = process.communicate(timeout=600)
+    process = tfpart_train(model, tasks.path, data, out, *options, wait=False)
+    wait_for_evaluations(out, 3, process, timeout=wait)
+    kill(tasks)
+    killed_at = len(rows(out / "evaluations.csv"))
+    _, stderr = process.communicate(timeout=600)
     return process.returncode, stderr, out, killed_at
 
 
@@ -230,7 +261,8 @@ def export_constant_gradient_step(path, width):
 @pytest.mark.any_onednn
 # DC-ASGD as async (weights cut over two servers: test_train_output.py's killed async run)
 @pytest.mark.parametrize("mode, ps", [("dc-asgd", 1)])
-def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_no_update_is_lost_when_workers_update_at_once(mode, ps, live_tasks, tmp_path):
     """Three workers update a 1 MB weight whose gradient is the same at every step, so
     after N updates of plain SGD it is exactly ``-N * lr / width`` (DC-ASGD too, with
     ``lambda0 = 0``: else it would compensate the stale copies of that gradient).
@@ -245,11 +277,10 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
     model = export_constant_gradient_step(tmp_path / "model", width)
     np.savez(tmp_path / "ones.npz", x=np.ones((1024, width), np.float32),
              y=np.zeros(1024, np.int32))
-    with LocalWorkers(3, tmp_path, ps=ps, pin=False, timeout=START_S) as workers:
-        run = tfpart_train(model, workers.path, tmp_path / "ones.npz", tmp_path / "out",
-                           "--mode", mode, "--steps", steps, "--batch-size", 256,
-                           "--lr", lr, "--momentum", 0, "--lambda0", 0,
-                           "--eval-every", steps)
+    run = tfpart_train(model, live_tasks(3, ps).path, tmp_path / "ones.npz",
+                       tmp_path / "out", "--mode", mode, "--steps", steps, "--batch-size",
+                       256, "--lr", lr, "--momentum", 0, "--lambda0", 0, "--eval-every",
+                       steps)
     assert run.returncode == 0, failure(run.stderr, tmp_path)
     delays = [int(u["delay"]) for u in rows(tmp_path / "out" / "updates.csv")]
     assert len(delays) == steps and max(delays) > 0  # the workers did overlap
@@ -261,15 +292,17 @@ def test_no_update_is_lost_when_workers_update_at_once(mode, ps, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_async_training_goes_on_without_a_lost_worker(model_and_data, live_tasks, tmp_path):
     """Three workers, DDC-ASGD; worker 2 is killed after two evaluations: the run
     finishes on the other two, learns, and its checkpoint loads."""
     from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     code, stderr, out, killed_at = killed_mid_run(
-        model, data, tmp_path, 3, lambda tasks: tasks.kill(2), "--mode", "ddc-asgd",
-        "--steps", 600, "--batch-size", 16, "--lr", 0.05, "--eval-every", 20)
+        model, data, tmp_path, live_tasks(3, ps=1), lambda tasks: tasks.kill(2),
+        "--mode", "ddc-asgd", "--steps", 600, "--batch-size", 16, "--lr", 0.05,
+        "--eval-every", 20)
     assert code == 0, failure(stderr, out.parent)
     updates = rows(out / "updates.csv")
     assert len(updates) == 600
@@ -284,7 +317,8 @@ def test_async_training_goes_on_without_a_lost_worker(model_and_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_sync_training_ends_naming_a_lost_worker(model_and_data, live_tasks, tmp_path):
     """The data-parallel compile, run synchronously: worker 1 killed mid-run ends it
     with one line naming the task and exit code 2; the checkpoint so far loads and
     holds the weights of an evaluation."""
@@ -292,8 +326,9 @@ def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
 
     model, data = model_and_data
     code, stderr, out, _ = killed_mid_run(
-        model, data, tmp_path, 3, lambda tasks: tasks.kill(1), "--mode", "sync",
-        "--steps", 5000, "--batch-size", 8, "--eval-every", 10, wait=300)
+        model, data, tmp_path, live_tasks(3, ps=1), lambda tasks: tasks.kill(1),
+        "--mode", "sync", "--steps", 5000, "--batch-size", 8, "--eval-every", 10,
+        wait=300)
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "worker task 1" in lines[0], stderr[-2000:]
@@ -304,16 +339,17 @@ def test_sync_training_ends_naming_a_lost_worker(model_and_data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_sync_mode_trains_with_the_data_parallel_compile(model_and_data, live_tasks,
+                                                         tmp_path):
     """Sync runs the data-parallel compile: one replica per worker, and the held-out
     accuracy rises."""
     from tfpart.core.plan import Plan
 
     model, data = model_and_data
     out = tmp_path / "run"
-    with LocalWorkers(2, tmp_path, ps=1, pin=False, timeout=START_S) as workers:
-        run = tfpart_train(model, workers.path, data, out, "--mode", "sync", "--steps", 60,
-                           "--batch-size", 16, "--eval-every", 30)
+    run = tfpart_train(model, live_tasks(2, ps=1).path, data, out, "--mode", "sync",
+                       "--steps", 60, "--batch-size", 16, "--eval-every", 30)
     assert run.returncode == 0, failure(run.stderr, out.parent)
     plan = Plan.load(out / "plan.json")
     assert plan.algorithm == "data_parallel" and len(plan.replicas.devices) == 2
@@ -374,15 +410,17 @@ def test_bad_input_is_one_line_and_no_output(model_and_data, tmp_path, problem, 
 
 @pytest.mark.slow
 @pytest.mark.any_onednn
-def test_async_training_ends_naming_a_lost_parameter_server(model_and_data, tmp_path):
+@pytest.mark.xdist_group("local_tasks")
+def test_async_training_ends_naming_a_lost_parameter_server(model_and_data, live_tasks,
+                                                            tmp_path):
     """The weights are gone with their server: one line naming it, exit code 2, and the
     checkpoint written before loads."""
     from tfpart.trainer.loop import trained_weights
 
     model, data = model_and_data
     code, stderr, out, _ = killed_mid_run(
-        model, data, tmp_path, 2, lambda tasks: tasks.kill(0, job="ps"), "--mode",
-        "dc-asgd", "--steps", 20000, "--batch-size", 16, "--eval-every", 20)
+        model, data, tmp_path, live_tasks(2, ps=1), lambda tasks: tasks.kill(0, job="ps"),
+        "--mode", "dc-asgd", "--steps", 20000, "--batch-size", 16, "--eval-every", 20)
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "ps task 0" in lines[0], stderr[-2000:]
