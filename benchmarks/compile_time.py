@@ -12,8 +12,7 @@ each: the first run after an empty numba cache (``first``: the kernels compile),
 second with the cache (the time a user sees from then on). A row gives the phases of
 the second run (:mod:`tfpart.core.phases`), its total wall time, that time over the
 first strategy's (``x first``: auto's cost beside one placement, measured in the same
-run), the first run's wall time, the peak resident memory and that of the process
-``auto`` forks to plan its placements (:mod:`tfpart.core.forked`). The synthetic graphs
+run), the first run's wall time and the peak resident memory. The synthetic graphs
 (random DAGs of 10k and 100k ops on 8 GPUs, :mod:`benchmarks.synthetic`) time the cost
 model and the greedy partitioner alone, in this process.
 """
@@ -74,9 +73,7 @@ result = compile_model(sys.argv[1], sys.argv[2], sys.argv[3], batch_size=int(sys
 print(json.dumps({"timings": result.timings, "ops": len(result.graph),
                   "chosen": result.strategy,
                   "wall": time.perf_counter() - start,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "forked_peak_mb":
-                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -112,8 +109,7 @@ def model_rows(name, work, strategies=("placement", "auto"), batch_size=1):
         row.update({"total s": f"{second['wall']:.1f}",
                     "x first": f"{second['wall'] / baseline:.2f}",
                     "first run s": f"{first['wall']:.1f}",
-                    "peak MB": f"{second['peak_mb']:.0f}",
-                    "forked peak MB": f"{second['forked_peak_mb']:.0f}"})
+                    "peak MB": f"{second['peak_mb']:.0f}"})
         rows.append(row)
     return rows
 
@@ -136,7 +132,7 @@ def synthetic_row(ops):
     row.update({phase: "" for phase in PHASES})
     row.update({"cost": f"{costed - start:.2f}", "partition": f"{done - costed:.2f}",
                 "total s": f"{done - start:.1f}", "x first": "", "first run s": "",
-                "peak MB": f"{peak / 1024:.0f}", "forked peak MB": ""})
+                "peak MB": f"{peak / 1024:.0f}"})
     return row
 
 
