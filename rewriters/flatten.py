@@ -20,8 +20,8 @@ from rewriters.captures import add_capture
 from rewriters.composite_inputs import composite_inputs, row_splits_keys
 from rewriters.flat_signature import (FlatSignature, ModelInfo, choose_signature, import_flat,
                                       signature_batch, signature_call)
-from rewriters.functions import (callee, inlined_callee, library_index, split_input,
-                                 topological_nodes)
+from rewriters.functions import (callee, control_input_names, inlined_callee,
+                                 library_index, split_input, topological_nodes)
 from rewriters.tf1_reader import flatten_tf1_signature, is_tf1
 from rewriters.tf_import import tensorflow
 from tfpart.core.errors import ModelError
@@ -129,7 +129,7 @@ def tensor_shapes(proto, path, batch_size, signature=None, like=None):
                 shapes.setdefault(tensor.name, []).append(
                     None if unknown else tuple(shape.as_list()))
     ops = [(op.name, op.type, [t.name for t in op.inputs],
-            [c.name for c in op.control_inputs], [t.name for t in op.outputs])
+            control_input_names(op), [t.name for t in op.outputs])
            for op in graphs[0].get_operations()]
     return shapes, ops, flats[0]
 

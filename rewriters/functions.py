@@ -72,6 +72,24 @@ def split_input(text):
     return node, output, False
 
 
+def control_input_names(op):
+    """The names of the ops ``op`` (a ``tf.Operation``) waits for, in its NodeDef's
+    order: ``op.control_inputs`` comes from the graph's edge set, whose order past a
+    few edges follows pointer hashes and so changes from process to process.
+
+    >>> import tensorflow as tf
+    >>> with tf.Graph().as_default():
+    ...     waited = [tf.constant(i, name=f"c{i}") for i in range(40)]
+    ...     with tf.control_dependencies(waited):
+    ...         after = tf.constant(0, name="after")
+    >>> control_input_names(after.op) == [f"c{i}" for i in range(40)]
+    True
+    """
+    if not op.control_inputs:
+        return []
+    return [text[1:] for text in op.node_def.input if text.startswith("^")]
+
+
 def topological_nodes(node_defs):
     """NodeDefs ordered so every node comes after the nodes it reads (Kahn)."""
     by_name = {n.name: n for n in node_defs}

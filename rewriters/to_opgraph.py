@@ -7,7 +7,7 @@ groups (TensorFlow's own, and those merged for ops that must share a device).
 """
 from __future__ import annotations
 
-from rewriters.functions import body_functions
+from rewriters.functions import body_functions, control_input_names
 from rewriters.loops import (LOOP_OPS, held_by_loop, is_held, list_contents, run_ahead_ops,
                              trips_bound)
 from rewriters.tf_import import tensorflow
@@ -59,8 +59,8 @@ def opgraph_of(graph, owned, batch_size, functions):
             opgraph.add_edge(tensor.op.name, op.name, bytes=nbytes)
             if tensor.dtype.name == "resource" or tensor.dtype.name.endswith("_ref"):
                 groups.union(op.name, tensor.op.name)
-        for dep in op.control_inputs:
-            opgraph.add_edge(dep.name, op.name, control=True)
+        for dep in control_input_names(op):
+            opgraph.add_edge(dep, op.name, control=True)
         for location in op.colocation_groups():
             target = location.decode()[5:]
             if target != op.name and target in opgraph:
