@@ -426,13 +426,13 @@ def _plan_each(planner, analysis, names, known, unread, headroom):
         if child is not None:
             child.cancel()
         raise
-    tried = {name: outcomes[name] for name in names if not isinstance(outcomes[name],
-                                                                       Exception)}
-    failures = dict(known)
+    tried, failures = {}, dict(known)
     for name in names:
-        if isinstance(outcomes[name], Exception):
-            failures[name] = type(outcomes[name])(outcomes[name].path or cluster.source,
-                                                  outcomes[name].problem)
+        outcome = outcomes[name]
+        if isinstance(outcome, Exception):
+            failures[name] = type(outcome)(outcome.path or cluster.source, outcome.problem)
+        else:
+            tried[name] = outcome
     return _Attempt(analysis, cost, unread, unread_on, headroom, tried, failures)
 
 
