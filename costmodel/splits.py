@@ -73,18 +73,7 @@ def split_graph(graph, splits, device_of):
         if not attrs.get("sliced") or not attrs["outputs"]:
             raise PlacementError("", f"splits op {op} ({attrs['op_type']}), which has no "
                                  "output channels to split")
-    ops, edges, where = {}, {}, dict(device_of)
-
-    def add_edge(src, dst, nbytes, control=False, comm=None):  # OpGraph.add_edge's
-        edge = edges.get((src, dst))
-        if edge is None:
-            edge = edges[src, dst] = {"bytes": float(nbytes), "control": control}
-        else:
-            edge["bytes"] += nbytes
-            edge["control"] = edge["control"] and control
-        if comm is not None:
-            edge["comm"] = comm
-
+    ops, where = {}, dict(device_of)
     for op, attrs in graph.ops.items():
         if op not in splits:
             ops[op] = op_attributes(op, attrs)
@@ -114,26 +103,28 @@ def split_graph(graph, splits, device_of):
                 batch_fraction=share, sliced=None,
                 cost=None if table is None else {d: t * share for d, t in table.items()}))
             where[part_name(op, i)] = device
+    split = OpGraph.from_tables(ops, {})  # every op first: each edge then joins two
+    add_edge = split.add_edge
     for src, dst, edge in graph.edges():
         if dst not in splits:
-            add_edge(src, dst, edge["bytes"], edge["control"], edge.get("comm"))
+            add_edge(src, dst, bytes=edge["bytes"], control=edge["control"],
+                     comm=edge.get("comm"))
             continue
         operand = graph.ops[dst]["sliced"]
         nbytes = edge["bytes"]
         if src == operand["producer"] and not edge["control"]:
             shape = graph.ops[dst]["input_shapes"][operand["input"]]
             operand_bytes = tensor_bytes(shape, graph.ops[dst]["outputs"][0][1])
-            add_edge(src, slicer_name(dst), operand_bytes)
+            add_edge(src, slicer_name(dst), bytes=operand_bytes)
             nbytes -= operand_bytes  # what else it sends (the same tensor twice: x @ x)
             if nbytes <= 0:
                 continue
         for i in range(len(splits[dst][0])):
-            add_edge(src, part_name(dst, i), nbytes, edge["control"])
+            add_edge(src, part_name(dst, i), bytes=nbytes, control=edge["control"])
     for op in splits:
         for i, slice_bytes in enumerate(_output_bytes(ops[slicer_name(op)])):
-            add_edge(slicer_name(op), part_name(op, i), slice_bytes)
-            add_edge(part_name(op, i), op, _output_bytes(ops[part_name(op, i)])[0])
-    split = OpGraph.from_tables(ops, edges)
+            add_edge(slicer_name(op), part_name(op, i), bytes=slice_bytes)
+            add_edge(part_name(op, i), op, bytes=_output_bytes(ops[part_name(op, i)])[0])
     return split, where
 
 
