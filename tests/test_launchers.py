@@ -6,12 +6,14 @@ workers by ``mpirun`` is in tests/e2e/test_mpirun.py."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -508,3 +510,27 @@ def test_cluster_detect_under_mpirun_writes_every_tasks_devices_once(tmp_path):
     assert data["name"].startswith("the 2 tasks Open MPI started")
     assert done.stdout.count("Wrote ") == 1  # rank 0 alone
     assert not tasks_folder(path).exists()  # the launch removed its folder
+
+
+def test_a_rank_stopped_while_it_leaves_removes_its_files_first(tmp_path, monkeypatch):
+    # Open MPI sends SIGTERM to every other rank once one exits with an error, often
+    # while they remove their files; the signal's handler (tfpart.cli's raises) waits
+    from tfpart.cli import Terminated, _raise_terminated
+
+    cluster_file = tmp_path / "cluster.json"
+    rank0, rank1 = _two_open_mpi_ranks(cluster_file)
+    rank1.leave("ranks 0 and 1 would both serve on 127.0.0.1:7000")  # failed.json stays
+    unlink = Path.unlink
+
+    def unlink_stopped(path, missing_ok=False):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: mid-removal
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink_stopped)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with pytest.raises(Terminated):
+            rank0.leave("interrupted")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not tasks_folder(cluster_file).exists()

@@ -25,7 +25,9 @@ A task that fails, or that the launcher stops with SIGTERM before its server sta
 removes what it wrote: rank 0 the whole folder, which tells the others the launch is
 over; another rank first says why in ``failed.json``, which the others repeat as they
 stop waiting (MPICH's Hydra stops the other ranks when one dies of a signal, not when
-one exits with an error). A task that never reports ends the waiting ones after
+one exits with an error). A stop signal that comes meanwhile waits until the files are
+removed (Open MPI stops every other rank with SIGTERM as soon as one exits with an
+error, often while they remove theirs). A task that never reports ends the waiting ones after
 ``timeout`` seconds with one line naming it.
 
 The cluster file stays the old one until the new launch serves: a client that reads
@@ -49,8 +51,10 @@ import ipaddress
 import math
 import os
 import re
+import signal
 import socket
 import stat
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +71,7 @@ LAUNCH_FILE = "launch.json"  # rank 0's: whose launch the folder is
 FAILED_FILE = "failed.json"  # the first task to fail says why: the others stop waiting
 MAX_PROBLEM_CHARS = 300  # of a failed task's message, as the others repeat it
 POLL_S = 0.1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # held while a task leaves
 
 
 def launch_id(environ, timeout=30.0):
@@ -213,7 +218,11 @@ class Launch:
         the launch, and the folder, which tells the others the launch is over). Another
         task that fails (``problem``, one line) says so first, in :data:`FAILED_FILE`,
         so that the others stop waiting. Errors are ignored, as this runs while
-        failing."""
+        failing; a stop signal is acted on once done (:func:`stop_signals_held`)."""
+        with stop_signals_held():
+            self._remove_files(problem)
+
+    def _remove_files(self, problem):
         if problem and not self.owner:
             failed = self.folder / FAILED_FILE
             try:  # only the first to fail says it
@@ -243,6 +252,40 @@ class Launch:
     def finish(self):
         """Remove the launch's folder once its work is done (rank 0)."""
         self.leave()
+
+
+@contextmanager
+def stop_signals_held():
+    """Run a block with SIGINT, SIGTERM and SIGHUP held: one that comes meanwhile goes
+    to its handler once the block is done, not in the middle of it. Held only in the
+    main thread (where Python runs signal handlers) and where every handler is one
+    Python can put back.
+
+    >>> import os
+    >>> seen = []
+    >>> previous = signal.signal(signal.SIGHUP, lambda number, frame: seen.append("handled"))
+    >>> with stop_signals_held():
+    ...     os.kill(os.getpid(), signal.SIGHUP)
+    ...     seen.append("block done")
+    >>> _ = signal.signal(signal.SIGHUP, previous)
+    >>> seen
+    ['block done', 'handled']
+    """
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    if threading.current_thread() is not threading.main_thread() or \
+            None in handlers.values():
+        yield
+        return
+    caught = []
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def join_launch(task, cluster_file, environ, timeout):

@@ -143,7 +143,8 @@ def test_ranks_that_would_share_an_address_end_the_launch_naming_them(tmp_path):
                          r"launch would both serve|stopped by a signal)|\S+: rank 0 of the "
                          r"Open MPI launch \S+ ended it)", stderr)
     assert named and len(named) + len(relayed) == stderr.count("tfpart: error:"), stderr
-    assert not tasks_folder(cluster).exists()  # each task removed what it wrote
+    left = sorted(str(path) for path in tasks_folder(cluster).rglob("*"))
+    assert not tasks_folder(cluster).exists(), (left, stderr)  # each task removed its files
 
 
 def test_simulated_mpich_launches_at_once_beside_a_stale_one_each_agree_alone(tmp_path):
