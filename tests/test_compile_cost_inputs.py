@@ -109,13 +109,13 @@ def test_compile_names_a_profile_measured_with_the_other_onednn_mode(example_pro
 def test_a_read_tensorflow_copies_is_not_spread_over_every_op(tmp_path):
     """Once a sparse op has updated a variable, TensorFlow copies the whole variable on
     every dense read of it (copy-on-read): an SGD step of a 256 MB table spends about
-    25 ms in one ReadVariableOp. The profile keeps the median time of each op type and
+    25 ms in one ReadVariableOp (this table is half as big). The profile keeps the median time of each op type and
     shapes (the reads of small variables), and takes the executor's time between ops
     from the trace, so that copy is not charged to every op as dispatch overhead (it
     was: 0.6 ms per op at 512 MB)."""
     from examples.models import export_table_training
 
-    model = export_table_training(tmp_path / "model", 1_000_000, 64, "sgd")
+    model = export_table_training(tmp_path / "model", 500_000, 64, "sgd")
     out = tmp_path / "profile.json"
     done = subprocess.run([sys.executable, "-m", "tfpart.cli", "profile", str(model),
                            "--signature", "train_step", "--batch-size", "256", "--repeats",
@@ -127,5 +127,5 @@ def test_a_read_tensorflow_copies_is_not_spread_over_every_op(tmp_path):
     ran = sum(op["count"] for op in profile.ops if op["time_s"] > 0)
     untraced_gap = (profile.meta["step_time_s"] - own) / ran
     dispatch = profile.fitted["dispatch_overhead_s"]
-    assert untraced_gap > 20 * dispatch  # the copy is in the step, hidden by the median
+    assert untraced_gap > 20 * dispatch, (untraced_gap, dispatch)  # the copy: in the step
     assert 0 <= dispatch < 50e-6

@@ -181,7 +181,7 @@ def test_1f1b_is_predicted_and_measured_to_hold_less_memory_than_fill_drain(tmp_
     predicted, measured = {}, {}
     for schedule in ("gpipe", "1f1b"):
         out = tmp_path / schedule
-        plan = compile_model(model, cluster, out, batch_size=256,
+        plan = compile_model(model, cluster, out, batch_size=128,
                              signature="train_step", microbatches=8,
                              options={"schedule": schedule}).plan
         predicted[schedule] = sum(d.peak_memory_bytes for d in plan.predicted.devices.values())
