@@ -109,10 +109,10 @@ def test_compile_names_a_profile_measured_with_the_other_onednn_mode(example_pro
 def test_a_read_tensorflow_copies_is_not_spread_over_every_op(tmp_path):
     """Once a sparse op has updated a variable, TensorFlow copies the whole variable on
     every dense read of it (copy-on-read): an SGD step of a 256 MB table spends about
-    25 ms in one ReadVariableOp (this table is half as big). The profile keeps the median time of each op type and
-    shapes (the reads of small variables), and takes the executor's time between ops
-    from the trace, so that copy is not charged to every op as dispatch overhead (it
-    was: 0.6 ms per op at 512 MB)."""
+    25 ms in one ReadVariableOp (this one's table is half as big). The profile keeps the
+    median time of each op type and shapes (the reads of small variables), and takes
+    the executor's time between ops from the trace, so that copy is not charged to
+    every op as dispatch overhead (it was: 0.6 ms per op at 512 MB)."""
     from examples.models import export_table_training
 
     model = export_table_training(tmp_path / "model", 500_000, 64, "sgd")
