@@ -146,8 +146,8 @@ def _pipelined_tf1(model_dir, proto, plan):
     with graph.as_default():
         tf.graph_util.import_graph_def(meta.graph_def, name="")
         bound = {f"{name}:0": graph.get_tensor_by_name(f"{name}:0") for name in shared}
-        body = _PipelineBody(flat, plan, regions, pieces, lambda _: [bound], None,
-                             flat.outputs_by_key(proto))
+        body = _PipelineBody(flat, plan, regions, pieces, lambda _: [bound],
+                             flat.outputs_by_key(proto), _lowering(plan, pieces))
         results = body(*[graph.get_tensor_by_name(f"{flat.inputs[key][0]}:0")
                          for key in sorted(flat.inputs)])
     meta.graph_def.CopyFrom(graph.as_graph_def())
@@ -210,11 +210,12 @@ def _save_pipelined(model_dir, proto, plan, staging, read=None):
         copies = [module.variables_by_op, *getattr(module, "replica_variables", [])]
         return [state_input_map(graph, captured, copy) for copy in copies]
 
-    pipeline = _PipelineBody(flat, plan, regions, pieces, bind, None, outputs)
+    lowering, tokens = _lowering(plan, pieces), None
     if all_reduces(plan.replicas):  # each replica of the lowering its own variables
-        device_of.update(_add_replica_copies(module, plan, pipeline.lowering,
+        device_of.update(_add_replica_copies(module, plan, lowering,
                                              variable_values(model_dir, proto, flat)))
-        pipeline.tokens = module.collective_tokens
+        tokens = module.collective_tokens
+    pipeline = _PipelineBody(flat, plan, regions, pieces, bind, outputs, lowering, tokens)
     module.tfpart_pipelined = tf.function(pipeline, input_signature=specs, autograph=False)
     for name in kept["endpoints"]:
         setattr(module, name, getattr(original, name))
@@ -332,17 +333,17 @@ class _PipelineBody:
     outputs are concatenated.
     """
 
-    def __init__(self, flat, plan, regions, pieces, bind, tokens, outputs):
+    def __init__(self, flat, plan, regions, pieces, bind, outputs, lowering, tokens=None):
         """``bind(graph)``: per copy of the variables (one, or one per replica of an
         all-reducing plan), the tensors, by name, that stand in the traced graph for the
-        flat graph's variables and tables; ``tokens``: per device of a replica, a
-        resource on it that orders its collectives (None without; set once the
-        replicas' variables are made); ``outputs``: the signature's output tensors of
-        the flat graph, by key."""
+        flat graph's variables and tables; ``outputs``: the signature's output tensors
+        of the flat graph, by key; ``lowering``: the step's (:func:`_lowering`);
+        ``tokens``: per device of a replica, a resource on it that orders its
+        collectives (None without)."""
         self.flat, self.plan, self.regions = flat, plan, regions
         self.bind, self.pieces, self.outputs, self.tokens = bind, pieces, outputs, tokens
-        self.device = {k: graph.node[0].device for (k, phase), graph in pieces.items()
-                       if phase != UPDATE}
+        self.lowering = lowering
+        self.device = _stage_devices(pieces)
         self.first_device = self.device[min(self.device)]
         self.sinks = {key: sinks(graph) for key, graph in pieces.items()}
         self.pinned = set(plan.replicas.pinned) if plan.replicas else set()
@@ -352,7 +353,6 @@ class _PipelineBody:
         # bounds or gates on one device for the others (each a message between tasks
         # the plan does not price).
         self.whole_batch = plan.microbatches == 1 and not plan.replicas
-        self.lowering = _lowering(plan, self.device, pieces, self.stand_ins)
 
     def __call__(self, *args):
         tf = tensorflow()
@@ -432,11 +432,18 @@ class _PipelineBody:
                            microbatch, place)
 
 
-def _lowering(plan, stage_devices, pieces, stand_ins):
+def _stage_devices(pieces):
+    """Each stage's device: its pieces' (key -> GraphDef), the update's aside."""
+    return {k: graph.node[0].device for (k, phase), graph in pieces.items()
+            if phase != UPDATE}
+
+
+def _lowering(plan, pieces):
     """The lowering (:func:`costmodel.lowering.lower`) of ``plan``'s step over its
-    ``pieces`` (key -> GraphDef), stages on ``stage_devices``, each replica's tasks on
-    its devices (``stand_ins``: :func:`tfpart.core.plan.device_stand_ins`)."""
-    replicas = plan.replicas
+    ``pieces`` (key -> GraphDef), stages on their devices, each replica's tasks on its
+    devices (:func:`tfpart.core.plan.device_stand_ins`)."""
+    replicas, stage_devices = plan.replicas, _stage_devices(pieces)
+    stand_ins = device_stand_ins(replicas, plan.assignment)
     per = (replicas.microbatches or 1) if replicas else plan.microbatches
     count = len(range(0, plan.microbatches, per)) if replicas else 0
     # a replica's device standing for the stage's, or the replica's one device
