@@ -27,8 +27,8 @@ over; another rank first says why in ``failed.json``, which the others repeat as
 stop waiting (MPICH's Hydra stops the other ranks when one dies of a signal, not when
 one exits with an error). A stop signal that comes meanwhile waits until the files are
 removed (Open MPI stops every other rank with SIGTERM as soon as one exits with an
-error, often while they remove theirs). A task that never reports ends the waiting ones after
-``timeout`` seconds with one line naming it.
+error, often while they remove theirs). A task that never reports ends the waiting
+ones after ``timeout`` seconds with one line naming it.
 
 The cluster file stays the old one until the new launch serves: a client that reads
 it meanwhile reads a whole file, of an earlier launch (its ``name`` says which), and
