@@ -106,26 +106,35 @@ def fastest_profile(model, batch, stem, count):
     return min(steps, key=steps.get), list(steps.values())
 
 
+def matmul_speed(core, seconds):
+    """Print ``core`` and the median time (µs) of a 256x256 float32 matmul over each
+    half second, for ``seconds``, pinned to ``core``."""
+    os.sched_setaffinity(0, [core])
+    import numpy as np
+
+    matrix, medians = np.ones((256, 256), np.float32), []
+    end = time.time() + seconds
+    while time.time() < end:
+        times, stop = [], time.perf_counter() + 0.5
+        while time.perf_counter() < stop:
+            start = time.perf_counter()
+            matrix @ matrix
+            times.append(time.perf_counter() - start)
+        medians.append(round(statistics.median(times) * 1e6))
+    print(core, medians)
+
+
 def show_core_speed(seconds):
-    """Print, per core, the median time of a 256x256 float32 matmul over each half
-    second, for ``seconds`` (both cores at once, each pinned): how the machine's speed
-    moves."""
-    code = ("import os, statistics, sys, time; import numpy as np\n"
-            "os.sched_setaffinity(0, [int(sys.argv[1])]); a = np.ones((256, 256), np.float32)\n"
-            "out, end = [], time.time() + float(sys.argv[2])\n"
-            "while time.time() < end:\n"
-            "    ts, stop = [], time.perf_counter() + 0.5\n"
-            "    while time.perf_counter() < stop:\n"
-            "        t0 = time.perf_counter(); a @ a; ts.append(time.perf_counter() - t0)\n"
-            "    out.append(round(statistics.median(ts) * 1e6))\n"
-            "print(sys.argv[1], out)")
-    cores = sorted(os.sched_getaffinity(0))
-    runs = [subprocess.Popen([PYTHON, "-c", code, str(core), str(seconds)], text=True,
-                             stdout=subprocess.PIPE,
-                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}) for core in cores]
+    """Print, per core, :func:`matmul_speed` (every core at once, each in a process of
+    its own, one BLAS thread): how the machine's speed moves."""
+    runs = [subprocess.Popen(
+        [PYTHON, "-c", "from benchmarks.costmodel_accuracy import matmul_speed; "
+                       f"matmul_speed({core}, {seconds})"],
+        text=True, stdout=subprocess.PIPE, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        for core in sorted(os.sched_getaffinity(0))]
     for run in runs:
-        core, times = run.communicate()[0].split(" ", 1)
-        print(f"core {core}: 256x256 matmul, µs per half second: {times.strip()}")
+        core, medians = run.communicate()[0].split(" ", 1)
+        print(f"core {core}: 256x256 matmul, µs per half second: {medians.strip()}")
     return 0
 
 
