@@ -140,7 +140,7 @@ def test_ranks_that_would_share_an_address_end_the_launch_naming_them(tmp_path):
     # stopped it), or that rank 0 ended the launch
     relayed = re.findall(r"tfpart: error: rank \d of the Open MPI launch: (?:rank \d of the "
                          r"Open MPI launch \S+ failed: (?:ranks \d and \d of the Open MPI "
-                         r"launch would both serve|stopped by a signal)|\S+: rank 0 of the "
+                         r"launch would both serve|interrupted)|\S+: rank 0 of the "
                          r"Open MPI launch \S+ ended it)", stderr)
     assert named and len(named) + len(relayed) == stderr.count("tfpart: error:"), stderr
     left = sorted(str(path) for path in tasks_folder(cluster).rglob("*"))
